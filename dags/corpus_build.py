@@ -1,0 +1,128 @@
+"""corpus_build: raw multi-domain text → exact dedup → quality filter → SentencePiece → MindRecord shards.
+
+Wiring only: every task body is one call into ``pipeline.corpus``.  Per-shard stages are mapped over the shard
+list planned at run time; outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs
+have no logical date).  The last task publishes the MindRecord set as the ``mindloom_corpus`` Asset, which
+schedules the ``pretrain`` DAG.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pendulum
+from airflow.sdk import dag, get_current_context, task, task_group
+
+from operators.params import build_params, corpus_asset
+
+CORPUS = corpus_asset()
+SHARD_LABEL = "{{ shard_label }}"
+
+
+def _label(name: str) -> None:
+    get_current_context()["shard_label"] = name
+
+
+@dag(
+    dag_id="corpus_build",
+    schedule=os.environ.get("MINDLOOM_CORPUS_SCHEDULE", "0 3 * * 0"),
+    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+    catchup=False,
+    max_active_runs=1,
+    params=build_params("corpus"),
+    tags=["mindloom", "data"],
+    default_args={"retries": 1, "retry_delay": pendulum.duration(seconds=10)},
+    doc_md=__doc__,
+)
+def corpus_build():
+    @task
+    def plan(params=None, run_id=None) -> list[dict]:
+        from pipeline.corpus import prepare_run
+
+        return prepare_run(dict(params), run_id, params.get("config_path"))
+
+    specs = plan()
+
+    @task_group(group_id="ingest")
+    def ingest_group():
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def ingest_shard(spec: dict) -> dict:
+            from pipeline.corpus import ingest_shard as run
+
+            _label(spec["shard"])
+            return run(spec)
+
+        return ingest_shard.expand(spec=specs)
+
+    @task_group(group_id="clean")
+    def clean_group():
+        @task(multiple_outputs=False)
+        def exact_index(specs: list[dict]) -> dict:
+            from pipeline.corpus import exact_index as run
+
+            return run(specs)
+
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def exact_dedup(spec: dict) -> dict:
+            from pipeline.corpus import exact_dedup_shard
+
+            _label(spec["shard"])
+            return exact_dedup_shard(spec)
+
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def quality_filter(spec: dict) -> dict:
+            from pipeline.corpus import quality_shard
+
+            _label(spec["shard"])
+            return quality_shard(spec)
+
+        idx = exact_index(specs)
+        dedup = exact_dedup.expand(spec=specs)
+        quality = quality_filter.expand(spec=specs)
+        idx >> dedup >> quality
+        return idx, quality
+
+    @task_group(group_id="tokenize")
+    def tokenize_group():
+        @task(multiple_outputs=False)
+        def train_tokenizer(specs: list[dict]) -> dict:
+            from pipeline.corpus import train_tokenizer as run
+
+            return run(specs)
+
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def encode(spec: dict) -> dict:
+            from pipeline.corpus import tokenize_shard
+
+            _label(spec["shard"])
+            return tokenize_shard(spec)
+
+        tok = train_tokenizer(specs)
+        enc = encode.expand(spec=specs)
+        tok >> enc
+        return tok, enc
+
+    @task(multiple_outputs=False)
+    def write_mindrecord(specs: list[dict]) -> dict:
+        from pipeline.corpus import write_mindrecord as run
+
+        return run(specs)
+
+    @task(outlets=[CORPUS], multiple_outputs=False)
+    def publish(specs: list[dict], outlet_events=None) -> dict:
+        from pipeline.corpus import publish as run
+
+        summary = run(specs)
+        outlet_events[CORPUS].extra = summary
+        return summary
+
+    ingested = ingest_group()
+    idx, cleaned = clean_group()
+    tok, encoded = tokenize_group()
+    written = write_mindrecord(specs)
+    ingested >> idx
+    cleaned >> tok
+    encoded >> written >> publish(specs)
+
+
+corpus_build()

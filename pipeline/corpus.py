@@ -1,0 +1,149 @@
+"""The corpus chain as one call per task: what the ``corpus_build`` DAG and ``mindloom corpus`` both run.
+
+A run lives in ``<data_root>/runs/<run id>/``.  :func:`prepare_run` freezes the resolved configuration there
+(``config.json``) so every later task of the run — possibly on another worker, possibly retried after someone
+edited the YAML — reads exactly the same settings.  Each function takes the run folder and returns a small,
+JSON-serialisable dict (it travels through XCom): shard names and stats, never document rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pipeline import exact_dedup, ingest, mindrecord, quality, tokenizer
+from pipeline.config import MindloomConfig, config_from_dict, config_from_params
+from pipeline.io import read_json, run_dir, write_json
+
+log = logging.getLogger(__name__)
+
+
+def prepare_run(params: dict, run_id: str, config_path: str | None = None) -> list[dict]:
+    """Validate the config (YAML + Params), freeze it in the run folder, plan the ingest shards.
+
+    Returns one spec per shard, each carrying ``run_dir`` and ``shard``: the list the DAG maps every per-shard
+    stage over, and the only argument the later tasks need.
+    """
+    cfg = config_from_params(params, config_path)
+    rdir = run_dir(cfg.data_root, run_id)
+    rdir.mkdir(parents=True, exist_ok=True)
+    write_json(rdir / "config.json", cfg.to_dict())
+    specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg)]
+    write_json(rdir / "plan.json", specs)
+    log.info("run %s: %d ingest shards in %s", run_id, len(specs), rdir)
+    return specs
+
+
+def load_run_config(rdir: str | Path) -> MindloomConfig:
+    return config_from_dict(read_json(Path(rdir) / "config.json"))
+
+
+def _run_of(specs: list[dict]) -> tuple[Path, list[str]]:
+    return Path(specs[0]["run_dir"]), [s["shard"] for s in specs]
+
+
+def ingest_shard(spec: dict) -> dict:
+    return ingest.run_ingest_shard(load_run_config(spec["run_dir"]), Path(spec["run_dir"]), spec)
+
+
+def exact_index(specs: list[dict]) -> dict:
+    rdir, shards = _run_of(specs)
+    return exact_dedup.build_exact_index(rdir, shards, enabled=load_run_config(rdir).dedup.exact)
+
+
+def exact_dedup_shard(spec: dict) -> dict:
+    return exact_dedup.run_exact_dedup_shard(Path(spec["run_dir"]), spec["shard"])
+
+
+def quality_shard(spec: dict) -> dict:
+    return quality.run_quality_shard(load_run_config(spec["run_dir"]).quality, Path(spec["run_dir"]), spec["shard"])
+
+
+def train_tokenizer(specs: list[dict]) -> dict:
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    return tokenizer.train_tokenizer(cfg.tokenizer, rdir, shards, cfg.seed)
+
+
+def tokenize_shard(spec: dict) -> dict:
+    return tokenizer.run_tokenize_shard(Path(spec["run_dir"]), spec["shard"])
+
+
+def write_mindrecord(specs: list[dict]) -> dict:
+    """Pack, write and verify the MindRecord set; return a summary of the manifest."""
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    tok = read_json(rdir / "tokenizer" / "spm.model.done")["info"]
+    manifest = mindrecord.write_mindrecord(
+        rdir, shards, seq_len=cfg.pack.seq_len, shard_num=cfg.pack.shard_num, add_bos=cfg.pack.add_bos,
+        seed=cfg.seed, tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), eos_id=tokenizer.EOS_ID,
+        bos_id=tokenizer.BOS_ID, vocab_size=tok["vocab_size"])
+    mindrecord.verify(rdir / "mindrecord", full_read=True, num_shards=cfg.train.workers)
+    return manifest_summary(rdir, manifest)
+
+
+def manifest_summary(rdir: Path, manifest: dict) -> dict:
+    return {"run_dir": str(rdir), "mindrecord_dir": str(rdir / "mindrecord"),
+            "manifest": str(rdir / "mindrecord" / mindrecord.MANIFEST), "samples": manifest["samples"],
+            "tokens": manifest["tokens"], "shards": len(manifest["shards"]), "seq_len": manifest["seq_len"],
+            "vocab_size": manifest["vocab_size"], "tokenizer": str(rdir / "tokenizer" / "spm.model"),
+            "tokens_per_domain": manifest["tokens_per_domain"], "tokenizer_sha256": manifest["tokenizer_sha256"],
+            "config_sha256": manifest["config_sha256"]}
+
+
+def collect_stats(rdir: str | Path) -> dict:
+    """Per stage and domain: documents in, kept and removed by reason (summed over shards)."""
+    rdir = Path(rdir)
+    out: dict[str, dict] = {}
+    for stage_dir in sorted((rdir / "stats").glob("*")):
+        stage: dict[str, dict] = {}
+        for f in sorted(stage_dir.glob("*.json")):
+            s = read_json(f)
+            d = stage.setdefault(s["domain"], {"in_docs": 0, "kept_docs": 0, "in_bytes": 0, "kept_bytes": 0,
+                                               "removed": {}, "tokens": 0})
+            for k in ("in_docs", "kept_docs", "in_bytes", "kept_bytes"):
+                d[k] += s[k]
+            d["tokens"] += s.get("tokens", 0)
+            for reason, v in s["removed"].items():
+                d["removed"][reason] = d["removed"].get(reason, 0) + v["docs"]
+        out[stage_dir.name] = stage
+    return out
+
+
+def publish(specs: list[dict]) -> dict:
+    """Record the finished corpus as the latest one (``<data_root>/corpus/LATEST.json``) and summarise it."""
+    rdir, _ = _run_of(specs)
+    cfg = load_run_config(rdir)
+    manifest = read_json(Path(rdir) / "mindrecord" / mindrecord.MANIFEST)
+    summary = manifest_summary(Path(rdir), manifest)
+    summary["stats"] = collect_stats(rdir)
+    write_json(Path(rdir) / "corpus_summary.json", summary)
+    write_json(Path(cfg.data_root) / "corpus" / "LATEST.json", summary)
+    return {k: v for k, v in summary.items() if k != "stats"}
+
+
+def latest_corpus(data_root: str | Path) -> dict:
+    path = Path(data_root) / "corpus" / "LATEST.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no corpus has been published yet; run the corpus_build DAG first")
+    return read_json(path)
+
+
+def run_all(params: dict, run_id: str, config_path: str | None = None, progress: bool = True) -> dict:
+    """The whole chain in one process (the CLI path); same functions, same outputs as the DAG."""
+    from tqdm import tqdm
+
+    specs = prepare_run(params, run_id, config_path)
+
+    def each(desc, fn):
+        for spec in tqdm(specs, desc=desc, disable=not progress, unit="shard"):
+            fn(spec)
+
+    each("ingest", ingest_shard)
+    exact_index(specs)
+    each("exact dedup", exact_dedup_shard)
+    each("quality", quality_shard)
+    train_tokenizer(specs)
+    each("tokenize", tokenize_shard)
+    write_mindrecord(specs)
+    return publish(specs)

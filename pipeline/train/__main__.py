@@ -1,0 +1,77 @@
+"""``python -m pipeline.train --job job.json``: run one training stage in this process (or one msrun worker).
+
+Exit codes: 0 success, 1 training/job error (status.json says FAILED with the message), 2 bad command line.
+Errors end in one clear ``mindloom.train: error: ...`` line on stderr; the traceback goes to the log only at
+``--verbose`` (DEBUG), because the Airflow operator surfaces the last stderr line as the task's failure reason.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m pipeline.train", description=__doc__.splitlines()[0])
+    ap.add_argument("--job", required=True, help="TrainJob JSON file")
+    ap.add_argument("--verbose", action="store_true", help="debug logging, tracebacks on error")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    log = logging.getLogger("mindloom.train")
+
+    from .job import TrainJob, write_json_atomic  # no MindSpore import yet: job errors are reported fast
+
+    job = None
+    try:
+        job = TrainJob.from_json(args.job)
+        from .trainer import run_training  # imports MindSpore (~1-2 s)
+
+        summary = run_training(job)
+    except KeyboardInterrupt:
+        print("mindloom.train: error: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # noqa: BLE001 - top-level: one line, status FAILED, exit 1
+        msg = f"{type(e).__name__}: {e}"
+        log.debug("training failed", exc_info=True)
+        if job is None:
+            _status_without_job(args.job, msg, write_json_atomic)
+        # run_training already wrote FAILED for errors inside it; this covers errors before it started
+        elif not _status_failed(job.out_dir):
+            write_json_atomic(os.path.join(job.out_dir, "status.json"), {
+                "state": "FAILED", "step": 0, "pid": os.getpid(), "loss": None, "error": msg, "stage": job.stage,
+                "updated_at": time.time()})
+        print(f"mindloom.train: error: {msg}", file=sys.stderr)
+        return 1
+    print(json.dumps(summary, default=str))
+    return 0
+
+
+def _status_failed(out_dir: str) -> bool:
+    try:
+        with open(os.path.join(out_dir, "status.json"), encoding="utf-8") as f:
+            st = json.load(f)
+        return st.get("state") == "FAILED" and st.get("pid") == os.getpid()
+    except (OSError, ValueError):
+        return False
+
+
+def _status_without_job(job_path: str, msg: str, write_json_atomic) -> None:
+    """The job file itself is bad: still record FAILED when its out_dir can be read from the raw JSON."""
+    try:
+        with open(job_path, encoding="utf-8") as f:
+            out_dir = json.load(f)["out_dir"]
+        if isinstance(out_dir, str) and out_dir:
+            write_json_atomic(os.path.join(out_dir, "status.json"), {
+                "state": "FAILED", "step": 0, "pid": os.getpid(), "loss": None, "error": msg,
+                "updated_at": time.time()})
+    except Exception:  # noqa: BLE001 - nothing more we can record
+        pass
+
+
+if __name__ == "__main__":
+    sys.exit(main())

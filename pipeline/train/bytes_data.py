@@ -1,0 +1,56 @@
+"""Byte-level MindRecord sets from real text, for tests and smoke runs without a tokenizer.
+
+Why: the trainer's tests must run on real (learnable, non-random) text in seconds, with no tokenizer model to ship.
+Bytes map to ids 0..255, BOS=256, EOS=257 (vocab 258; ``BYTE_VOCAB``), documents are concatenated BOS doc EOS and cut
+into rows of exactly ``seq_len + 1`` ids (short tail dropped), the same layout the real data stage writes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+BOS, EOS = 256, 257
+BYTE_VOCAB = 258
+
+
+def pack_bytes(docs: list[str], seq_len: int) -> np.ndarray:
+    """``[rows, seq_len + 1]`` int32 ids of the concatenated documents."""
+    ids = []
+    for doc in docs:
+        ids.append(BOS)
+        ids.extend(doc.encode("utf-8"))
+        ids.append(EOS)
+    arr = np.asarray(ids, dtype=np.int32)
+    n = len(arr) // (seq_len + 1)
+    if n == 0:
+        raise ValueError(f"text too short for one row of {seq_len + 1} ids")
+    return arr[: n * (seq_len + 1)].reshape(n, seq_len + 1)
+
+
+def write_mindrecord(rows: np.ndarray, out_dir: str, name: str = "corpus", shards: int = 2) -> list[str]:
+    """Write rows as ``out_dir/<name>.mindrecord<i>`` (+ ``.db``), column ``input_ids`` int32; returns data files."""
+    from mindspore.mindrecord import FileWriter
+
+    os.makedirs(out_dir, exist_ok=True)
+    base = os.path.join(out_dir, f"{name}.mindrecord")
+    w = FileWriter(file_name=base, shard_num=shards, overwrite=True)
+    w.set_page_size(1 << 20)  # small pages: tiny sets stay small even where sparse files are copied densely
+    w.set_header_size(1 << 16)
+    w.add_schema({"input_ids": {"type": "int32", "shape": [-1]}}, "mindloom byte tokens")
+    w.write_raw_data([{"input_ids": r} for r in rows])
+    w.commit()
+    files = [base] if shards == 1 else [f"{base}{i}" for i in range(shards)]
+    for f in files:  # FileWriter creates 0600 files; let other users (Airflow worker, container) read them
+        os.chmod(f, 0o644)
+        os.chmod(f + ".db", 0o644)
+    return files
+
+
+def stdlib_text(*modules: str) -> list[str]:
+    """Source code of stdlib modules: real, structured text that a tiny model visibly learns from."""
+    import importlib
+    import inspect
+
+    return [inspect.getsource(importlib.import_module(m)) for m in modules]

@@ -1,0 +1,190 @@
+"""LLaMA-style decoder for MindSpore that runs on CPU (tests) and Ascend (real runs).
+
+Why hand-written instead of mindformers: mindformers cannot be installed from PyPI against mindspore 2.10 and its
+LLaMA uses fused kernels (RmsNorm, RotaryPositionEmbedding, FlashAttentionScore, Swiglu) that have no CPU kernels.
+So every block here uses classic ``ops``/``nn`` that work on CPU in both GRAPH and PYNATIVE mode:
+
+* RMSNorm is computed manually in fp32;
+* RoPE cos/sin tables are precomputed in numpy (NTK / linear scaling applied there), applied as
+  ``x*cos + rotate_half(x)*sin``;
+* attention is the math path ``softmax(QK^T*scale + causal_mask) V`` with GQA by repeating K/V heads; on Ascend
+  ``attention_impl()`` switches to ``ops.flash_attention_score``;
+* SwiGLU is ``w2(silu(w1 x) * w3 x)``.
+
+The model takes ``[B, S]`` int32 token ids and returns fp32 logits ``[B, S, vocab]``. ``CausalLMLoss`` takes rows of
+``seq_len + 1`` tokens (the mindformers MindRecord convention) and shifts inside.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+from mindspore.common.initializer import Normal
+
+from .config import PRESETS, ModelConfig, causal_mask, llama_ffn_hidden, rope_tables
+
+__all__ = ["PRESETS", "ModelConfig", "Transformer", "CausalLMLoss", "attention_impl", "count_cell_params",
+           "rope_tables", "causal_mask", "llama_ffn_hidden"]
+
+
+def attention_impl() -> str:
+    """'flash' on Ascend (fused FlashAttentionScore kernel), else 'math' (the only path with CPU/GPU kernels)."""
+    return "flash" if ms.get_context("device_target") == "Ascend" else "math"
+
+
+class RMSNorm(nn.Cell):
+    """RMSNorm computed in fp32 (``ops.rms_norm`` has no CPU kernel; fp32 keeps it stable under AMP)."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.ones(dim, np.float32)), name="weight")
+        self.eps = eps
+
+    def construct(self, x):
+        x32 = x.astype(ms.float32)
+        y = x32 * ops.rsqrt(ops.mean(x32 * x32, -1, True) + self.eps)
+        return (y * self.weight).astype(x.dtype)
+
+
+def rotate_half(x):
+    half = x.shape[-1] // 2
+    return ops.cat((-x[..., half:], x[..., :half]), -1)
+
+
+class Attention(nn.Cell):
+    """Causal self-attention with GQA and RoPE; math path or flash attention (see ``attention_impl``)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.rep = cfg.n_heads // cfg.n_kv_heads
+        self.scale = 1.0 / math.sqrt(self.hd)
+        std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)  # GPT-2 style residual scaling
+        self.wq = nn.Dense(cfg.dim, cfg.n_heads * self.hd, has_bias=False, weight_init=Normal(std))
+        self.wk = nn.Dense(cfg.dim, cfg.n_kv_heads * self.hd, has_bias=False, weight_init=Normal(std))
+        self.wv = nn.Dense(cfg.dim, cfg.n_kv_heads * self.hd, has_bias=False, weight_init=Normal(std))
+        self.wo = nn.Dense(cfg.n_heads * self.hd, cfg.dim, has_bias=False, weight_init=Normal(out_std))
+        self.use_flash = attention_impl() == "flash"
+        if self.use_flash:
+            self.fa_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
+
+    def _repeat_kv(self, x):
+        if self.rep == 1:
+            return x
+        b, h, s, d = x.shape
+        x = ops.tile(ops.expand_dims(x, 2), (1, 1, self.rep, 1, 1))
+        return x.reshape(b, h * self.rep, s, d)
+
+    def construct(self, x, cos, sin, mask):
+        b, s, _ = x.shape
+        q = self.wq(x).reshape(b, s, self.n_heads, self.hd).transpose(0, 2, 1, 3)  # [B, H, S, hd]
+        k = self.wk(x).reshape(b, s, self.n_kv, self.hd).transpose(0, 2, 1, 3)
+        v = self.wv(x).reshape(b, s, self.n_kv, self.hd).transpose(0, 2, 1, 3)
+        q = q * cos + rotate_half(q) * sin
+        k = k * cos + rotate_half(k) * sin
+        k, v = self._repeat_kv(k), self._repeat_kv(v)
+        if self.use_flash:
+            # Ascend only: sparse_mode=2 (leftUpCausal) takes the fixed compressed 2048x2048 mask, 1 = masked.
+            out = ops.flash_attention_score(q, k, v, self.n_heads, attn_mask=self.fa_mask, scalar_value=self.scale,
+                                            input_layout="BNSD", sparse_mode=2)
+        else:
+            scores = ops.matmul(q, k.swapaxes(-1, -2)).astype(ms.float32) * self.scale + mask
+            probs = ops.softmax(scores, -1).astype(v.dtype)
+            out = ops.matmul(probs, v)
+        out = out.transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.hd)
+        return self.wo(out)
+
+
+class FeedForward(nn.Cell):
+    """SwiGLU MLP: ``w2(silu(w1 x) * w3 x)`` (``ops.swiglu`` has no CPU kernel)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        self.w1 = nn.Dense(cfg.dim, cfg.ffn_hidden, has_bias=False, weight_init=Normal(std))
+        self.w3 = nn.Dense(cfg.dim, cfg.ffn_hidden, has_bias=False, weight_init=Normal(std))
+        self.w2 = nn.Dense(cfg.ffn_hidden, cfg.dim, has_bias=False, weight_init=Normal(out_std))
+
+    def construct(self, x):
+        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+
+
+class Block(nn.Cell):
+    """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.attention = Attention(cfg)
+        self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.feed_forward = FeedForward(cfg)
+
+    def construct(self, x, cos, sin, mask):
+        x = x + self.attention(self.attention_norm(x), cos, sin, mask)
+        return x + self.feed_forward(self.ffn_norm(x))
+
+
+class Transformer(nn.Cell):
+    """Token ids ``[B, S]`` (S <= max_seq_len) -> fp32 logits ``[B, S, vocab]``."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, embedding_table=Normal(cfg.init_std))
+        self.layers = nn.CellList([Block(cfg) for _ in range(cfg.n_layers)])
+        if cfg.recompute:
+            for blk in self.layers:
+                blk.recompute()  # trade compute for activation memory
+        self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.tie = cfg.tie_embeddings
+        if not self.tie:
+            self.output = nn.Dense(cfg.dim, cfg.vocab_size, has_bias=False, weight_init=Normal(cfg.init_std))
+        cos, sin = rope_tables(cfg)
+        # Constants, not Parameters: they never enter checkpoints or the optimizer.
+        self.cos, self.sin = Tensor(cos), Tensor(sin)
+        self.mask = Tensor(causal_mask(cfg.max_seq_len))
+
+    def construct(self, tokens):
+        s = tokens.shape[1]
+        h = self.tok_embeddings(tokens)
+        cos, sin, mask = self.cos[:s], self.sin[:s], self.mask[:s, :s]
+        for blk in self.layers:
+            h = blk(h, cos, sin, mask)
+        h = self.norm(h)
+        if self.tie:
+            logits = ops.matmul(h, self.tok_embeddings.embedding_table.T)
+        else:
+            logits = self.output(h)
+        return logits.astype(ms.float32)
+
+
+class CausalLMLoss(nn.Cell):
+    """Mean next-token cross-entropy over rows of ``seq_len + 1`` tokens; labels equal to ``pad_id`` are ignored.
+
+    Negative ids in the input half (e.g. -100 padding) are mapped to 0 so the embedding lookup stays in range; their
+    predictions are still scored against the next label, which is what padding-at-the-end data needs.
+    """
+
+    def __init__(self, model: Transformer, pad_id: int | None = None):
+        super().__init__()
+        self.model = model
+        self.pad_id = model.cfg.pad_id if pad_id is None else pad_id
+
+    def construct(self, tokens):
+        inputs = tokens[:, :-1]
+        labels = tokens[:, 1:]
+        inputs = ops.maximum(inputs, 0)
+        logits = self.model(inputs)
+        v = logits.shape[-1]
+        labels = labels.reshape(-1)
+        valid = (labels != self.pad_id).astype(ms.float32)
+        safe = ops.where(labels == self.pad_id, ops.zeros_like(labels), labels)
+        nll = ops.cross_entropy(logits.reshape(-1, v), safe, reduction="none")
+        return (nll * valid).sum() / ops.maximum(valid.sum(), 1.0)
+
+
+def count_cell_params(cell: nn.Cell) -> int:
+    return int(sum(int(np.prod(p.shape)) for p in cell.trainable_params()))
