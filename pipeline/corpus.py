@@ -18,13 +18,13 @@ from pipeline.io import read_json, run_dir, write_json
 log = logging.getLogger(__name__)
 
 
-def prepare_run(params: dict, run_id: str, config_path: str | None = None) -> list[dict]:
-    """Validate the config (YAML + Params), freeze it in the run folder, plan the ingest shards.
+def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | None = None) -> list[dict]:
+    """Validate the config (YAML + Params, or a loaded config), freeze it in the run folder, plan the shards.
 
     Returns one spec per shard, each carrying ``run_dir`` and ``shard``: the list the DAG maps every per-shard
     stage over, and the only argument the later tasks need.
     """
-    cfg = config_from_params(params, config_path)
+    cfg = params if isinstance(params, MindloomConfig) else config_from_params(params, config_path)
     rdir = run_dir(cfg.data_root, run_id)
     rdir.mkdir(parents=True, exist_ok=True)
     write_json(rdir / "config.json", cfg.to_dict())
@@ -129,7 +129,7 @@ def latest_corpus(data_root: str | Path) -> dict:
     return read_json(path)
 
 
-def run_all(params: dict, run_id: str, config_path: str | None = None, progress: bool = True) -> dict:
+def run_all(params: dict | MindloomConfig, run_id: str, config_path: str | None = None, progress: bool = True) -> dict:
     """The whole chain in one process (the CLI path); same functions, same outputs as the DAG."""
     from tqdm import tqdm
 

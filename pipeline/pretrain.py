@@ -127,7 +127,8 @@ def record_launch(out_dir: str | Path, argv: list[str], pid: int) -> dict:
     return info
 
 
-def resolve_corpus(params: dict, asset_extras: list[dict] | None = None) -> dict:
+def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
+                   cfg: MindloomConfig | None = None) -> dict:
     """Which corpus to train on: an explicit summary file, else the triggering Asset event, else the latest.
 
     The shards are checked against their manifest (sha256 of every file) before any training starts, because
@@ -137,7 +138,7 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None) -> dict
     from pipeline import mindrecord
     from pipeline.config import config_from_params
 
-    cfg = config_from_params(params)
+    cfg = cfg or config_from_params(params)
     if params.get("corpus_manifest"):
         summary = read_json(params["corpus_manifest"])
     elif asset_extras and any("mindrecord_dir" in e for e in asset_extras):

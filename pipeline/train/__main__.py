@@ -11,8 +11,17 @@ import argparse
 import json
 import logging
 import os
+import signal
 import sys
 import time
+
+
+class Terminated(Exception):
+    """SIGTERM (Airflow task kill, msrun teardown) turned into an exception so status.json ends up FAILED."""
+
+
+def _on_sigterm(signum, _frame):
+    raise Terminated(f"terminated by signal {signum}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +32,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.INFO, stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     log = logging.getLogger("mindloom.train")
+    signal.signal(signal.SIGTERM, _on_sigterm)
 
     from .job import TrainJob, write_json_atomic  # no MindSpore import yet: job errors are reported fast
 

@@ -50,14 +50,17 @@ def global_norm(grads):
     return ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]))
 
 
-def make_train_step(loss_net: nn.Cell, opt: nn.AdamWeightDecay, grad_clip: float, reducer=None, jit: bool = True):
+def make_train_step(loss_net: nn.Cell, opt: nn.AdamWeightDecay, grad_clip: float, world: int = 1, jit: bool = True):
     """``step(tokens) -> (loss, pre-clip grad norm)``; updates the weights in place.
 
     Clipping scales all gradients by ``clip / max(norm, clip)`` (a no-op below the threshold), the same rule as
     ``torch.nn.utils.clip_grad_norm_``. With data parallelism the gradients are all-reduced (mean) before the norm, so
-    every rank clips identically and weights stay bit-identical.
+    every rank clips identically and weights stay bit-identical; the returned loss is the mean over ranks too, so
+    rank 0's metrics describe the global batch.
     """
     grad_fn = ms.value_and_grad(loss_net, None, opt.parameters)
+    reducer = nn.DistributedGradReducer(opt.parameters, mean=True, degree=world) if world > 1 else None
+    all_reduce = ops.AllReduce() if world > 1 else None
 
     def step(tokens):
         loss, grads = grad_fn(tokens)
@@ -68,6 +71,8 @@ def make_train_step(loss_net: nn.Cell, opt: nn.AdamWeightDecay, grad_clip: float
             scale = grad_clip / ops.maximum(gnorm, grad_clip)
             grads = tuple(g * scale.astype(g.dtype) for g in grads)
         loss = ops.depend(loss, opt(grads))
+        if all_reduce is not None:
+            loss = all_reduce(loss) / world
         return loss, gnorm
 
     return ms.jit(step) if jit else step

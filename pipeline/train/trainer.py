@@ -24,7 +24,7 @@ import time
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Tensor
 
 from . import checkpoint as ckpt
 from .data import TokenBatches
@@ -147,7 +147,6 @@ def _train(job: TrainJob, rank: int, world: int, writer: _Writer) -> dict:
     net = Transformer(cfg)
     loss_net = CausalLMLoss(net)
     opt = build_optimizer(net, job)
-    reducer = nn.DistributedGradReducer(opt.parameters, mean=True, degree=world) if world > 1 else None
 
     # ---- restore -------------------------------------------------------------------------------------------
     start_step, batches_done, resumed_from = 0, 0, None
@@ -167,7 +166,7 @@ def _train(job: TrainJob, rank: int, world: int, writer: _Writer) -> dict:
     if start_step > job.steps:
         raise ValueError(f"TrainJob.steps={job.steps}: out_dir already holds a checkpoint at step {start_step}")
 
-    step_fn = make_train_step(loss_net, opt, job.grad_clip, reducer, jit=job.mode == "graph")
+    step_fn = make_train_step(loss_net, opt, job.grad_clip, world, jit=job.mode == "graph")
     params = count_cell_params(net)
     log.info("stage %s: %s params, mode=%s, attention=%s, rank %d/%d, steps %d..%d", job.stage, f"{params:,}",
              job.mode, attention_impl(), rank, world, start_step + 1, job.steps)

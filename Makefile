@@ -1,0 +1,68 @@
+# mindloom: `make demo` and `make test` each set up everything they need from a clean clone.
+SHELL := /bin/bash
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-12)
+
+# Airflow on the embedded default: SQLite metadata DB, LocalExecutor, home inside the repo, login admin/admin.
+export AIRFLOW_HOME := $(CURDIR)/.airflow
+export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
+export AIRFLOW__CORE__LOAD_EXAMPLES := False
+export AIRFLOW__CORE__EXECUTOR := LocalExecutor
+export AIRFLOW__CORE__PARALLELISM := 4
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS := admin:admin
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE := $(CURDIR)/.airflow/passwords.json
+export AIRFLOW__API__HOST := 127.0.0.1
+export MINDLOOM_CONFIG ?= $(CURDIR)/configs/default.yaml
+export MINDLOOM_TRAIN_EXECUTOR :=
+export PYTHONUNBUFFERED := 1
+
+.PHONY: setup demo test test-fast lint corpus airflow-init clean
+
+setup: $(STAMP)
+
+$(STAMP): requirements.lock pyproject.toml
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade "pip>=24"
+	$(PY) -m pip install -q -r requirements.lock
+	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
+	@rm -f $(VENV)/.installed-*; touch $@
+
+corpus: data/demo-corpus/.built
+
+data/demo-corpus/.built: $(STAMP) pipeline/democorpus.py
+	$(PY) -m pipeline.democorpus --out data/demo-corpus --cache .cache/demo-sources
+	@touch $@
+
+airflow-init: .airflow/airflow.db
+
+.airflow/airflow.db: $(STAMP)
+	@mkdir -p .airflow
+	@test -f .airflow/passwords.json || echo '{"admin": "admin"}' > .airflow/passwords.json
+	$(VENV)/bin/airflow db migrate > .airflow/db_migrate.log 2>&1 || (tail -20 .airflow/db_migrate.log; exit 1)
+
+demo: $(STAMP) corpus airflow-init
+	@start=$$(date +%s); \
+	echo "== corpus_build through Airflow =="; \
+	$(VENV)/bin/airflow dags test corpus_build > .airflow/demo_corpus_build.log 2>&1 \
+	  || { tail -40 .airflow/demo_corpus_build.log; exit 1; }; \
+	echo "== pretrain through Airflow =="; \
+	$(VENV)/bin/airflow dags test pretrain > .airflow/demo_pretrain.log 2>&1 \
+	  || { tail -40 .airflow/demo_pretrain.log; exit 1; }; \
+	echo; $(VENV)/bin/mindloom summary; \
+	echo; echo "Airflow logs: .airflow/demo_corpus_build.log .airflow/demo_pretrain.log"; \
+	echo "demo took $$(( $$(date +%s) - start )) s (after setup)"
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q -m "not slow"
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check pipeline operators dags tests
+	$(VENV)/bin/ruff check --select AIR dags operators
+
+clean:
+	rm -rf data .airflow .pytest_cache

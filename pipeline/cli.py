@@ -1,0 +1,154 @@
+"""``mindloom``: run the same stages as the DAGs, locally and without Airflow.
+
+    mindloom demo-corpus --out data/demo-corpus          build the demo corpus from PyPI + the stdlib
+    mindloom corpus [--config F] [--set k=v ...]          the whole corpus chain, with progress bars
+    mindloom train  [--config F] [--set k=v ...]          one training stage over the latest corpus
+    mindloom verify DIR [--ranks N]                       check MindRecord shards against their manifest
+    mindloom summary [--config F]                         what the latest corpus and training runs produced
+
+Errors in the configuration or the input end with one line naming the field or file (exit 2), never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from pipeline.config import PARAM_FIELDS, ConfigError, load_config
+
+
+def _overrides(pairs: list[str]) -> dict:
+    """``--set train.steps=50`` / ``--set seq_len=256`` (a form-field name works too); values parsed as YAML."""
+    import yaml
+
+    out = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise ConfigError(f"--set {pair}: expected FIELD=VALUE")
+        key, raw = pair.split("=", 1)
+        out[PARAM_FIELDS.get(key, key)] = yaml.safe_load(raw)
+    return out
+
+
+def _run_id(given: str | None) -> str:
+    return given or "cli__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+
+
+def cmd_corpus(args) -> int:
+    from pipeline.corpus import run_all
+    from pipeline.io import write_json
+
+    cfg = load_config(args.config, _overrides(args.set))
+    summary = run_all(cfg, _run_id(args.run_id))
+    write_json(Path(cfg.data_root) / "cli" / "last_corpus.json", summary)
+    print(json.dumps(summary, indent=1))
+    return 0
+
+
+def cmd_train(args) -> int:
+    from tqdm import tqdm
+
+    from pipeline.pretrain import (build_job, job_state, launch_argv, launch_env, read_metrics, resolve_corpus,
+                                   stage_dir, stage_result)
+
+    cfg = load_config(args.config, _overrides(args.set))
+    corpus = resolve_corpus({"corpus_manifest": args.corpus or ""}, cfg=cfg)
+    out_dir = stage_dir(cfg.data_root, _run_id(args.run_id), args.stage)
+    job = build_job(cfg, corpus, out_dir, stage=args.stage)
+    argv = launch_argv(job, cfg.train.workers)
+    log_path = out_dir / "launcher.cli.log"
+    print(f"training stage {args.stage}: {' '.join(argv)}\n  log: {log_path}", file=sys.stderr)
+    with open(log_path, "ab") as log_fh:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
+                                env=launch_env(), cwd=str(out_dir))
+    line = 0
+    with tqdm(total=cfg.train.steps, desc=f"train {args.stage}", unit="step") as bar:
+        while True:
+            rows, line = read_metrics(out_dir, line)
+            for r in rows:
+                bar.n = r["step"]
+                bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{r.get('tokens_per_s', 0):.0f}")
+            bar.refresh()
+            if proc.poll() is not None:
+                break
+            time.sleep(0.5)
+    state = job_state(out_dir)
+    if state["state"] != "SUCCEEDED":
+        print(f"mindloom: error: training {state['state']}: {state.get('error')} (log: {log_path})", file=sys.stderr)
+        return 1
+    print(json.dumps(stage_result(out_dir), indent=1))
+    return 0
+
+
+def cmd_verify(args) -> int:
+    from pipeline.mindrecord import verify
+
+    print(json.dumps(verify(args.dir, full_read=True, num_shards=args.ranks), indent=1))
+    return 0
+
+
+def cmd_demo_corpus(args) -> int:
+    from pipeline.democorpus import main as democorpus_main
+
+    argv = ["--out", args.out, "--cache", args.cache] + (["--domains", args.domains] if args.domains else [])
+    return democorpus_main(argv) or 0
+
+
+def cmd_summary(args) -> int:
+    from pipeline.summary import render_summary
+
+    print(render_summary(load_config(args.config).data_root))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="mindloom", description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name, fn in (("corpus", cmd_corpus), ("train", cmd_train)):
+        p = sub.add_parser(name)
+        p.add_argument("--config", help="YAML config (default: $MINDLOOM_CONFIG or configs/default.yaml)")
+        p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
+        p.add_argument("--run-id", help="run id (default: cli__<UTC time>)")
+        if name == "train":
+            p.add_argument("--stage", default="main")
+            p.add_argument("--corpus", help="corpus_summary.json to train on (default: the latest)")
+        p.set_defaults(fn=fn)
+    p = sub.add_parser("verify")
+    p.add_argument("dir", help="MindRecord folder with manifest.json")
+    p.add_argument("--ranks", type=int, default=None, help="also read as N data-parallel ranks")
+    p.set_defaults(fn=cmd_verify)
+    p = sub.add_parser("demo-corpus")
+    p.add_argument("--out", default="data/demo-corpus")
+    p.add_argument("--cache", default=".cache/demo-sources")
+    p.add_argument("--domains", default="", help="comma-separated subset")
+    p.set_defaults(fn=cmd_demo_corpus)
+    p = sub.add_parser("summary")
+    p.add_argument("--config")
+    p.set_defaults(fn=cmd_summary)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    from pipeline.ingest import IngestError
+    from pipeline.mindrecord import ShardError
+
+    try:
+        return args.fn(args)
+    except (ConfigError, IngestError, ShardError, FileNotFoundError, ValueError) as exc:
+        print(f"mindloom: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
