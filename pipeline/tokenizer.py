@@ -10,6 +10,7 @@ its characters into the vocabulary.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
 from pathlib import Path
 
@@ -82,17 +83,19 @@ def train_tokenizer(tc: TokenizerConfig, rdir: Path, shards: list[str], seed: in
     sample = rdir / "tokenizer" / "sample.txt"
     with atomic_path(sample) as tmp:
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-    prefix = out.parent / ".spm-train"
     coverage = _effective_coverage(lines, tc.vocab_size, tc.character_coverage)
+    # Train from an iterator into memory: a file input would record its path (which contains the run id) in
+    # the model's trainer spec, and the same corpus would give a different tokenizer sha256 in every run.
+    model = io.BytesIO()
     spm.SentencePieceTrainer.train(
-        input=str(sample), model_prefix=str(prefix), model_type=tc.model_type, vocab_size=tc.vocab_size,
+        sentence_iterator=iter(lines), model_writer=model, model_type=tc.model_type, vocab_size=tc.vocab_size,
         character_coverage=coverage, byte_fallback=True, split_digits=True,
         normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
         split_by_whitespace=True, max_sentence_length=MAX_SENTENCE_CHARS * 4, hard_vocab_limit=False,
         user_defined_symbols=["\n", "\t"], unk_id=UNK_ID, bos_id=BOS_ID, eos_id=EOS_ID, pad_id=PAD_ID,
         num_threads=1, shuffle_input_sentence=False, minloglevel=2)
-    Path(f"{prefix}.model").replace(out)
-    Path(f"{prefix}.vocab").replace(out.with_suffix(".vocab"))
+    with atomic_path(out) as tmp:
+        tmp.write_bytes(model.getvalue())
     sp = spm.SentencePieceProcessor(model_file=str(out))
     info = {"model": str(out), "sha256": sha256_file(out), "vocab_size": sp.get_piece_size(),
             "sample_lines": len(lines), "character_coverage": coverage, "sample_chars": sum(len(x) for x in lines)}
