@@ -47,12 +47,12 @@ def pretrain():
         fail_at_step="{{ params.fail_at_step if ti.try_number == 1 else '' }}")
 
     @task(multiple_outputs=False)
-    def report(stage_summary: dict, params=None, run_id=None) -> dict:
+    def report(stage_summary: dict, corpus: dict, params=None, run_id=None) -> dict:
         from pipeline.pretrain import write_report
 
-        return write_report(dict(params), run_id, {"main": stage_summary})
+        return write_report(dict(params), run_id, {"main": stage_summary}, corpus)
 
-    report(main.output)
+    report(main.output, corpus)
 
 
 pretrain()

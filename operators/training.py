@@ -26,12 +26,15 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
     """Train one stage over the corpus described by ``corpus`` (the summary the corpus DAG published)."""
 
     template_fields = ("stage", "corpus", "init_from", "fail_at_step")
+    template_fields_renderers = {"corpus": "json"}
     external_id_key = "training_job"
     ui_color = "#f2d7c9"
 
     def __init__(self, *, corpus: Any, stage: str = "main", init_from: str | None = None,
-                 fail_at_step: int | None = None, poll_interval: float = 2.0, **kwargs: Any) -> None:
+                 fail_at_step: int | None = None, poll_interval: float = 2.0, deferrable: bool = False,
+                 **kwargs: Any) -> None:
         super().__init__(**kwargs)
+        self.deferrable = deferrable
         self.corpus = corpus
         self.stage = stage
         self.init_from = init_from
@@ -41,7 +44,42 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         self._metrics_line = 0
 
     def execute(self, context: Any) -> Any:
-        return self.execute_resumable(context)
+        if not self.deferrable:
+            return self.execute_resumable(context)
+        # Deferrable: the same reconnect-or-submit decision, then hand the wait to the triggerer.
+        store = context.get("task_state_store")
+        ext = store.get(self.external_id_key) if store is not None else None
+        status = self.get_job_status(ext, context) if ext else None
+        if ext and self.is_job_succeeded(status):
+            self.log.info("job already completed successfully, skipping resubmission")
+            return self.get_job_result(ext, context)
+        if ext and self.is_job_active(status):
+            self.log.info("reconnecting to running job %s", ext)
+        else:
+            ext = self.submit_job(context)
+            if store is not None:
+                store.set(self.external_id_key, ext)
+        from operators.triggers import TrainingJobTrigger
+
+        self.defer(trigger=TrainingJobTrigger(ext["out_dir"], ext.get("pid"), self.poll_interval),
+                   method_name="execute_complete", kwargs={"external_id": ext})
+
+    def execute_complete(self, context: Any, event: dict, external_id: dict | None = None) -> dict:
+        """Back from the triggerer: copy the stage's metrics into this log, then succeed or fail like the sync path."""
+        from pipeline.pretrain import read_metrics
+
+        rows, _ = read_metrics(event["out_dir"])
+        for r in rows:
+            self._log_metric(r)
+        if event["state"] != "SUCCEEDED":
+            raise AirflowException(f"training stage {self.stage} {event['state']} at step {event.get('step')}: "
+                                   f"{event.get('error') or 'process ended without a status'}")
+        return self.get_job_result(external_id or event, context)
+
+    def _log_metric(self, r: dict) -> None:
+        self.log.info("stage %s step %s loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f", self.stage,
+                      r.get("step"), r.get("loss", float("nan")), r.get("lr", float("nan")),
+                      r.get("grad_norm", float("nan")), r.get("tokens_per_s", 0.0))
 
     # -- ResumableJobMixin -----------------------------------------------------------------------------------
 
@@ -95,9 +133,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
                 self._proc.poll()  # reap our child so a dead launcher is not seen as a zombie
             rows, self._metrics_line = read_metrics(out_dir, self._metrics_line)
             for r in rows:
-                self.log.info("stage %s step %s loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f", self.stage,
-                              r.get("step"), r.get("loss", float("nan")), r.get("lr", float("nan")),
-                              r.get("grad_norm", float("nan")), r.get("tokens_per_s", 0.0))
+                self._log_metric(r)
             status = job_state(out_dir, external_id.get("pid"))
             if status["state"] == "SUCCEEDED":
                 return self.get_job_result(external_id, context)

@@ -14,6 +14,7 @@ from pathlib import Path
 from pipeline import exact_dedup, ingest, mindrecord, quality, tokenizer
 from pipeline.config import MindloomConfig, config_from_dict, config_from_params
 from pipeline.io import read_json, run_dir, write_json
+from pipeline.report import write_report
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +119,8 @@ def publish(specs: list[dict]) -> dict:
     summary = manifest_summary(Path(rdir), manifest)
     summary["stats"] = collect_stats(rdir)
     write_json(Path(rdir) / "corpus_summary.json", summary)
+    summary["report_html"] = str(write_report(Path(rdir) / "report.html", f"mindloom corpus {Path(rdir).name}",
+                                              corpus_run_dir=Path(rdir)))
     write_json(Path(cfg.data_root) / "corpus" / "LATEST.json", summary)
     return {k: v for k, v in summary.items() if k != "stats"}
 

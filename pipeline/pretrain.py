@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import sys
 from pathlib import Path
 
 from pipeline.config import MindloomConfig
@@ -48,27 +46,18 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
     return path
 
 
-def launch_argv(job_path: str | Path, workers: int = 1, *, master_addr: str = "127.0.0.1",
-                master_port: int = 8118, python: str | None = None) -> list[str]:
-    """The command that runs a job: one process, or ``msrun`` with one worker per rank."""
-    python = python or sys.executable
-    if workers <= 1:
-        return [python, "-m", "pipeline.train", "--job", str(job_path)]
-    msrun = shutil.which("msrun", path=str(Path(python).parent)) or "msrun"
-    log_dir = Path(job_path).parent / "msrun_log"
-    return [msrun, f"--worker_num={workers}", f"--local_worker_num={workers}", f"--master_addr={master_addr}",
-            f"--master_port={master_port}", f"--log_dir={log_dir}", "--join=True", "--cluster_time_out=300",
-            "-m", "pipeline.train", "--job", str(job_path)]
+def launch_argv(job_path: str | Path, workers: int = 1, *, master_port: int = 8118) -> list[str]:
+    """The command that runs a job: one process, or one-host ``msrun`` with one worker per rank."""
+    from pipeline.train.launch import train_command
+
+    return train_command(str(job_path), workers, master_port=master_port)
 
 
-def launch_env(python: str | None = None) -> dict[str, str]:
+def launch_env() -> dict[str, str]:
     """Environment for the job: msrun starts workers with the ``python`` on PATH, so put ours first."""
-    python = python or sys.executable
-    env = dict(os.environ)
-    env["PATH"] = f"{Path(python).parent}{os.pathsep}{env.get('PATH', '')}"
-    repo = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = repo + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    return env
+    from pipeline.train.launch import env_with_venv
+
+    return env_with_venv()
 
 
 def _pid_alive(pid: int) -> bool:
@@ -149,14 +138,18 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
     return {k: v for k, v in summary.items() if k != "stats"}
 
 
-def write_report(params: dict, run_id: str, stages: dict[str, dict]) -> dict:
-    """Write ``<data_root>/train/<run>/report.json`` with every stage's summary; return the compact metrics."""
+def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dict | None = None) -> dict:
+    """Write ``report.json`` and ``report.html`` for the training run; return the compact metrics for XCom."""
     from pipeline.config import config_from_params
+    from pipeline.report import write_report as write_html
 
     cfg = config_from_params(params)
-    out = Path(cfg.data_root) / "train" / safe_run_id(run_id) / "report.json"
+    run_root = Path(cfg.data_root) / "train" / safe_run_id(run_id)
     keys = ("state", "steps", "resumed_from", "first_loss", "final_loss", "min_loss", "tokens", "tokens_per_s",
-            "checkpoint")
+            "checkpoint", "eval")
     compact = {name: {k: s.get(k) for k in keys} for name, s in stages.items()}
-    write_json(out, {"run_id": run_id, "stages": stages})
-    return {"report": str(out), "stages": compact}
+    write_json(run_root / "report.json", {"run_id": run_id, "corpus": corpus, "stages": stages})
+    html_path = write_html(run_root / "report.html", f"mindloom run {run_id}",
+                           Path(corpus["run_dir"]) if corpus else None,
+                           {name: stage_dir(cfg.data_root, run_id, name) for name in stages})
+    return {"report": str(run_root / "report.json"), "report_html": str(html_path), "stages": compact}

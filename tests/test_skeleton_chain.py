@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import tiny_config
+
 from pipeline.config import load_config
 from pipeline.corpus import collect_stats, run_all
 from pipeline.io import read_json, read_parquet

@@ -177,7 +177,8 @@ def test_cli_failure_is_one_clear_line(data, tmp_path):
 @pytest.mark.slow
 def test_msrun_data_parallel_equals_single_process(data, tmp_path):
     """2 ranks x batch 4 (msrun, mccl, rank-sharded MindDataset, DistributedGradReducer) == 1 process x batch 8:
-    sharding happens after the global shuffle, so the two ranks see exactly the rows of the single big batch."""
+    sharding happens after the global shuffle, so the two ranks see exactly the rows of the single big batch.
+    (Only within the first epoch: later epochs reshuffle differently when sharded, still disjoint per rank.)"""
     import socket
 
     from pipeline.train.launch import env_with_venv, train_command
@@ -185,7 +186,8 @@ def test_msrun_data_parallel_equals_single_process(data, tmp_path):
     with socket.socket() as s_:
         s_.bind(("127.0.0.1", 0))
         port = s_.getsockname()[1]
-    dp = _job(data, tmp_path / "dp", steps=6, batch_size=4, checkpoint_every=3)
+    big = str(data / "big")
+    dp = _job(data, tmp_path / "dp", data_dir=big, steps=6, batch_size=4, checkpoint_every=3)
     dp.to_json(tmp_path / "dp.json")
     cmd = train_command(str(tmp_path / "dp.json"), workers=2, log_dir=str(tmp_path / "msrun_log"), master_port=port,
                         cluster_timeout_s=180)
@@ -194,7 +196,7 @@ def test_msrun_data_parallel_equals_single_process(data, tmp_path):
     s = _read(tmp_path / "dp" / "summary.json")
     assert s["world_size"] == 2 and s["steps"] == 6 and s["tokens"] == 6 * 2 * 4 * SEQ
     single = tmp_path / "single"
-    _train(_job(data, single, steps=6, batch_size=8, checkpoint_every=3))
+    _train(_job(data, single, data_dir=big, steps=6, batch_size=8, checkpoint_every=3))
     a, b = _metrics(tmp_path / "dp"), _metrics(single)
     for step in range(1, 7):
         assert a[step]["loss"] == pytest.approx(b[step]["loss"], abs=1e-4), step

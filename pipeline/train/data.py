@@ -7,7 +7,10 @@ Why it looks like this:
   ``MindDataset`` global shuffle and every ``repeat`` epoch reshuffles deterministically. So the data position of a
   run is fully described by one number, the batches already consumed, and a resumed run ``skip``s exactly those
   (verified equal to an uninterrupted stream, also across epoch boundaries).
-* Data parallel: ``num_shards``/``shard_id`` split each shuffled epoch into disjoint per-rank halves.
+* Data parallel: ``num_shards``/``shard_id`` split each shuffled epoch into disjoint per-rank parts (rank r gets rows
+  r, r+W, ... of the epoch's permutation). In epoch 0 the permutation equals the unsharded one, so W ranks x batch B
+  reproduce 1 process x batch W*B exactly; later epochs use a different (still deterministic, still disjoint)
+  permutation when sharded.
 * ``drop_remainder=True`` keeps every step's shape identical, so GRAPH mode compiles once.
 """
 

@@ -44,7 +44,11 @@ class SimulatedCrash(RuntimeError):
 def _setup_context(job: TrainJob) -> None:
     global _THREADS_SET
     ms.set_context(mode=ms.GRAPH_MODE if job.mode == "graph" else ms.PYNATIVE_MODE)
-    ms.set_device(job.device)
+    try:
+        ms.set_device(job.device)
+    except RuntimeError:  # runtime already started in this process (tests, notebooks): fine if it is the same device
+        if ms.get_context("device_target") != job.device:
+            raise
     if job.device == "CPU" and not _THREADS_SET:
         from mindspore.device_context.cpu.op_tuning import threads_num
 
@@ -159,7 +163,9 @@ def _train(job: TrainJob, rank: int, world: int, writer: _Writer) -> dict:
         if meta.get("world_size", world) != world:  # keep the sample position, re-express it in batches
             batches_done = meta.get("samples_consumed", 0) // (job.batch_size * world)
         log.info("resumed from %s (step %d, %d batches consumed)", path, start_step, batches_done)
-    elif job.init_from:
+    elif ckpt.list_checkpoints(job.out_dir):
+        log.warning("no usable checkpoint in %s: training restarts from scratch", job.out_dir)
+    if found is None and job.init_from:
         n = ckpt.load_weights(net, job.init_from)
         log.info("initialised %d tensors from %s (weights only)", n, job.init_from)
     writer.truncate_metrics(start_step)
@@ -175,8 +181,8 @@ def _train(job: TrainJob, rank: int, world: int, writer: _Writer) -> dict:
     step, loss_v, seq_len, last_ckpt = start_step, None, None, None
     times: list[tuple[float, int]] = []
     if start_step < job.steps:
-        batches = TokenBatches(job.data_dir, job.batch_size, job.seed, total_batches=job.steps,
-                               start_batch=batches_done, rank=rank, world=world)
+        batches = TokenBatches(job.data_dir, job.batch_size, job.seed, start_batch=batches_done,
+                               total_batches=batches_done + job.steps - start_step, rank=rank, world=world)
         t_data = time.time()
         for tokens in batches:
             seq_len = _check_batch(tokens, cfg)
