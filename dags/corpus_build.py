@@ -1,4 +1,7 @@
-"""corpus_build: raw multi-domain text → exact dedup → quality filter → SentencePiece → MindRecord shards.
+"""corpus_build / corpus_refresh: raw multi-domain text → dedup → quality filter → SentencePiece → MindRecord.
+
+``corpus_build`` is triggered by hand (UI form or REST); ``corpus_refresh`` is the same chain on a cron schedule
+(``MINDLOOM_REFRESH_SCHEDULE``, default Sundays 03:00 UTC, no catch-up) and is the one to backfill.
 
 Wiring only: every task body is one call into ``pipeline.corpus``.  Per-shard stages are mapped over the shard
 list planned at run time; outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs
@@ -23,18 +26,8 @@ def _label(name: str) -> None:
     get_current_context()["shard_label"] = name
 
 
-@dag(
-    dag_id="corpus_build",
-    schedule=os.environ.get("MINDLOOM_CORPUS_SCHEDULE", "0 3 * * 0"),
-    start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
-    catchup=False,
-    max_active_runs=1,
-    params=build_params("corpus"),
-    tags=["mindloom", "data"],
-    default_args={"retries": 1, "retry_delay": pendulum.duration(seconds=10)},
-    doc_md=__doc__,
-)
-def corpus_build():
+def corpus_chain():
+    """The task graph shared by both DAGs."""
     @task
     def plan(params=None, run_id=None) -> list[dict]:
         from pipeline.corpus import prepare_run
@@ -125,4 +118,20 @@ def corpus_build():
     encoded >> written >> publish(specs)
 
 
-corpus_build()
+def _corpus_dag(dag_id: str, schedule: str | None, tags: list[str]):
+    return dag(
+        dag_id=dag_id,
+        schedule=schedule,
+        start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
+        catchup=False,
+        max_active_runs=1,
+        params=build_params("corpus"),
+        tags=["mindloom", "data", *tags],
+        default_args={"retries": 1, "retry_delay": pendulum.duration(seconds=10)},
+        doc_md=__doc__,
+    )(corpus_chain)()
+
+
+corpus_build = _corpus_dag("corpus_build", None, ["manual"])
+corpus_refresh = _corpus_dag("corpus_refresh", os.environ.get("MINDLOOM_REFRESH_SCHEDULE") or "0 3 * * 0",
+                             ["scheduled"])

@@ -8,6 +8,8 @@ job resumes from the stage's newest checkpoint.
 
 from __future__ import annotations
 
+import os
+
 import pendulum
 from airflow.sdk import Param, dag, task
 
@@ -15,11 +17,20 @@ from operators.params import build_params, corpus_asset
 from operators.training import TrainingStageOperator
 
 CORPUS = corpus_asset()
+# Optional cron next to the Asset (MINDLOOM_PRETRAIN_CRON, e.g. "0 4 * * 0") makes the DAG backfillable.
+_CRON = os.environ.get("MINDLOOM_PRETRAIN_CRON", "")
+if _CRON:
+    from airflow.sdk import AssetOrTimeSchedule
+    from airflow.timetables.trigger import CronTriggerTimetable
+
+    SCHEDULE = AssetOrTimeSchedule(timetable=CronTriggerTimetable(_CRON, timezone="UTC"), assets=[CORPUS])
+else:
+    SCHEDULE = [CORPUS]
 
 
 @dag(
     dag_id="pretrain",
-    schedule=[CORPUS],
+    schedule=SCHEDULE,
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
@@ -30,7 +41,8 @@ CORPUS = corpus_asset()
             "fail_at_step": Param(None, type=["null", "integer"], title="Fail at step (testing)",
                                   description="Simulate a crash after this step's checkpoint (first try only).")},
     tags=["mindloom", "train"],
-    default_args={"retries": 1, "retry_delay": pendulum.duration(seconds=5)},
+    default_args={"retries": int(os.environ.get("MINDLOOM_TRAIN_RETRIES", "1")),
+                  "retry_delay": pendulum.duration(seconds=5)},
     doc_md=__doc__,
 )
 def pretrain():
@@ -44,7 +56,8 @@ def pretrain():
     corpus = resolve_corpus()
     main = TrainingStageOperator(
         task_id="train_main", stage="main", corpus=corpus,
-        fail_at_step="{{ params.fail_at_step if ti.try_number == 1 else '' }}")
+        fail_at_step="{{ params.fail_at_step if ti.try_number == 1 else '' }}",
+        deferrable=os.environ.get("MINDLOOM_TRAIN_DEFERRABLE", "").lower() in ("1", "true", "yes"))
 
     @task(multiple_outputs=False)
     def report(stage_summary: dict, corpus: dict, params=None, run_id=None) -> dict:

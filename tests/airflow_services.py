@@ -1,0 +1,157 @@
+"""Run a real Airflow deployment on loopback for end-to-end tests: api-server, scheduler, dag-processor, triggerer.
+
+SQLite and LocalExecutor in a throw-away ``AIRFLOW_HOME``, free ports, login admin/admin.  Every process runs in
+its own session so the whole group can be stopped, and its log is kept for the failure message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.parse
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+COMPONENTS = ("api-server", "scheduler", "dag-processor", "triggerer")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class AirflowDeployment:
+    def __init__(self, home: Path, config_path: Path, extra_env: dict[str, str] | None = None):
+        self.home = home
+        self.port = free_port()
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+        self.env.update({
+            "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__PARALLELISM": "4",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
+            "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(self.port),
+            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.base}/execution/",
+            "AIRFLOW__API_AUTH__JWT_SECRET": "mindloom-e2e-" + "x" * 64,
+            "AIRFLOW__API__SECRET_KEY": "mindloom-e2e-secret-key",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
+            "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+            "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__TRIGGERER__TRIGGERER_LOG_SERVER_PORT": str(free_port()),
+            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+            "MINDLOOM_CONFIG": str(config_path), "MINDLOOM_TRAIN_EXECUTOR": "",
+            "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        })
+        self.env.update(extra_env or {})
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.token = ""
+
+    # -- lifecycle -------------------------------------------------------------------------------------------
+
+    def airflow(self, *args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+        return subprocess.run([str(Path(sys.executable).parent / "airflow"), *args], env=self.env, timeout=timeout,
+                              capture_output=True, text=True, stdin=subprocess.DEVNULL)
+
+    def start(self, timeout: float = 240) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        (self.home / "passwords.json").write_text(json.dumps({"admin": "admin"}))
+        res = self.airflow("db", "migrate")
+        if res.returncode:
+            raise RuntimeError(f"airflow db migrate failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
+        for c in COMPONENTS:
+            log = open(self.home / f"{c}.log", "wb")
+            self.procs[c] = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), c], env=self.env,
+                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                             start_new_session=True)
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            self._check_alive()
+            try:
+                health = httpx.get(f"{self.base}/api/v2/monitor/health", timeout=5).json()
+                if all(health.get(k, {}).get("status") == "healthy"
+                       for k in ("metadatabase", "scheduler", "triggerer", "dag_processor")):
+                    self.login()
+                    return
+            except (httpx.HTTPError, ValueError):
+                pass
+            time.sleep(2)
+        raise TimeoutError(f"Airflow not healthy after {timeout} s\n{self.logs_tail()}")
+
+    def _check_alive(self) -> None:
+        for c, p in self.procs.items():
+            if p.poll() is not None:
+                raise RuntimeError(f"airflow {c} exited with {p.returncode}\n{self.logs_tail()}")
+
+    def stop(self) -> None:
+        for p in self.procs.values():
+            try:
+                os.killpg(p.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        deadline = time.time() + 40
+        for p in self.procs.values():
+            try:
+                p.wait(timeout=max(deadline - time.time(), 1))
+            except subprocess.TimeoutExpired:
+                os.killpg(p.pid, signal.SIGKILL)
+
+    def logs_tail(self, n: int = 2500) -> str:
+        out = []
+        for c in COMPONENTS:
+            f = self.home / f"{c}.log"
+            if f.exists():
+                out.append(f"--- {c} ---\n{f.read_text(errors='replace')[-n:]}")
+        return "\n".join(out)
+
+    # -- REST ------------------------------------------------------------------------------------------------
+
+    def login(self, user: str = "admin", password: str = "admin") -> None:
+        r = httpx.post(f"{self.base}/auth/token", json={"username": user, "password": password}, timeout=30)
+        r.raise_for_status()
+        self.token = r.json()["access_token"]
+
+    def api(self, method: str, path: str, **kw) -> httpx.Response:
+        return httpx.request(method, f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.token}"},
+                             timeout=60, **kw)
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.api("GET", f"/dags/{dag_id}").status_code == 200:
+                return
+            time.sleep(2)
+        errors = self.api("GET", "/importErrors").text
+        raise TimeoutError(f"DAG {dag_id} not parsed after {timeout} s; import errors: {errors}")
+
+    def wait_run(self, dag_id: str, run_id: str, states=("success", "failed"), timeout: float = 600) -> dict:
+        deadline = time.time() + timeout
+        run: dict = {}
+        while time.time() < deadline:
+            self._check_alive()
+            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}").json()
+            if run.get("state") in states:
+                return run
+            time.sleep(3)
+        raise TimeoutError(f"{dag_id}/{run_id} still {run.get('state')} after {timeout} s\n{self.logs_tail()}")
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str) -> object:
+        r = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/{task_id}/xcomEntries/return_value")
+        r.raise_for_status()
+        return r.json()["value"]
+
+
+def q(run_id: str) -> str:
+    return urllib.parse.quote(run_id, safe="")
