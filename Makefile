@@ -18,7 +18,7 @@ export MINDLOOM_CONFIG ?= $(CURDIR)/configs/default.yaml
 export MINDLOOM_TRAIN_EXECUTOR :=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test test-fast lint corpus airflow-init clean
+.PHONY: setup demo test test-fast lint corpus airflow-init airflow system-deps screenshots clean
 
 setup: $(STAMP)
 
@@ -54,7 +54,24 @@ demo: $(STAMP) corpus airflow-init
 	echo; echo "Airflow logs: .airflow/demo_corpus_build.log .airflow/demo_pretrain.log"; \
 	echo "demo took $$(( $$(date +%s) - start )) s (after setup)"
 
-test: $(STAMP)
+# Debian packages some tests drive: headless Chromium (browser test), docker-compose (compose-file validation).
+# Installed when missing and we are root with apt; otherwise those tests skip and say why.
+system-deps:
+	@if { ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null; } \
+	    && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing chromium docker-compose (apt)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose) \
+	    > .apt-install.log 2>&1 || { echo "apt install failed, see .apt-install.log"; tail -5 .apt-install.log; }; \
+	fi
+
+# The UI at http://127.0.0.1:8080 (login admin/admin): api-server, scheduler, dag-processor, triggerer.
+airflow: $(STAMP) corpus airflow-init
+	$(VENV)/bin/airflow standalone
+
+screenshots: $(STAMP) system-deps corpus
+	$(PY) scripts/screenshots.py docs/screenshots
+
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)

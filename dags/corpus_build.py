@@ -17,6 +17,7 @@ import pendulum
 from airflow.sdk import dag, get_current_context, task, task_group
 
 from operators.params import build_params, corpus_asset
+from operators.routing import data_task_kwargs
 
 CORPUS = corpus_asset()
 SHARD_LABEL = "{{ shard_label }}"
@@ -127,7 +128,8 @@ def _corpus_dag(dag_id: str, schedule: str | None, tags: list[str]):
         max_active_runs=1,
         params=build_params("corpus"),
         tags=["mindloom", "data", *tags],
-        default_args={"retries": 1, "retry_delay": pendulum.duration(seconds=10)},
+        # queue/executor of every task from MINDLOOM_DATA_QUEUE / MINDLOOM_DATA_EXECUTOR (operators/routing.py)
+        default_args={"retries": 1, "retry_delay": pendulum.duration(seconds=10), **data_task_kwargs()},
         doc_md=__doc__,
     )(corpus_chain)()
 

@@ -14,6 +14,7 @@ import pendulum
 from airflow.sdk import Param, dag, task
 
 from operators.params import build_params, corpus_asset
+from operators.routing import data_task_kwargs, train_task_kwargs
 from operators.training import TrainingStageOperator
 
 CORPUS = corpus_asset()
@@ -42,7 +43,7 @@ else:
                                   description="Simulate a crash after this step's checkpoint (first try only).")},
     tags=["mindloom", "train"],
     default_args={"retries": int(os.environ.get("MINDLOOM_TRAIN_RETRIES", "1")),
-                  "retry_delay": pendulum.duration(seconds=5)},
+                  "retry_delay": pendulum.duration(seconds=5), **data_task_kwargs()},
     doc_md=__doc__,
 )
 def pretrain():
@@ -57,7 +58,8 @@ def pretrain():
     main = TrainingStageOperator(
         task_id="train_main", stage="main", corpus=corpus,
         fail_at_step="{{ params.fail_at_step if ti.try_number == 1 else '' }}",
-        deferrable=os.environ.get("MINDLOOM_TRAIN_DEFERRABLE", "").lower() in ("1", "true", "yes"))
+        deferrable=os.environ.get("MINDLOOM_TRAIN_DEFERRABLE", "").lower() in ("1", "true", "yes"),
+        **train_task_kwargs())
 
     @task(multiple_outputs=False)
     def report(stage_summary: dict, corpus: dict, params=None, run_id=None) -> dict:
