@@ -1,127 +1,197 @@
-"""Quality filter: the Gopher quality rules, scored first and decided second.
+"""Quality stage: one call per shard runs the shard's domain chain, keeps the scores, and audits the removals.
 
-:func:`gopher_scores` computes the named measurements of a document; :func:`gopher_decide` compares them with the
-thresholds of :class:`pipeline.config.QualityConfig` and returns the first failing rule as the drop reason (the
-reason names follow datatrove's ``GopherQualityFilter``).  Scores are stored as ``q_*`` columns of the kept shard,
-so thresholds can be re-tuned later without recomputing them.
+Inputs and outputs of :func:`run_quality_shard` (``<rdir>`` is the run folder)::
 
-CJK awareness: Chinese and Japanese have no spaces, so every CJK character counts as one word, the mean word
-length rule is skipped and the English stop-word rule is not applied when most of the text is CJK.  Without this
-the word-count and stop-word rules delete all Chinese prose.
+    <rdir>/<input_stage>/<shard>.parquet        read (default stage exact_dedup; a MinHash stage may come first)
+    <rdir>/quality/<shard>.parquet              kept documents, text after C4 line cleaning / PII masking,
+                                                plus one q_<filter>_<score> column per score
+    <rdir>/quality/scores/<shard>.parquet       every input document's scores, reason and detail, and the
+                                                scoring signature per domain (schema metadata)
+    <rdir>/removed/quality/...                  per-reason samples and counts (pipeline/filters/audit.py)
+    <rdir>/stats/quality/<shard>.json           in = kept + removed by reason, plus chars, est. tokens, PII counts
+
+``reuse_scores=True`` takes the decisions from the stored scores instead of recomputing them (after checking they
+are still valid), so re-tuned thresholds are applied in a fraction of the time; the output is byte-identical to a
+full recompute with the same config.  Filters, parameters and sources: ``pipeline/filters/``.
 """
 
 from __future__ import annotations
 
-import re
+import dataclasses
+import hashlib
+import json
+import logging
 from pathlib import Path
+from typing import Any
 
 from pipeline.config import QualityConfig
+from pipeline.filters.audit import quality_report, render_quality_report, write_removed
+from pipeline.filters.basic import LANG_COLUMNS
+from pipeline.filters.chain import (
+    SIGNATURE_KEY,
+    Chain,
+    QualityError,
+    check_signature,
+    reapply_decisions,
+    signatures_of,
+)
+from pipeline.filters.pii import PiiMasker
+from pipeline.filters.text import Doc, approx_tokens, cjk_char_count
 from pipeline.io import completed, count_removed, new_stats, read_parquet, write_marker, write_parquet, write_stats
-from pipeline.normalize import cjk_ratio
 
-STOP_WORDS = frozenset({"the", "be", "to", "of", "and", "that", "have", "with"})
-BULLETS = ("•", "-", "*", "·", "‣", "◦", "▪")
-_CJK_CHAR = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]")
-_PUNCT_ONLY = re.compile(r"^[\W_]+$")
-CJK_TEXT_RATIO = 0.3
+log = logging.getLogger(__name__)
 
-SCORE_NAMES = ("n_words", "mean_word_len", "symbol_word_ratio", "bullet_lines_ratio", "ellipsis_lines_ratio",
-               "alpha_words_ratio", "stop_words", "cjk_ratio")
+__all__ = ["run_quality_shard", "reapply_decisions", "quality_report", "render_quality_report", "QualityError",
+           "scores_path"]
 
 
-def _words(text: str) -> list[str]:
-    """Whitespace tokens with CJK runs split into single characters."""
-    out: list[str] = []
-    for tok in text.split():
-        if _CJK_CHAR.search(tok):
-            out.extend(p for p in re.split(f"({_CJK_CHAR.pattern})", tok) if p and not p.isspace())
-        else:
-            out.append(tok)
-    return out
+def scores_path(rdir: Path, shard: str) -> Path:
+    return Path(rdir) / "quality" / "scores" / f"{shard}.parquet"
 
 
-def gopher_scores(text: str) -> dict[str, float]:
-    words = _words(text)
-    content = [w for w in words if not _PUNCT_ONLY.match(w)]
-    n = len(content)
-    lines = [ln for ln in text.split("\n") if ln.strip()]
-    n_lines = max(len(lines), 1)
-    latin = [w for w in content if not _CJK_CHAR.search(w)]
-    cjk = cjk_ratio(text)
-    # CJK punctuation splits into separate tokens; count the alphabetic share over content words there.
-    alpha_base = content if cjk >= CJK_TEXT_RATIO else words
-    return {
-        "n_words": float(n),
-        "mean_word_len": sum(len(w) for w in latin) / len(latin) if latin else 0.0,
-        "symbol_word_ratio": (text.count("#") + text.count("...") + text.count("…")) / max(n, 1),
-        "bullet_lines_ratio": sum(ln.lstrip().startswith(BULLETS) for ln in lines) / n_lines,
-        "ellipsis_lines_ratio": sum(ln.rstrip().endswith(("...", "…")) for ln in lines) / n_lines,
-        "alpha_words_ratio": sum(any(c.isalpha() for c in w) for w in alpha_base) / max(len(alpha_base), 1),
-        "stop_words": float(sum(w.lower() in STOP_WORDS for w in words)),
-        "cjk_ratio": cjk,
-    }
+def _digest(q: QualityConfig, input_stage: str) -> str:
+    blob = json.dumps({"quality": dataclasses.asdict(q), "input_stage": input_stage}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()
 
 
-def gopher_decide(s: dict[str, float], q: QualityConfig) -> str:
-    """The drop reason, or "" to keep."""
-    cjk = s["cjk_ratio"] >= CJK_TEXT_RATIO
-    if s["n_words"] < q.min_words:
-        return "gopher_short_doc"
-    if s["n_words"] > q.max_words:
-        return "gopher_long_doc"
-    if not cjk and s["mean_word_len"] < q.min_mean_word_length:
-        return "gopher_below_avg_word_len"
-    if not cjk and s["mean_word_len"] > q.max_mean_word_length:
-        return "gopher_above_avg_word_len"
-    if s["symbol_word_ratio"] > q.max_symbol_word_ratio:
-        return "gopher_too_many_symbols"
-    if s["bullet_lines_ratio"] > q.max_bullet_lines_ratio:
-        return "gopher_too_many_bullets"
-    if s["ellipsis_lines_ratio"] > q.max_ellipsis_lines_ratio:
-        return "gopher_too_many_end_ellipsis"
-    if s["alpha_words_ratio"] < q.min_alpha_words_ratio:
-        return "gopher_below_alpha_threshold"
-    if not cjk and s["stop_words"] < q.min_stop_words:
-        return "gopher_enough_stop_words"
-    return ""
+def _check_language_columns(chains: dict[str, Chain], table: Any, input_stage: str, shard: str) -> list[str]:
+    """Error (or, with on_missing: keep, a warning) when a chain filters on language the input cannot tell."""
+    missing = [c for c in LANG_COLUMNS if c not in table.column_names]
+    warnings = []
+    for domain, chain in sorted(chains.items()):
+        for f in chain.filters:
+            if f.name != "language" or not missing:
+                continue
+            msg = (f"domain {domain!r} runs the 'language' filter but {input_stage}/{shard}.parquet has no "
+                   f"{'/'.join(missing)} column: language ID has not run before quality")
+            if f.p.on_missing == "error":
+                raise QualityError(f"quality/{shard}: {msg}; run language ID at ingest (pipeline/langid.py) or "
+                                   "set the chain's overrides.language.on_missing: keep")
+            warnings.append(f"{msg}; language filter NOT applied to {table.num_rows} documents (on_missing: keep)")
+            log.warning("quality/%s: %s", shard, warnings[-1])
+    return warnings
 
 
-def run_quality_shard(q: QualityConfig, rdir: Path, shard: str) -> dict:
-    """Score every document of the shard, keep the passing ones with their ``q_*`` scores, count the rest."""
+def _load_scores(rdir: Path, shard: str, table: Any, chains: dict[str, Chain]) -> list[dict]:
+    path = scores_path(rdir, shard)
+    if not path.exists():
+        raise QualityError(f"quality/{shard}: reuse_scores=True but {path} does not exist; run without it first")
+    stored = read_parquet(path)
+    if stored.column("doc_id").to_pylist() != table.column("doc_id").to_pylist():
+        raise QualityError(f"quality/{shard}: stored scores are for other documents than the input; recompute")
+    signatures = signatures_of(stored)
+    for domain, chain in chains.items():
+        check_signature(chain, signatures.get(domain, []))
+    return stored.to_pylist()
+
+
+def _add(stats: dict, key: str, n: int) -> None:
+    stats[key] = stats.get(key, 0) + n
+
+
+def _finish_kept(q: QualityConfig, doc: Doc, original: str, chain: Chain, reused: bool, masker: PiiMasker | None,
+                 stats: dict) -> str:
+    """The text a kept document leaves with: C4-cleaned (unless filtering is off) and PII-masked when enabled."""
+    if not q.enabled:
+        doc.set_text(original)              # scoring only: documents leave unchanged
+    elif reused:
+        chain.transform(doc)                # scoring would have cleaned it; decisions came from stored scores
+    if doc.text != original:
+        _add(stats["transforms"], "c4_docs_changed", 1)
+        _add(stats["transforms"], "c4_chars_removed", len(original) - len(doc.text))
+    if masker and (not q.pii.domains or doc.domain in q.pii.domains):
+        masked, found = masker.mask(doc.text)
+        if found:
+            doc.set_text(masked)
+            _add(stats["pii"], "docs", 1)
+            for kind, count in found.items():
+                _add(stats["pii"], kind, count)
+    return doc.text
+
+
+def _tables(table: Any, chains: dict[str, Chain], rows: list[dict], keep: list[bool], texts: list[str]):
+    """(scores of every document with the chain signatures, kept rows with new text and their score columns)."""
     import pyarrow as pa
 
+    columns = list(dict.fromkeys(c for ch in chains.values() for c in ch.columns()))
+    scores = pa.table({"doc_id": pa.array([r["doc_id"] for r in rows], pa.string()),
+                       "domain": pa.array([r["domain"] for r in rows], pa.string()),
+                       **{c: pa.array([r.get(c) for r in rows], pa.string() if is_str else pa.float64())
+                          for c, is_str in columns},
+                       "q_reason": pa.array([r["q_reason"] for r in rows], pa.string()),
+                       "q_detail": pa.array([r["q_detail"] for r in rows], pa.string())})
+    signatures = {d: c.signature() for d, c in chains.items()}
+    scores = scores.replace_schema_metadata({SIGNATURE_KEY: json.dumps(signatures, sort_keys=True)})
+    mask = pa.array(keep, pa.bool_())
+    kept = table.filter(mask)
+    for name, values in (("text", texts), ("n_chars", [len(t) for t in texts])):
+        if name in kept.column_names:
+            field = kept.schema.field(name)
+            kept = kept.set_column(kept.column_names.index(name), field, pa.array(values, field.type))
+    for c, _ in columns:
+        kept = kept.append_column(c, scores.column(c).filter(mask))
+    return scores, kept
+
+
+def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str = "exact_dedup",
+                      reuse_scores: bool = False) -> dict:
+    """Filter one shard with its domain's chain; returns the shard's stats (in = kept + removed by reason)."""
+    rdir = Path(rdir)
     out = rdir / "quality" / f"{shard}.parquet"
-    if done := completed(out):
+    digest = _digest(q, input_stage)
+    if (done := completed(out)) and done.get("quality_sha256") == digest:
         return done["stats"]
-    table = read_parquet(rdir / "exact_dedup" / f"{shard}.parquet")
-    domain = table.column("domain")[0].as_py() if table.num_rows else shard.rsplit("-", 1)[0]
-    stats = new_stats(domain)
-    apply_rules = q.enabled and domain not in q.skip_domains
-    keep_mask: list[bool] = []
-    scores: dict[str, list[float]] = {f"q_{k}": [] for k in SCORE_NAMES}
-    removed_rows: list[dict] = []
-    for i, text in enumerate(table.column("text").to_pylist()):
-        nbytes = len(text.encode("utf-8"))
-        stats["in_docs"] += 1
-        stats["in_bytes"] += nbytes
-        s = gopher_scores(text)
-        reason = gopher_decide(s, q) if apply_rules else ""
-        keep_mask.append(not reason)
-        if reason:
-            count_removed(stats, reason, nbytes)
-            removed_rows.append({"doc_id": table.column("doc_id")[i].as_py(), "reason": reason,
-                                 "snippet": text[:300]})
-        else:
-            stats["kept_docs"] += 1
-            stats["kept_bytes"] += nbytes
-        for k in SCORE_NAMES:
-            scores[f"q_{k}"].append(s[k])
-    for name, values in scores.items():
-        table = table.append_column(name, pa.array(values, pa.float64()))
-    kept = table.filter(pa.array(keep_mask, pa.bool_()))
+    src = rdir / input_stage / f"{shard}.parquet"
+    if not src.exists():
+        raise QualityError(f"quality/{shard}: input {src} does not exist (input_stage={input_stage!r})")
+    table = read_parquet(src)
+    n = table.num_rows
+    domains = table.column("domain").to_pylist() if n else []
+    chains = {d: Chain.build(q, d) for d in sorted(set(domains))}
+    stats = new_stats(domains[0] if n else shard.rsplit("-", 1)[0])
+    stats.update(in_chars=0, kept_chars=0, in_tokens_est=0, kept_tokens_est=0, enabled=q.enabled,
+                 input_stage=input_stage, chains={d: c.names() for d, c in chains.items()}, transforms={}, pii={},
+                 warnings=_check_language_columns(chains, table, input_stage, shard))
+    stored = _load_scores(rdir, shard, table, chains) if reuse_scores else None
+    log.info("quality/%s: %d documents, %s", shard, n, "decisions from stored scores" if stored else "scoring")
+    masker = PiiMasker(q.pii.emails, q.pii.ips, q.pii.phones, q.pii.only_public_ips) if q.pii.enabled else None
+    cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
+            for c in ("doc_id", "text", "source", "meta", *LANG_COLUMNS)}
+    present = [c for c in LANG_COLUMNS if c in table.column_names]
+
+    rows, keep, texts, removed = [], [], [], []
+    for i in range(n):
+        text, domain, chain = cols["text"][i], domains[i], chains[domains[i]]
+        doc = Doc(text, cols["doc_id"][i], domain, cols["meta"][i], {c: cols[c][i] for c in present})
+        nbytes, nchars, ntok = len(text.encode("utf-8")), len(text), approx_tokens(len(text), cjk_char_count(text), 4)
+        for key, v in (("in_docs", 1), ("in_bytes", nbytes), ("in_chars", nchars), ("in_tokens_est", ntok)):
+            _add(stats, key, v)
+        try:
+            row = stored[i] if stored is not None else chain.score(doc)
+        except Exception as exc:            # a filter bug must name the document, not just crash the shard
+            raise QualityError(f"quality/{shard}: scoring document {doc.doc_id} (row {i}) with chain "
+                               f"{chain.names()} failed: {type(exc).__name__}: {exc}") from exc
+        drop = chain.decide(row) if q.enabled else None
+        rows.append({**row, "doc_id": doc.doc_id, "domain": domain, "q_reason": drop[0] if drop else "",
+                     "q_detail": drop[1] if drop else ""})
+        keep.append(drop is None)
+        if drop:
+            count_removed(stats, drop[0], nbytes)
+            _add(stats["removed"][drop[0]], "chars", nchars)
+            _add(stats["removed"][drop[0]], "tokens", ntok)
+            removed.append({"doc_id": doc.doc_id, "domain": domain, "source": cols["source"][i] or "",
+                            "reason": drop[0], "detail": drop[1], "n_chars": nchars, "n_tokens_est": ntok,
+                            "text": text})
+            continue
+        texts.append(_finish_kept(q, doc, text, chain, stored is not None, masker, stats))
+        for key, v in (("kept_docs", 1), ("kept_bytes", nbytes), ("kept_chars", len(texts[-1])),
+                       ("kept_tokens_est", approx_tokens(len(texts[-1]), cjk_char_count(texts[-1]), 4))):
+            _add(stats, key, v)
+
+    scores, kept = _tables(table, chains, rows, keep, texts)
+    write_parquet(scores, scores_path(rdir, shard))
+    write_removed(rdir, shard, removed, stats["removed"], q.audit_samples, q.audit_max_chars)
     write_parquet(kept, out)
-    if removed_rows:
-        write_parquet(pa.Table.from_pylist(removed_rows), rdir / "removed" / "quality" / f"{shard}.parquet")
     stats = write_stats(rdir, "quality", shard, stats)
-    write_marker(out, {"stats": stats})
+    write_marker(out, {"stats": stats, "quality_sha256": digest})
     return stats

@@ -74,11 +74,34 @@ def corpus_section(run_dir: Path) -> str:
         ["shards", "rows", "tokens", "seq_len", "vocab"],
         [[summary.get("shards"), summary.get("samples"), summary.get("tokens"), summary.get("seq_len"),
           summary.get("vocab_size")]]))
+    parts.append(quality_section(run_dir))
     dedup = _first_json(run_dir, ("minhash/report.json", "minhash_report.json"))
     if dedup:
         parts.append("<h3>Near-duplicate clusters</h3><pre>"
                      + html.escape(json.dumps(dedup, indent=1, ensure_ascii=False)[:6000]) + "</pre>")
     return "".join(parts)
+
+
+def quality_section(run_dir: Path) -> str:
+    """Per domain and rule: documents and estimated tokens removed, with one example snippet each."""
+    from pipeline.filters.audit import quality_report
+
+    if not (run_dir / "stats" / "quality").exists():
+        return ""
+    report = quality_report(run_dir, examples=1)
+    rows, tokens = [], {}
+    for dom, d in sorted(report.items()):
+        for reason, r in sorted(d["rules"].items(), key=lambda kv: -kv[1]["docs"]):
+            example = (r.get("examples") or [""])[0]
+            example = example.get("snippet", "") if isinstance(example, dict) else str(example)
+            rows.append([dom, reason, r["docs"], f"{r['docs_pct']:.1f} %", r["tokens"], example[:120]])
+            tokens.setdefault(dom, {})[reason] = float(r["tokens"])
+    if not rows:
+        return "<h3>Quality filtering</h3><p>no document removed</p>"
+    return ("<h3>Quality filtering: removed per domain and rule</h3>"
+            + _table(["domain", "rule", "docs", "share of domain", "est. tokens", "example"], rows)
+            + '<div class="charts">' + bar_chart(tokens, "Estimated tokens removed per rule and domain", "tokens")
+            + "</div>")
 
 
 def _first_json(run_dir: Path, names: tuple[str, ...]) -> dict | None:

@@ -1,0 +1,157 @@
+"""What every filter measures a document with: words, lines, sentences and script, computed once per document.
+
+Word splitting imitates datatrove's spaCy tokenizer for English closely enough for the published thresholds to
+mean the same thing: a whitespace chunk loses its leading and trailing punctuation (one token per mark), keeps inner
+punctuation (``3.14``, ``x=1``, ``don't``, ``so--well``) but splits at hyphens and slashes, and abbreviations keep
+their period.  Against spaCy on the shared corpora the Gopher alpha-words rule agrees on 95-100 % of documents per
+domain (benchmarks/bench_filters.py); it is one compiled regular expression, with no model to download.
+
+Chinese and Japanese have no spaces, so every Han or kana character is one word: character-based counting is what
+makes the word-count, stop-word, n-gram and words-per-line rules meaningful for CJK text instead of seeing a whole
+paragraph as one "word".  Hangul is written with spaces and is tokenised like Latin script.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from functools import cached_property
+from typing import Any
+
+# Han (incl. extension A, compatibility and the supplementary planes) and kana: scripts written without spaces.
+CJK_RANGES = "\u3040-\u30ff\u31f0-\u31ff\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0003134f"
+_CJK_CHAR = re.compile(f"[{CJK_RANGES}]")
+_LETTER = re.compile(r"[^\W\d_]")
+_W = rf"[^\W{CJK_RANGES}]"              # a letter, digit or underscore that is not CJK
+_CORE = rf"{_W}(?:[^\s{CJK_RANGES}/-]*{_W})?"
+_TOKEN = re.compile(
+    rf"[{CJK_RANGES}]"                              # one CJK character = one word
+    r"|(?:Mrs?|Ms|Dr|St|Jr|Sr|vs|etc|[A-Z])\."      # abbreviations and initials keep their period
+    rf"|{_CORE}(?:--+{_CORE})*¶?"                   # word with inner punctuation (3.14, x=1, don't, so--well)
+    r"|-{2,}|\.{2,}"                                # dash and dot runs (--, ----, ...)
+    r"|[^\w\s]")                                    # any other punctuation or symbol, one character each
+
+# Unicode property Sentence_Terminal (Unicode 15, Basic Multilingual Plane): '.', '!', '?', '。', '！', '？', '।', ...
+# It is the set FineWeb's "lines ending in punctuation" rule uses (datatrove TERMINAL_PUNCTUATION).
+SENTENCE_TERMINALS = frozenset(
+    "!.?\u0589\u061d\u061e\u061f\u06d4\u0700\u0701\u0702\u07f9\u0837\u0839\u083d\u083e\u0964\u0965\u104a\u104b"
+    "\u1362\u1367\u1368\u166e\u1735\u1736\u17d4\u17d5\u1803\u1809\u1944\u1945\u1aa8\u1aa9\u1aaa\u1aab\u1b4e\u1b4f"
+    "\u1b5a\u1b5b\u1b5e\u1b5f\u1b7d\u1b7e\u1b7f\u1c3b\u1c3c\u1c7e\u1c7f\u2024\u203c\u203d\u2047\u2048\u2049"
+    "\u2cf9\u2cfa\u2cfb\u2e2e\u2e3c\u2e53\u2e54\u2e60\u2e61\u3002\ua4ff\ua60e\ua60f\ua6f3\ua6f7\ua876\ua877\ua8ce"
+    "\ua8cf\ua92f\ua9c8\ua9c9\uaa5d\uaa5e\uaa5f\uaaf0\uaaf1\uabeb\ufe12\ufe15\ufe16\ufe52\ufe56\ufe57\uff01\uff0e"
+    "\uff1f\uff61")
+# A sentence ends at terminal punctuation (optionally closed by quotes/brackets) followed by a space, or right
+# after a CJK full stop / exclamation / question mark, which are not followed by spaces.  A period after an initial
+# or a common abbreviation ("n.", "Mr.") ends nothing, as in spaCy, whose tokenizer keeps those periods attached.
+_SENTENCE_END = re.compile(r"(?<!\b[A-Za-z])(?<!\bMrs)(?<!\b(?:Mr|Ms|Dr|St|Jr|Sr|vs))(?<!\betc)"
+                           r"[.!?‼⁇⁈⁉…]+[\"'”’)\]]*\s+|[。！？｡]+[」』”’）】]*")
+
+
+def has_cjk(text: str) -> bool:
+    return _CJK_CHAR.search(text) is not None
+
+
+def cjk_word_flags(words: list[str]) -> list[bool]:
+    """For each word of :func:`split_words`, whether it is a CJK character (those are always single characters)."""
+    match = _CJK_CHAR.match
+    return [len(w) == 1 and w >= "\u3040" and match(w) is not None for w in words]
+
+
+def split_words(text: str) -> list[str]:
+    """Word tokens: letter/digit runs, single CJK characters, punctuation marks (see module docstring)."""
+    return _TOKEN.findall(text)
+
+
+def is_symbol_token(tok: str) -> bool:
+    """True for punctuation/symbol tokens: the ones Gopher's word-count and mean-word-length rules ignore.
+
+    Every token of :func:`split_words` that holds a letter, digit or CJK character starts with one, so the first
+    character decides.
+    """
+    c = tok[0]
+    return not (c.isalnum() or c == "_")
+
+
+def has_letter(tok: str) -> bool:
+    """Gopher's "contains at least one alphabetic character" (CJK characters are letters)."""
+    return tok[0].isalpha() or _LETTER.search(tok) is not None
+
+
+def count_sentences(line: str) -> int:
+    """Sentences in one line: terminal punctuation followed by space (or a CJK full stop) ends one; a non-empty
+    remainder is one more.  Plays the role of the spaCy sentencizer C4 uses per line."""
+    if not line.strip():
+        return 0
+    ends = list(_SENTENCE_END.finditer(line))
+    tail = line[ends[-1].end():] if ends else line
+    return len(ends) + (1 if tail.strip() else 0)
+
+
+def cjk_char_count(text: str) -> int:
+    return len(_CJK_CHAR.findall(text))
+
+
+def approx_tokens(n_chars: int, n_cjk: int, chars_per_token: float) -> int:
+    """Subword tokens without a tokenizer: one per CJK character, one per ``chars_per_token`` other characters.
+
+    4 characters per token is the usual figure for English BPE vocabularies; a CJK character is about one token
+    in vocabularies that cover it (more in byte-fallback ones, so this undercounts rather than overcounts).
+    """
+    return n_cjk + math.ceil(max(n_chars - n_cjk, 0) / chars_per_token)
+
+
+class Doc:
+    """One document and the measurements several filters share, each computed on first use.
+
+    ``text`` can be replaced by a cleaning filter (C4 line cleaning); :meth:`set_text` drops the cached views so
+    later filters in the chain see the cleaned text, as they do in datatrove.
+    """
+
+    def __init__(self, text: str, doc_id: str = "", domain: str = "", meta: str | dict | None = None,
+                 columns: dict[str, Any] | None = None):
+        self.text = text
+        self.doc_id = doc_id
+        self.domain = domain
+        self._meta = meta
+        self.columns = columns or {}
+
+    def set_text(self, text: str) -> None:
+        if text != self.text:
+            self.text = text
+            for name in ("words", "cjk_flags", "lines", "n_cjk", "cjk_ratio", "non_space_chars"):
+                self.__dict__.pop(name, None)
+
+    @cached_property
+    def words(self) -> list[str]:
+        return split_words(self.text)
+
+    @cached_property
+    def cjk_flags(self) -> list[bool]:
+        return cjk_word_flags(self.words)
+
+    @cached_property
+    def lines(self) -> list[str]:
+        return self.text.splitlines()
+
+    @cached_property
+    def n_cjk(self) -> int:
+        return cjk_char_count(self.text)
+
+    @cached_property
+    def non_space_chars(self) -> int:
+        return len(self.text) - sum(self.text.count(c) for c in " \t\n\r\u3000\xa0")
+
+    @cached_property
+    def cjk_ratio(self) -> float:
+        """Share of non-space characters that are Han or kana."""
+        return self.n_cjk / self.non_space_chars if self.non_space_chars else 0.0
+
+    @property
+    def meta(self) -> dict:
+        if isinstance(self._meta, str):
+            try:
+                self._meta = json.loads(self._meta) if self._meta else {}
+            except ValueError:
+                self._meta = {}
+        return self._meta or {}
