@@ -50,11 +50,25 @@ def corpus_chain():
 
     @task_group(group_id="clean")
     def clean_group():
-        @task(multiple_outputs=False)
-        def exact_index(specs: list[dict]) -> dict:
-            from pipeline.corpus import exact_index as run
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def exact_hash(spec: dict) -> dict:
+            from pipeline.corpus import exact_hash_shard
 
-            return run(specs)
+            _label(spec["shard"])
+            return exact_hash_shard(spec)
+
+        @task
+        def partitions(specs: list[dict]) -> list[int]:
+            from pipeline.corpus import exact_partitions
+
+            return exact_partitions(specs)
+
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def exact_partition(specs: list[dict], partition: int) -> dict:
+            from pipeline.corpus import exact_partition as run
+
+            _label(f"partition-{partition:03d}")
+            return run(specs, partition)
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def exact_dedup(spec: dict) -> dict:
@@ -70,11 +84,12 @@ def corpus_chain():
             _label(spec["shard"])
             return quality_shard(spec)
 
-        idx = exact_index(specs)
+        hashed = exact_hash.expand(spec=specs)
+        parts = exact_partition.partial(specs=specs).expand(partition=partitions(specs))
         dedup = exact_dedup.expand(spec=specs)
         quality = quality_filter.expand(spec=specs)
-        idx >> dedup >> quality
-        return idx, quality
+        hashed >> parts >> dedup >> quality
+        return hashed, quality
 
     @task_group(group_id="tokenize")
     def tokenize_group():
@@ -96,11 +111,30 @@ def corpus_chain():
         tok >> enc
         return tok, enc
 
-    @task(multiple_outputs=False)
-    def write_mindrecord(specs: list[dict]) -> dict:
-        from pipeline.corpus import write_mindrecord as run
+    @task_group(group_id="sink")
+    def sink_group():
+        @task(multiple_outputs=False)
+        def plan_mixture(specs: list[dict]) -> dict:
+            from pipeline.corpus import plan_mixture as run
 
-        return run(specs)
+            return run(specs)
+
+        @task(multiple_outputs=False)
+        def write_mindrecord(specs: list[dict]) -> dict:
+            from pipeline.corpus import write_mindrecord as run
+
+            return run(specs)
+
+        @task(multiple_outputs=False)
+        def write_validation(specs: list[dict]) -> dict:
+            from pipeline.corpus import write_validation as run
+
+            return run(specs)
+
+        mix = plan_mixture(specs)
+        written = [write_mindrecord(specs), write_validation(specs)]
+        mix >> written
+        return mix, written
 
     @task(outlets=[CORPUS], multiple_outputs=False)
     def publish(specs: list[dict], outlet_events=None) -> dict:
@@ -111,12 +145,13 @@ def corpus_chain():
         return summary
 
     ingested = ingest_group()
-    idx, cleaned = clean_group()
+    hashed, cleaned = clean_group()
     tok, encoded = tokenize_group()
-    written = write_mindrecord(specs)
-    ingested >> idx
+    mix, written = sink_group()
+    ingested >> hashed
     cleaned >> tok
-    encoded >> written >> publish(specs)
+    encoded >> mix
+    written >> publish(specs)
 
 
 def _corpus_dag(dag_id: str, schedule: str | None, tags: list[str]):

@@ -17,7 +17,7 @@ import logging
 import subprocess
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 from pipeline.config import PARAM_FIELDS, ConfigError, load_config
@@ -37,7 +37,7 @@ def _overrides(pairs: list[str]) -> dict:
 
 
 def _run_id(given: str | None) -> str:
-    return given or "cli__" + datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return given or "cli__" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
 
 
 def cmd_corpus(args) -> int:
@@ -52,37 +52,69 @@ def cmd_corpus(args) -> int:
 
 
 def cmd_train(args) -> int:
+    """One stage (``--stage NAME``) or every configured stage in order (``--stage all``), each as its own job;
+    stages of one run share ``--run-id`` (a later stage starts from the previous stage's final checkpoint)."""
     from tqdm import tqdm
 
-    from pipeline.pretrain import (build_job, job_state, launch_argv, launch_env, read_metrics, resolve_corpus,
-                                   stage_dir, stage_result)
+    from pipeline.pretrain import (
+        build_job,
+        job_state,
+        launch_argv,
+        launch_env,
+        read_metrics,
+        resolve_corpus,
+        stage_dir,
+        stage_names,
+        stage_result,
+    )
 
     cfg = load_config(args.config, _overrides(args.set))
+    names = stage_names(cfg)
+    if args.stage != "all" and args.stage not in names:
+        print(f"mindloom: error: --stage {args.stage!r}: not in train.stages {names} (or 'all')", file=sys.stderr)
+        return 2
     corpus = resolve_corpus({"corpus_manifest": args.corpus or ""}, cfg=cfg)
-    out_dir = stage_dir(cfg.data_root, _run_id(args.run_id), args.stage)
-    job = build_job(cfg, corpus, out_dir, stage=args.stage)
-    argv = launch_argv(job, cfg.train.workers)
-    log_path = out_dir / "launcher.cli.log"
-    print(f"training stage {args.stage}: {' '.join(argv)}\n  log: {log_path}", file=sys.stderr)
-    with open(log_path, "ab") as log_fh:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
-                                env=launch_env(), cwd=str(out_dir))
-    line = 0
-    with tqdm(total=cfg.train.steps, desc=f"train {args.stage}", unit="step") as bar:
-        while True:
-            rows, line = read_metrics(out_dir, line)
-            for r in rows:
-                bar.n = r["step"]
-                bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{r.get('tokens_per_s', 0):.0f}")
-            bar.refresh()
-            if proc.poll() is not None:
-                break
-            time.sleep(0.5)
-    state = job_state(out_dir)
-    if state["state"] != "SUCCEEDED":
-        print(f"mindloom: error: training {state['state']}: {state.get('error')} (log: {log_path})", file=sys.stderr)
-        return 1
-    print(json.dumps(stage_result(out_dir), indent=1))
+    run_id = _run_id(args.run_id)
+
+    def one_stage(stage: str) -> dict | None:
+        out_dir = stage_dir(cfg.data_root, run_id, stage)
+        try:
+            job = build_job(cfg, corpus, out_dir, stage=stage)
+        except (ValueError, FileNotFoundError) as exc:
+            print(f"mindloom: error: stage {stage}: {exc}", file=sys.stderr)
+            return None
+        argv = launch_argv(job)
+        total = json.loads(job.read_text(encoding="utf-8"))["steps"]
+        log_path = out_dir / "launcher.cli.log"
+        print(f"training stage {stage} (run id {run_id}): {' '.join(argv)}\n  log: {log_path}", file=sys.stderr)
+        with open(log_path, "ab") as log_fh:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
+                                    env=launch_env(), cwd=str(out_dir))
+        line = 0
+        with tqdm(total=total, desc=f"train {stage}", unit="step") as bar:
+            while True:
+                rows, line = read_metrics(out_dir, line)
+                for r in rows:
+                    bar.n = r["step"]
+                    bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{r.get('tokens_per_s', 0):.0f}")
+                bar.refresh()
+                if proc.poll() is not None:
+                    break
+                time.sleep(0.5)
+        state = job_state(out_dir)
+        if state["state"] != "SUCCEEDED":
+            print(f"mindloom: error: training {state['state']}: {state.get('error')} (log: {log_path})",
+                  file=sys.stderr)
+            return None
+        return stage_result(out_dir)
+
+    results = {}
+    for name in names if args.stage == "all" else [args.stage]:
+        result = one_stage(name)
+        if result is None:
+            return 1
+        results[name] = result
+    print(json.dumps(results if len(results) > 1 else results[args.stage], indent=1))
     return 0
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline import exact_dedup, ingest, mindrecord, quality, tokenizer
+from pipeline import exact_dedup, ingest, mindrecord, mixture, quality, tokenizer, validation
 from pipeline.config import MindloomConfig, config_from_dict, config_from_params
 from pipeline.io import read_json, run_dir, write_json
 from pipeline.report import write_report
@@ -47,13 +47,37 @@ def ingest_shard(spec: dict) -> dict:
     return ingest.run_ingest_shard(load_run_config(spec["run_dir"]), Path(spec["run_dir"]), spec)
 
 
-def exact_index(specs: list[dict]) -> dict:
+def exact_hash_shard(spec: dict) -> dict:
+    """Exact dedup, step 1 (per shard): hash the shard's texts into ``dedup.exact_partitions`` partitions."""
+    cfg = load_run_config(spec["run_dir"])
+    return exact_dedup.run_exact_hash_shard(Path(spec["run_dir"]), spec["shard"], cfg.dedup.exact_partitions)
+
+
+def exact_partitions(specs: list[dict]) -> list[int]:
+    """The partition numbers step 2 is mapped over."""
+    return list(range(load_run_config(specs[0]["run_dir"]).dedup.exact_partitions))
+
+
+def exact_partition(specs: list[dict], partition: int) -> dict:
+    """Exact dedup, step 2 (per hash partition): the first copy of each text in shard order survives."""
     rdir, shards = _run_of(specs)
-    return exact_dedup.build_exact_index(rdir, shards, enabled=load_run_config(rdir).dedup.exact)
+    cfg = load_run_config(rdir)
+    return exact_dedup.run_exact_partition(rdir, shards, partition, cfg.dedup.exact_partitions,
+                                           enabled=cfg.dedup.exact)
+
+
+def exact_index(specs: list[dict]) -> dict:
+    """Steps 1 and 2 in one call (the CLI path)."""
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    return exact_dedup.build_exact_index(rdir, shards, enabled=cfg.dedup.exact,
+                                         n_partitions=cfg.dedup.exact_partitions)
 
 
 def exact_dedup_shard(spec: dict) -> dict:
-    return exact_dedup.run_exact_dedup_shard(Path(spec["run_dir"]), spec["shard"])
+    """Exact dedup, step 3 (per shard): drop the duplicates found by the partitions."""
+    cfg = load_run_config(spec["run_dir"])
+    return exact_dedup.run_exact_dedup_shard(Path(spec["run_dir"]), spec["shard"], cfg.dedup.exact_partitions)
 
 
 def quality_shard(spec: dict) -> dict:
@@ -63,24 +87,53 @@ def quality_shard(spec: dict) -> dict:
 def train_tokenizer(specs: list[dict]) -> dict:
     rdir, shards = _run_of(specs)
     cfg = load_run_config(rdir)
-    return tokenizer.train_tokenizer(cfg.tokenizer, rdir, shards, cfg.seed)
+    return tokenizer.train_tokenizer(cfg.tokenizer, rdir, shards, cfg.seed, weights=cfg.mixture.weights)
 
 
 def tokenize_shard(spec: dict) -> dict:
-    return tokenizer.run_tokenize_shard(Path(spec["run_dir"]), spec["shard"])
+    cfg = load_run_config(spec["run_dir"])
+    return tokenizer.run_tokenize_shard(Path(spec["run_dir"]), spec["shard"], workers=cfg.tokenizer.encode_workers)
+
+
+def plan_mixture(specs: list[dict]) -> dict:
+    """Held-out split and per-document copies for the target domain mixture; returns target vs achieved."""
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    return mixture.plan_mixture(cfg.mixture, rdir, shards, cfg.seed)
+
+
+def _tokenizer_info(rdir: Path) -> dict:
+    return read_json(rdir / "tokenizer" / "spm.model.done")["info"]
 
 
 def write_mindrecord(specs: list[dict]) -> dict:
-    """Pack, write and verify the MindRecord set; return a summary of the manifest."""
+    """Pack, write and verify the training MindRecord set; return a summary of the manifest."""
     rdir, shards = _run_of(specs)
     cfg = load_run_config(rdir)
-    tok = read_json(rdir / "tokenizer" / "spm.model.done")["info"]
+    tok = _tokenizer_info(rdir)
+    p = cfg.pack
     manifest = mindrecord.write_mindrecord(
-        rdir, shards, seq_len=cfg.pack.seq_len, shard_num=cfg.pack.shard_num, add_bos=cfg.pack.add_bos,
-        seed=cfg.seed, tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), eos_id=tokenizer.EOS_ID,
-        bos_id=tokenizer.BOS_ID, vocab_size=tok["vocab_size"])
+        rdir, shards, seq_len=p.seq_len, shard_num=p.shard_num, add_bos=p.add_bos, seed=cfg.seed,
+        tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), eos_id=tok.get("eos_id", tokenizer.EOS_ID),
+        bos_id=tok.get("bos_id", tokenizer.BOS_ID), vocab_size=tok["vocab_size"],
+        pad_id=tok.get("pad_id", tokenizer.PAD_ID), mixture=True, remainder=p.remainder,
+        domain_field=p.domain_field, boundaries=p.boundaries, workers=p.write_workers)
     mindrecord.verify(rdir / "mindrecord", full_read=True, num_shards=cfg.train.workers)
     return manifest_summary(rdir, manifest)
+
+
+def write_validation(specs: list[dict]) -> dict:
+    """Write and verify the held-out MindRecord sets, one per domain (``mindrecord_val/<domain>/``)."""
+    rdir, _ = _run_of(specs)
+    cfg = load_run_config(rdir)
+    tok = _tokenizer_info(rdir)
+    manifest = validation.write_validation(
+        rdir, seq_len=cfg.pack.seq_len, add_bos=cfg.pack.add_bos, eos_id=tok.get("eos_id", tokenizer.EOS_ID),
+        bos_id=tok.get("bos_id", tokenizer.BOS_ID), pad_id=tok.get("pad_id", tokenizer.PAD_ID),
+        vocab_size=tok["vocab_size"], tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(),
+        domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries)
+    mindrecord.verify(rdir / validation.VAL_DIR, full_read=True)
+    return manifest
 
 
 def manifest_summary(rdir: Path, manifest: dict) -> dict:
@@ -89,7 +142,9 @@ def manifest_summary(rdir: Path, manifest: dict) -> dict:
             "tokens": manifest["tokens"], "shards": len(manifest["shards"]), "seq_len": manifest["seq_len"],
             "vocab_size": manifest["vocab_size"], "tokenizer": str(rdir / "tokenizer" / "spm.model"),
             "tokens_per_domain": manifest["tokens_per_domain"], "tokenizer_sha256": manifest["tokenizer_sha256"],
-            "config_sha256": manifest["config_sha256"]}
+            "config_sha256": manifest["config_sha256"], "pad_id": manifest.get("pad_id"),
+            "val_mindrecord_dir": str(rdir / validation.VAL_DIR),
+            "mixture_report": str(rdir / "mixture" / "report.json")}
 
 
 def collect_stats(rdir: str | Path) -> dict:
@@ -148,5 +203,7 @@ def run_all(params: dict | MindloomConfig, run_id: str, config_path: str | None 
     each("quality", quality_shard)
     train_tokenizer(specs)
     each("tokenize", tokenize_shard)
+    plan_mixture(specs)
     write_mindrecord(specs)
+    write_validation(specs)
     return publish(specs)

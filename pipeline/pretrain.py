@@ -3,7 +3,13 @@
 The training process never shares Python objects with the orchestrator: :func:`build_job` writes a
 ``job.json`` (:class:`pipeline.train.job.TrainJob`) and :func:`launch_argv` builds the command line — plain
 ``python -m pipeline.train`` for one rank, ``msrun`` for several — as an argument list, never a shell string.
-The job reports through files in its folder: ``status.json``, ``metrics.jsonl`` and ``summary.json``.
+The job reports through files in its folder: ``status.json``, ``metrics.jsonl``, ``eval.json`` and ``summary.json``.
+
+Stages (``train.stages``, e.g. warmup -> main -> long_context) run one job each, in order, in sibling folders
+``<data_root>/train/<run id>/<stage>``. Per stage the orchestrator calls, in this order: :func:`build_job` (which
+finds the preceding stage's final checkpoint and the validation sets itself), :func:`launch_argv` +
+:func:`launch_env` to start it, :func:`job_state` / :func:`read_metrics` while it runs, and :func:`stage_result`
+(the summary, with ``"eval": {"per_domain": {domain: {"loss", "ppl", ...}}}``) when it has ended.
 """
 
 from __future__ import annotations
@@ -23,34 +29,108 @@ def stage_dir(data_root: str | Path, run_id: str, stage: str) -> Path:
     return Path(data_root) / "train" / safe_run_id(run_id) / stage
 
 
+def stage_names(cfg: MindloomConfig) -> list[str]:
+    """Stages in the order they must run (``train.stages``; one stage ``main`` when none are configured)."""
+    return [s.name for s in cfg.train.stage_list()]
+
+
+def find_eval_sets(corpus: dict) -> dict[str, str]:
+    """Validation MindRecord folders per domain for the stage evaluation, looked up in this order:
+
+    1. ``corpus["val_mindrecord_dirs"]``: an explicit ``{domain: dir}`` in the corpus summary;
+    2. ``corpus["val_mindrecord_dir"]``, else ``<corpus["run_dir"]>/mindrecord_val``: every sub-folder holding
+       ``*.mindrecord*`` data files is one domain, named after the folder.
+
+    Empty when none exist (the stage then reports ``eval.skipped``); a listed folder that is missing is an error.
+    """
+    explicit = corpus.get("val_mindrecord_dirs")
+    if explicit:
+        missing = {d: p for d, p in explicit.items() if not Path(p).is_dir()}
+        if missing:
+            d, p = next(iter(missing.items()))
+            raise FileNotFoundError(f"corpus val_mindrecord_dirs[{d!r}]: {p} is not a folder")
+        return {d: str(p) for d, p in sorted(explicit.items())}
+    root = corpus.get("val_mindrecord_dir") or (Path(corpus["run_dir"]) / "mindrecord_val" if corpus.get("run_dir")
+                                                 else None)
+    if not root or not Path(root).is_dir():
+        return {}
+    return {sub.name: str(sub) for sub in sorted(Path(root).iterdir())
+            if sub.is_dir() and any(not f.name.endswith(".db") for f in sub.glob("*.mindrecord*"))}
+
+
+def previous_checkpoint(out_dir: str | Path, previous: str) -> str:
+    """Final checkpoint of stage ``previous`` of the same run (its ``summary.json``), or a clear error."""
+    prev_dir = Path(out_dir).parent / previous
+    summary = prev_dir / "summary.json"
+    if not summary.exists():
+        raise FileNotFoundError(f"stage {Path(out_dir).name!r} starts from stage {previous!r}, but {summary} does "
+                                f"not exist: run stage {previous!r} of the same run first (mindloom train --stage "
+                                f"{previous} --run-id {Path(out_dir).parent.name})")
+    ckpt = read_json(summary).get("checkpoint")
+    if not ckpt or not Path(ckpt).exists():
+        raise FileNotFoundError(f"stage {previous!r} finished without a usable final checkpoint ({ckpt})")
+    return str(ckpt)
+
+
 def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str = "main",
               init_from: str | None = None, fail_at_step: int | None = None) -> Path:
-    """Write ``<out_dir>/job.json`` for ``stage`` over the corpus summary returned by ``publish``."""
+    """Write ``<out_dir>/job.json`` for ``stage`` over the corpus summary returned by ``publish``.
+
+    The stage's settings are ``train.*`` with the stage's overrides (``TrainConfig.stage_settings``). Unless
+    ``init_from`` is given, a stage after the first starts from the final checkpoint of the preceding stage in the
+    sibling folder ``<out_dir>/../<previous>`` (``init: previous`` = weights, ``continue`` = full state); the
+    stage's own newest checkpoint, when there is one, always wins (the trainer resumes it).
+    """
     from pipeline.train.job import TrainJob
 
-    t = cfg.train
-    seq_len = int(corpus["seq_len"])
-    model = {"preset": t.preset, "vocab_size": int(corpus["vocab_size"]), "max_seq_len": seq_len,
-             **t.model_overrides}
-    if t.batch_size % t.workers:
-        raise ValueError(f"train.batch_size: {t.batch_size} is not divisible by train.workers={t.workers}")
+    st = cfg.train.stage_settings(stage)
+    corpus_seq = int(corpus["seq_len"])
+    seq_len = st["seq_len"] or corpus_seq
+    if st["seq_len"]:
+        ratio_ok = (seq_len % corpus_seq == 0) if seq_len >= corpus_seq else (corpus_seq % seq_len == 0)
+        if not ratio_ok:
+            raise ValueError(f"train.stages[{st['index']}].seq_len: {seq_len} is neither a multiple nor a divisor of "
+                             f"the corpus seq_len {corpus_seq}")
+    model = {"preset": st["preset"], "vocab_size": int(corpus["vocab_size"]), "max_seq_len": seq_len,
+             **st["model_overrides"]}
+    if st["recompute"]:
+        model["recompute"] = True
+    if corpus.get("pad_id") is not None:
+        model.setdefault("pad_id", int(corpus["pad_id"]))
+    per_rank = st["workers"] * st["grad_accum"]
+    if st["batch_size"] % per_rank:
+        raise ValueError(f"train.batch_size: {st['batch_size']} (stage {stage}) is not divisible by workers x "
+                         f"grad_accum = {st['workers']} x {st['grad_accum']}")
+    init_mode = "continue" if st["init"] == "continue" else "weights"
+    has_own = any((Path(out_dir) / "checkpoints").glob("step_*.ckpt"))
+    if init_from is None and st["previous"] and st["init"] != "scratch" and not has_own:
+        init_from = previous_checkpoint(out_dir, st["previous"])
     job = TrainJob(stage=stage, data_dir=corpus["mindrecord_dir"], out_dir=str(out_dir), model=model,
-                   init_from=init_from, steps=t.steps, batch_size=t.batch_size // t.workers, lr=t.lr,
-                   min_lr=t.min_lr, warmup_steps=t.warmup_steps, weight_decay=t.weight_decay,
-                   grad_clip=t.grad_clip, seed=cfg.seed, mode=t.mode, threads=t.threads,
-                   checkpoint_every=t.checkpoint_every, keep_checkpoints=t.keep_checkpoints, log_every=1,
-                   fail_at_step=fail_at_step)
+                   init_from=init_from, init_mode=init_mode if init_from else "weights", steps=st["steps"],
+                   batch_size=st["batch_size"] // per_rank, grad_accum=st["grad_accum"], world_size=st["workers"],
+                   seq_len=seq_len if seq_len != corpus_seq else 0, lr=st["lr"], min_lr=st["min_lr"],
+                   warmup_steps=st["warmup_steps"], weight_decay=st["weight_decay"], grad_clip=st["grad_clip"],
+                   precision=st["precision"], loss_scale=st["loss_scale"], loss_scale_window=st["loss_scale_window"],
+                   seed=cfg.seed, mode=st["mode"], device=st["device"], threads=st["threads"],
+                   checkpoint_every=st["checkpoint_every"], keep_checkpoints=st["keep_checkpoints"], log_every=1,
+                   peak_flops=st["peak_tflops"] * 1e12, eval_data=find_eval_sets(corpus),
+                   eval_tokens=st["eval_tokens"], fail_at_step=fail_at_step)
     path = Path(out_dir) / "job.json"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     job.to_json(path)
     return path
 
 
-def launch_argv(job_path: str | Path, workers: int = 1, *, master_port: int = 8118) -> list[str]:
-    """The command that runs a job: one process, or one-host ``msrun`` with one worker per rank."""
+def launch_argv(job_path: str | Path, workers: int | None = None, *, master_port: int = 8118,
+                argv: list[str] | None = None) -> list[str]:
+    """The command that runs a job: one process, or one-host ``msrun`` with one worker per rank (``workers``
+    defaults to the job's ``world_size``); a multi-node ``argv`` from ``pipeline.launcher`` is checked and passed
+    through."""
     from pipeline.train.launch import train_command
 
-    return train_command(str(job_path), workers, master_port=master_port)
+    if workers is None:
+        workers = max(1, int(read_json(job_path).get("world_size") or 1))
+    return train_command(str(job_path), workers, master_port=master_port, argv=argv)
 
 
 def launch_env() -> dict[str, str]:
@@ -103,11 +183,17 @@ def read_metrics(out_dir: str | Path, start_line: int = 0) -> tuple[list[dict], 
 
 
 def stage_result(out_dir: str | Path) -> dict:
-    """The stage summary written by the trainer (what goes to XCom)."""
+    """The stage summary written by the trainer (what goes to XCom), including ``"eval"``."""
     path = Path(out_dir) / "summary.json"
     if not path.exists():
         raise FileNotFoundError(f"{path}: the training job ended without a summary")
     return read_json(path)
+
+
+def stage_eval(out_dir: str | Path) -> dict:
+    """The evaluation of a finished stage: ``{"per_domain": {domain: {"loss", "ppl", "tokens", "rows"}},
+    "all": {...}, "seq_len", "checkpoint"}`` (``{"per_domain": {}, "skipped": reason}`` without validation sets)."""
+    return stage_result(out_dir)["eval"]
 
 
 def record_launch(out_dir: str | Path, argv: list[str], pid: int) -> dict:

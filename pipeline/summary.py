@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pipeline.io import read_json
 
-STAGES = ("ingest", "exact_dedup", "quality", "tokenize")
+STAGES = ("ingest", "exact_dedup", "minhash", "quality", "tokenize", "mixture")
 
 
 def _latest_report(data_root: Path) -> Path | None:

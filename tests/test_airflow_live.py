@@ -11,7 +11,6 @@ import shutil
 import time
 
 import pytest
-
 from airflow_services import AirflowDeployment, q
 from conftest import tiny_config
 

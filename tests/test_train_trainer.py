@@ -1,5 +1,6 @@
-"""End-to-end training on real text (stdlib source as byte tokens) in MindRecord: learning, exact resume,
-corrupt-checkpoint fallback, init_from, GRAPH == PYNATIVE, CLI failure reporting.
+"""End-to-end training on real text (stdlib source as byte tokens) in MindRecord: learning, exact resume (after an
+exception and after SIGKILL), corrupt-checkpoint fallback, init_from, GRAPH == PYNATIVE == recompute == gradient
+accumulation, CLI failure reporting, two-rank msrun.
 
 Each run is a tiny model (dim 64, 2 layers, seq 32) so a GRAPH compile takes a few seconds on 2 cores.
 """
@@ -73,14 +74,18 @@ def reference(data, tmp_path_factory):
 def test_loss_decreases_and_outputs_are_written(data, tmp_path):
     out = tmp_path / "run"
     s = _train(_job(data, out, data_dir=str(data / "big"), steps=30, warmup_steps=5, checkpoint_every=10,
-                    keep_checkpoints=2))
+                    keep_checkpoints=2, peak_flops=1e9))
     m = _metrics(out)
     assert sorted(m) == list(range(1, 31))
     first = sum(m[i]["loss"] for i in range(1, 6)) / 5
     last = sum(m[i]["loss"] for i in range(26, 31)) / 5
     assert last < first - 1.0, (first, last)  # ~5.5 (ln 258) -> ~3 on byte-level Python source
-    for k in ("step", "loss", "lr", "grad_norm", "tokens_per_s", "step_time_s"):
+    for k in ("step", "loss", "lr", "grad_norm", "loss_scale", "skipped", "tokens_per_s", "mfu", "step_time_s",
+              "data_sha1"):
         assert k in m[30]
+    assert m[30]["loss_scale"] == 1.0 and m[30]["skipped"] is False  # fp32: no loss scaling
+    n_params = s["params"]  # MFU = 6 N tokens/s / (peak x world), peak_flops = 1e9 here
+    assert m[30]["mfu"] == pytest.approx(6 * n_params * m[30]["tokens_per_s"] / 1e9)
     assert m[5]["lr"] == pytest.approx(3e-3) and m[30]["lr"] < m[10]["lr"]  # warmup peak, then cosine decay
     st = _read(out / "status.json")
     assert st["state"] == "SUCCEEDED" and st["step"] == 30 and st["pid"] == os.getpid() and st["error"] is None
@@ -93,39 +98,57 @@ def test_loss_decreases_and_outputs_are_written(data, tmp_path):
     assert s["checkpoint"] == str(out / "checkpoints" / "step_00000030.ckpt")
 
 
-def test_resume_after_crash_matches_uninterrupted(data, tmp_path, reference):
+@pytest.fixture(scope="module")
+def crashed(data, tmp_path_factory):
+    """A run that raised right after step 6 (checkpoints at 3 and 6); tests resume copies of it."""
     from pipeline.train.trainer import SimulatedCrash
 
-    _, ref_summary, ref = reference
-    out = tmp_path / "crash"
-    job = _job(data, out, checkpoint_every=6, fail_at_step=6)
-    with pytest.raises(SimulatedCrash):
-        _train(job)
-    st = _read(out / "status.json")
-    assert st["state"] == "FAILED" and st["step"] == 6 and "simulated crash" in st["error"]
-    s = _train(job)  # same job again, as a retrying orchestrator would
-    assert s["resumed_from"] == 6 and s["start_step"] == 6
-    m = _metrics(out)
-    assert sorted(m) == list(range(1, 11))
-    for step in range(1, 11):  # includes step 7, the first one after the restore (epoch 1 -> 2 boundary at 5/10)
-        assert m[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-4), step
-    assert s["final_loss"] == pytest.approx(ref_summary["final_loss"], abs=1e-4)
-    assert _read(out / "status.json")["state"] == "SUCCEEDED"
-
-
-def test_corrupt_newest_checkpoint_falls_back(data, tmp_path, reference):
-    from pipeline.train.trainer import SimulatedCrash
-
-    _, _, ref = reference
-    out = tmp_path / "corrupt"
+    out = tmp_path_factory.mktemp("crashed") / "run"
     job = _job(data, out, checkpoint_every=3, fail_at_step=6)
     with pytest.raises(SimulatedCrash):
         _train(job)
+    return out, job
+
+
+def _copy_of(crashed, dest):
+    import shutil
+
+    src, job = crashed
+    shutil.copytree(src, dest)
+    return replace(job, out_dir=str(dest))
+
+
+def test_resume_after_crash_matches_uninterrupted(tmp_path, reference, crashed):
+    _, ref_summary, ref = reference
+    out = tmp_path / "crash"
+    job = _copy_of(crashed, out)
+    st = _read(out / "status.json")
+    assert st["state"] == "FAILED" and st["step"] == 6 and "simulated crash" in st["error"]
+    s = _train(replace(job, fail_at_step=None))  # the job again, as a retrying orchestrator would
+    assert s["resumed_from"] == 6 and s["start_step"] == 6
+    m = _metrics(out)
+    assert sorted(m) == list(range(1, 11))
+    for step in range(1, 11):  # includes step 7, the first one after the restore (epoch 0 -> 1 boundary at 5)
+        assert m[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-4), step
+        assert m[step]["data_sha1"] == ref[step]["data_sha1"], step  # the same samples, in the same order
+    assert s["final_loss"] == pytest.approx(ref_summary["final_loss"], abs=1e-4)
+    assert _read(out / "status.json")["state"] == "SUCCEEDED"
+    from pipeline.train.checkpoint import load_file
+
+    _, meta = load_file(str(out / "checkpoints" / "step_00000006.ckpt"))
+    assert meta["ms_rng_state"].shape == (16,) and meta["numpy_rng_keys"].shape == (624,)
+    assert (meta["data_epoch"], meta["data_sample"], meta["data_consumed"]) == (1, 8, 48)
+
+
+def test_corrupt_newest_checkpoint_falls_back(tmp_path, reference, crashed):
+    _, _, ref = reference
+    out = tmp_path / "corrupt"
+    job = _copy_of(crashed, out)
     newest = out / "checkpoints" / "step_00000006.ckpt"
     raw = bytearray(newest.read_bytes())
     raw[len(raw) // 2: len(raw) // 2 + 64] = b"\xff" * 64  # bit rot inside the tensors
     newest.write_bytes(bytes(raw))
-    s = _train(replace(job, fail_at_step=None))  # would otherwise crash again at step 6
+    s = _train(replace(job, fail_at_step=None))
     assert s["resumed_from"] == 3
     m = _metrics(out)
     for step in range(4, 11):
@@ -153,6 +176,54 @@ def test_pynative_matches_graph(data, tmp_path, reference):
         assert m[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-4)
 
 
+def test_recompute_leaves_losses_unchanged(data, tmp_path, reference):
+    _, _, ref = reference
+    out = tmp_path / "recompute"
+    s = _train(_job(data, out, steps=3, model={**TINY, "recompute": True}))
+    assert s["recompute"] is True
+    m = _metrics(out)
+    for step in (1, 2, 3):
+        assert m[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-4)
+
+
+def test_gradient_accumulation_equals_the_big_batch(data, tmp_path, reference):
+    """2 micro-batches of 4 rows == 1 batch of 8 rows (same rows, same update) over all 10 steps."""
+    _, _, ref = reference
+    out = tmp_path / "accum"
+    s = _train(_job(data, out, batch_size=4, grad_accum=2))
+    assert s["global_batch"] == 8 and s["tokens"] == 10 * 8 * SEQ
+    m = _metrics(out)
+    for step in range(1, 11):
+        assert m[step]["data_sha1"] == ref[step]["data_sha1"], step
+        assert m[step]["loss"] == pytest.approx(ref[step]["loss"], abs=2e-4), step
+        assert m[step]["grad_norm"] == pytest.approx(ref[step]["grad_norm"], rel=1e-3), step
+
+
+@pytest.mark.slow
+def test_resume_after_sigkill(data, tmp_path, reference):
+    """A hard kill (no exception handler runs) after step 8 with the last checkpoint at 6: status stays RUNNING, the
+    orchestrator sees LOST, metrics rows 7-8 are rewritten by the resumed run, and every step matches."""
+    from pipeline.pretrain import job_state
+
+    _, _, ref = reference
+    out = tmp_path / "kill"
+    job = _job(data, out, checkpoint_every=6, fail_at_step=8, fail_mode="kill")
+    job.to_json(tmp_path / "kill.json")
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, "-m", "pipeline.train", "--job", str(tmp_path / "kill.json")],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert r.returncode == -9, r.stderr[-2000:]
+    assert _read(out / "status.json")["state"] == "RUNNING" and job_state(out)["state"] == "LOST"
+    assert sorted(_metrics(out)) == list(range(1, 9))
+    s = _train(replace(job, fail_at_step=None))
+    assert s["resumed_from"] == 6
+    m = _metrics(out)
+    assert sorted(m) == list(range(1, 11))
+    for step in range(1, 11):
+        assert m[step]["loss"] == pytest.approx(ref[step]["loss"], abs=1e-4), step
+        assert m[step]["data_sha1"] == ref[step]["data_sha1"], step
+
+
 def test_cli_failure_is_one_clear_line(data, tmp_path):
     out = tmp_path / "cli"
     job = _job(data, out, data_dir=str(tmp_path / "nope"))
@@ -176,9 +247,9 @@ def test_cli_failure_is_one_clear_line(data, tmp_path):
 
 @pytest.mark.slow
 def test_msrun_data_parallel_equals_single_process(data, tmp_path):
-    """2 ranks x batch 4 (msrun, mccl, rank-sharded MindDataset, DistributedGradReducer) == 1 process x batch 8:
-    sharding happens after the global shuffle, so the two ranks see exactly the rows of the single big batch.
-    (Only within the first epoch: later epochs reshuffle differently when sharded, still disjoint per rank.)"""
+    """2 ranks x batch 4 (msrun, mccl, rank-sharded MindDataset, DistributedGradReducer) == 1 process x batch 8
+    (losses within 1e-4): sharding happens after the global shuffle, so the two ranks see exactly the rows of the
+    single big batch; both ranks end with bit-identical parameters (sha256 per rank)."""
     import socket
 
     from pipeline.train.launch import env_with_venv, train_command
@@ -187,7 +258,8 @@ def test_msrun_data_parallel_equals_single_process(data, tmp_path):
         s_.bind(("127.0.0.1", 0))
         port = s_.getsockname()[1]
     big = str(data / "big")
-    dp = _job(data, tmp_path / "dp", data_dir=big, steps=6, batch_size=4, checkpoint_every=3)
+    dp = _job(data, tmp_path / "dp", data_dir=big, steps=6, batch_size=4, checkpoint_every=3, world_size=2,
+              eval_data={"code": str(data / "small")}, eval_tokens=4 * SEQ)
     dp.to_json(tmp_path / "dp.json")
     cmd = train_command(str(tmp_path / "dp.json"), workers=2, log_dir=str(tmp_path / "msrun_log"), master_port=port,
                         cluster_timeout_s=180)
@@ -195,8 +267,12 @@ def test_msrun_data_parallel_equals_single_process(data, tmp_path):
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     s = _read(tmp_path / "dp" / "summary.json")
     assert s["world_size"] == 2 and s["steps"] == 6 and s["tokens"] == 6 * 2 * 4 * SEQ
+    ranks = [_read(tmp_path / "dp" / "ranks" / f"rank_{r:05d}.json") for r in (0, 1)]
+    assert ranks[0]["step"] == ranks[1]["step"] == 6
+    assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]  # bit-identical weights on both ranks
+    assert s["eval"]["per_domain"]["code"]["tokens"] == 4 * SEQ
     single = tmp_path / "single"
     _train(_job(data, single, data_dir=big, steps=6, batch_size=8, checkpoint_every=3))
     a, b = _metrics(tmp_path / "dp"), _metrics(single)
-    for step in range(1, 7):
+    for step in range(1, 7):  # same global batch of rows; only the float summation order differs
         assert a[step]["loss"] == pytest.approx(b[step]["loss"], abs=1e-4), step

@@ -1,7 +1,10 @@
-"""MindSpore pretraining library of mindloom: LLaMA-style model, TrainJob contract, resumable trainer.
+"""MindSpore pretraining library of mindloom: LLaMA-style model, TrainJob contract, resumable staged trainer.
 
-``config`` and ``job`` import no MindSpore (usable from the Airflow venv); ``model``, ``trainer``, ``data``,
-``checkpoint`` and ``optim`` need the training venv (mindspore 2.10, numpy 1.26).
+Modules: ``config`` (ModelConfig, presets, closed-form parameter count, RoPE tables), ``job`` (TrainJob JSON
+contract), ``precision`` (device x mode x precision table), ``launch`` (process / msrun argv) import no MindSpore
+and are usable from the Airflow side. ``model``, ``optim`` (AdamW, schedule, loss scaling, gradient accumulation),
+``data`` (rank-count-independent MindDataset stream), ``repack`` (other context lengths), ``evaluate`` (per-domain
+held-out loss), ``checkpoint``, ``metrics`` and ``trainer`` need the training venv (mindspore 2.10, numpy 1.26).
 """
 
 from .config import PRESETS, ModelConfig

@@ -30,22 +30,12 @@ def pack_bytes(docs: list[str], seq_len: int) -> np.ndarray:
 
 
 def write_mindrecord(rows: np.ndarray, out_dir: str, name: str = "corpus", shards: int = 2) -> list[str]:
-    """Write rows as ``out_dir/<name>.mindrecord<i>`` (+ ``.db``), column ``input_ids`` int32; returns data files."""
-    from mindspore.mindrecord import FileWriter
+    """Write rows as ``out_dir/<name>-0000i-of-0000N.mindrecord`` (+ ``.db``, + ``manifest.json``), column
+    ``input_ids`` int32, rows dealt round-robin like the corpus packer; returns the data files."""
+    from .repack import write_rows
 
-    os.makedirs(out_dir, exist_ok=True)
-    base = os.path.join(out_dir, f"{name}.mindrecord")
-    w = FileWriter(file_name=base, shard_num=shards, overwrite=True)
-    w.set_page_size(1 << 20)  # small pages: tiny sets stay small even where sparse files are copied densely
-    w.set_header_size(1 << 16)
-    w.add_schema({"input_ids": {"type": "int32", "shape": [-1]}}, "mindloom byte tokens")
-    w.write_raw_data([{"input_ids": r} for r in rows])
-    w.commit()
-    files = [base] if shards == 1 else [f"{base}{i}" for i in range(shards)]
-    for f in files:  # FileWriter creates 0600 files; let other users (Airflow worker, container) read them
-        os.chmod(f, 0o644)
-        os.chmod(f + ".db", 0o644)
-    return files
+    m = write_rows(list(rows), out_dir, shards, name=name)
+    return [os.path.join(out_dir, s["file"]) for s in m["shards"]]
 
 
 def stdlib_text(*modules: str) -> list[str]:

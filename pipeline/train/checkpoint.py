@@ -1,4 +1,4 @@
-"""Crash-safe training checkpoints: one file per step with weights + optimizer state + data position.
+"""Crash-safe training checkpoints: one file per step with weights, optimizer state, data position, RNG state.
 
 Why one file from the optimizer: ``save_checkpoint(opt)`` holds the weights (the optimizer references the same
 Parameters), Adam moments ``adam_m.*``/``adam_v.*`` and ``global_step``, so a step's state is one atomic unit with one
@@ -11,6 +11,12 @@ Layout under ``out_dir/checkpoints``::
 
 A checkpoint is valid only when its sidecar exists and matches, so a torn write, a truncated copy or bit rot makes the
 resume logic fall back to the previous one instead of crashing or silently loading garbage.
+
+Besides the tensors, each file holds scalar metadata (``META_INT``/``META_FLOAT``: step, global batch split, data
+position, loss-scaler state) and the RNG state: MindSpore's default generator (``ms.get_rng_state``, used by
+generator-based random ops) and NumPy's global Mersenne-Twister. Classic ops such as ``ops.randn`` or ``nn.Dropout``
+draw from per-op counters that MindSpore does not expose, which is one reason the model has no dropout (LLaMA-style
+pretraining uses none); the data order needs no RNG state at all (a pure function of seed and position, data.py).
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ import mindspore as ms
 log = logging.getLogger("mindloom.train")
 
 _NAME = re.compile(r"^step_(\d{8})\.ckpt$")
-META_KEYS = ("step", "samples_consumed", "batches_consumed", "world_size")
+META_INT = ("step", "samples_consumed", "world_size", "global_batch", "micro_batch", "grad_accum", "seq_len",
+            "data_epoch", "data_sample", "data_consumed", "loss_scale_counter", "numpy_rng_pos", "seed")
+META_FLOAT = ("loss_scale_value",)
+META_ARRAY = ("ms_rng_state", "numpy_rng_keys")
 SKIP_ON_LOAD = ("learning_rate",)  # the LR schedule comes from the job, not the checkpoint
 
 
@@ -52,7 +61,7 @@ def save(opt, out_dir: str, step: int, meta: dict, keep: int) -> str:
     os.makedirs(d, exist_ok=True)
     final = ckpt_path(out_dir, step)
     tmp = os.path.join(d, f".step_{step:08d}.tmp.ckpt")
-    ms.save_checkpoint(opt, tmp, append_dict={k: int(v) for k, v in meta.items()})
+    ms.save_checkpoint(opt, tmp, append_dict={**_encode_meta(meta), **rng_state()})
     digest = sha256_file(tmp)
     side_tmp = final + ".sha256.tmp"
     with open(side_tmp, "w", encoding="utf-8") as f:
@@ -102,12 +111,53 @@ def verify(path: str) -> str | None:
     return None if got == want else f"sha256 mismatch (file {got[:12]}…, sidecar {want[:12]}…)"
 
 
+def _encode_meta(meta: dict) -> dict:
+    unknown = sorted(set(meta) - set(META_INT) - set(META_FLOAT))
+    if unknown:
+        raise ValueError(f"checkpoint metadata {unknown[0]!r} is not declared in META_INT/META_FLOAT")
+    return {k: (float(v) if k in META_FLOAT else int(v)) for k, v in meta.items()}
+
+
+def rng_state() -> dict:
+    """RNG state as checkpoint entries (see the module docstring)."""
+    import numpy as np
+
+    _, keys, pos, _, _ = np.random.get_state()
+    return {"ms_rng_state": ms.get_rng_state(), "numpy_rng_keys": ms.Tensor(keys.astype(np.int64)),
+            "numpy_rng_pos": int(pos)}
+
+
+def restore_rng(meta: dict) -> None:
+    import numpy as np
+
+    if "ms_rng_state" in meta:
+        ms.set_rng_state(ms.Tensor(meta["ms_rng_state"]))
+    if "numpy_rng_keys" in meta and "numpy_rng_pos" in meta:
+        np.random.set_state(("MT19937", meta["numpy_rng_keys"].astype(np.uint32), meta["numpy_rng_pos"], 0, 0.0))
+
+
 def _split_meta(pd: dict) -> tuple[dict, dict]:
     meta = {}
-    for k in META_KEYS:
+    for k in META_INT:
         if k in pd:
             meta[k] = int(pd.pop(k).asnumpy())
+    for k in META_FLOAT:
+        if k in pd:
+            meta[k] = float(pd.pop(k).asnumpy())
+    for k in META_ARRAY:
+        if k in pd:
+            meta[k] = pd.pop(k).asnumpy()
     return pd, meta
+
+
+def load_file(path: str) -> tuple[dict, dict]:
+    """``(param_dict, meta)`` of one verified checkpoint (``init_mode="continue"`` of a new stage)."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"init_from checkpoint {path!r} not found")
+    why = verify(path)
+    if why:
+        raise ValueError(f"init_from checkpoint {path!r} is not usable: {why}")
+    return _split_meta(ms.load_checkpoint(path))
 
 
 def load_latest(out_dir: str) -> tuple[str, dict, dict] | None:
@@ -128,7 +178,8 @@ def load_latest(out_dir: str) -> tuple[str, dict, dict] | None:
 
 
 def restore_full(opt, pd: dict) -> None:
-    """Load weights + optimizer state; every optimizer parameter except the LR table must be present."""
+    """Load weights + optimizer state (moments, ``global_step``); every optimizer parameter except the LR table
+    must be present."""
     pd = {k: v for k, v in pd.items() if k not in SKIP_ON_LOAD}
     for name in SKIP_ON_LOAD:  # keep the job's own value (and avoid MindSpore's "not loaded" warning)
         if isinstance(getattr(opt, name, None), ms.Parameter):

@@ -1,27 +1,34 @@
-"""Deterministic, resumable MindRecord token stream.
+"""Deterministic, resumable MindRecord token stream whose order does not depend on the number of ranks.
 
 Why it looks like this:
 
 * Rows are ``input_ids`` int32 of length ``seq_len + 1`` (mindformers convention); the loss cell shifts inside.
-* Order is a pure function of (seed, files, batch size, world size): ``ds.config.set_seed(seed)`` fixes the
-  ``MindDataset`` global shuffle and every ``repeat`` epoch reshuffles deterministically. So the data position of a
-  run is fully described by one number, the batches already consumed, and a resumed run ``skip``s exactly those
-  (verified equal to an uninterrupted stream, also across epoch boundaries).
-* Data parallel: ``num_shards``/``shard_id`` split each shuffled epoch into disjoint per-rank parts (rank r gets rows
-  r, r+W, ... of the epoch's permutation). In epoch 0 the permutation equals the unsharded one, so W ranks x batch B
-  reproduce 1 process x batch W*B exactly; later epochs use a different (still deterministic, still disjoint)
-  permutation when sharded.
-* ``drop_remainder=True`` keeps every step's shape identical, so GRAPH mode compiles once.
+* One ``MindDataset`` per epoch, built after ``ds.config.set_seed(epoch_seed(seed, epoch))``, with the global
+  shuffle and ``num_shards``/``shard_id`` per rank. Measured (mindspore 2.10): the shuffled order of a freshly built
+  dataset is the same permutation for every ``num_shards`` and rank ``r`` gets its positions ``r, r+W, r+2W, ...``;
+  but ``repeat()``'s reshuffle of later epochs *depends on num_shards*. Building each epoch afresh therefore gives
+  one global sample sequence per (seed, files), independent of the rank count.
+* Global step ``t`` of an epoch consumes exactly the contiguous block ``[p + t*G, p + (t+1)*G)`` of that epoch's
+  permutation (``G`` = micro_batch x world x grad_accum, ``p`` = the epoch position the stream started at): W ranks
+  x B rows reproduce 1 process x W*B rows, and a checkpoint's data position is one pair (epoch, sample) of *global*
+  numbers. Resuming with another rank count or micro-batch split of the same global batch is exact; the trainer
+  refuses a different global batch.
+* Each epoch yields ``rows // G`` steps (the tail smaller than a global batch is not used in that epoch, like
+  ``drop_remainder``); MindDataset pads uneven rank shards by wrapping around, but those positions are never reached.
+* Mid-epoch resume ``skip``s the consumed rows of the rank's shard: MindDataset reads them, so resuming late in a
+  huge epoch costs a read of that part (measured in BENCHMARKS.md), never a different order.
 """
 
 from __future__ import annotations
 
 import glob
-import math
+import hashlib
 import os
+from dataclasses import asdict, dataclass
 
-import mindspore.dataset as ds
 import numpy as np
+
+COLUMN = "input_ids"
 
 
 def find_mindrecord_files(data_dir: str) -> list[str]:
@@ -37,31 +44,81 @@ def find_mindrecord_files(data_dir: str) -> list[str]:
     return files
 
 
+def epoch_seed(seed: int, epoch: int) -> int:
+    """Shuffle seed of one epoch (uint32, well mixed so epochs of nearby seeds do not share orders)."""
+    return int.from_bytes(hashlib.sha256(f"mindloom-data/{seed}/{epoch}".encode()).digest()[:4], "little")
+
+
+def count_rows(files: list[str]) -> int:
+    import mindspore.dataset as ds
+
+    return ds.MindDataset(files, columns_list=[COLUMN], shuffle=False).get_dataset_size()
+
+
+@dataclass(frozen=True)
+class DataPosition:
+    """Where the global sample stream stands: ``sample`` rows of ``epoch``'s permutation are used; ``consumed`` rows
+    in total since the stream began (all epochs, all ranks)."""
+
+    epoch: int = 0
+    sample: int = 0
+    consumed: int = 0
+
+    def to_meta(self) -> dict:
+        return {f"data_{k}": v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_meta(cls, meta: dict) -> DataPosition:
+        return cls(meta["data_epoch"], meta["data_sample"], meta["data_consumed"])
+
+
 class TokenBatches:
-    """Batches ``[batch_size, seq_len + 1]`` int32 numpy arrays starting after ``start_batch`` consumed batches."""
+    """Per-rank micro-batches ``[micro_batch, seq_len + 1]`` int32, grouped ``grad_accum`` per global step."""
 
-    def __init__(self, data_dir: str, batch_size: int, seed: int, total_batches: int, start_batch: int = 0,
-                 rank: int = 0, world: int = 1, workers: int = 1):
+    def __init__(self, data_dir: str, micro_batch: int, seed: int, *, rank: int = 0, world: int = 1,
+                 grad_accum: int = 1, start: DataPosition | None = None, workers: int = 1):
         self.files = find_mindrecord_files(data_dir)
-        ds.config.set_seed(seed)
-        shard = dict(num_shards=world, shard_id=rank) if world > 1 else {}
-        d = ds.MindDataset(self.files, columns_list=["input_ids"], shuffle=True, num_parallel_workers=workers,
-                           **shard)
-        self.rows = d.get_dataset_size()  # rows of this rank
-        d = d.batch(batch_size, drop_remainder=True)
-        self.batches_per_epoch = d.get_dataset_size()
-        if self.batches_per_epoch == 0:
-            raise ValueError(f"data_dir has {self.rows} rows per rank, fewer than batch_size={batch_size}")
-        epochs = max(1, math.ceil(total_batches / self.batches_per_epoch))
-        d = d.repeat(epochs)
-        if start_batch:
-            d = d.skip(start_batch)
-        self.remaining = total_batches - start_batch
-        self._ds = d
+        self.micro_batch, self.seed, self.rank, self.world = micro_batch, seed, rank, world
+        self.grad_accum, self.workers = grad_accum, workers
+        self.global_batch = micro_batch * world * grad_accum
+        self.rows = count_rows(self.files)  # all ranks together
+        self.steps_per_epoch = self.rows // self.global_batch
+        if self.steps_per_epoch == 0:
+            raise ValueError(f"data_dir {data_dir!r} has {self.rows} rows, fewer than one global batch of "
+                             f"{self.global_batch} (batch_size {micro_batch} x grad_accum {grad_accum} x "
+                             f"{world} ranks)")
+        self.position = start or DataPosition()
+        if self.position.sample % world:
+            raise ValueError(f"data position {self.position} is not a multiple of the {world} ranks")
 
-    def __iter__(self):
-        it = self._ds.create_tuple_iterator(num_epochs=1, output_numpy=True)
-        for n, (tokens,) in enumerate(it):
-            if n >= self.remaining:
-                break
-            yield np.ascontiguousarray(tokens, dtype=np.int32)
+    def _epoch_dataset(self, epoch: int, skip_rows: int):
+        import mindspore.dataset as ds
+
+        ds.config.set_seed(epoch_seed(self.seed, epoch))
+        shard = dict(num_shards=self.world, shard_id=self.rank) if self.world > 1 else {}
+        d = ds.MindDataset(self.files, columns_list=[COLUMN], shuffle=True, num_parallel_workers=self.workers,
+                           **shard)
+        if skip_rows:
+            d = d.skip(skip_rows)
+        return d.batch(self.micro_batch, drop_remainder=True)
+
+    def steps(self, n_steps: int):
+        """Yield ``(micro_batches, position_after_step)`` for ``n_steps`` global steps, crossing epochs as needed."""
+        pos = self.position
+        done = 0
+        while done < n_steps:
+            usable = self.steps_per_epoch * self.global_batch
+            left = (usable - pos.sample) // self.global_batch
+            if left <= 0:
+                pos = DataPosition(pos.epoch + 1, 0, pos.consumed)
+                continue
+            take = min(left, n_steps - done)
+            it = self._epoch_dataset(pos.epoch, pos.sample // self.world).create_tuple_iterator(
+                num_epochs=1, output_numpy=True)
+            for _ in range(take):
+                micro = [np.ascontiguousarray(next(it)[0], dtype=np.int32) for _ in range(self.grad_accum)]
+                pos = DataPosition(pos.epoch, pos.sample + self.global_batch, pos.consumed + self.global_batch)
+                done += 1
+                self.position = pos
+                yield micro, pos
+            del it

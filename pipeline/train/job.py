@@ -15,8 +15,10 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 
 from .config import ModelConfig
+from .precision import check_precision
 
 MODES = ("graph", "pynative")
+INIT_MODES = ("weights", "continue")
 
 
 @dataclass
@@ -25,11 +27,15 @@ class TrainJob:
 
     stage: str
     data_dir: str  # directory holding <name>.mindrecord<N> + <name>.mindrecord<N>.db, column input_ids int32
-    out_dir: str  # metrics.jsonl, status.json, summary.json, checkpoints/
+    out_dir: str  # metrics.jsonl, status.json, summary.json, eval.json, checkpoints/
     model: dict = field(default_factory=lambda: {"preset": "debug"})  # {"preset": name, **ModelConfig overrides}
-    init_from: str | None = None  # checkpoint file of a previous stage: weights only
+    init_from: str | None = None  # checkpoint file of a previous stage (see init_mode)
+    init_mode: str = "weights"  # "weights" | "continue" (+ Adam moments and data position; new step count / LR)
     steps: int = 1000
-    batch_size: int = 8  # per data-parallel rank
+    batch_size: int = 8  # rows per micro-batch per data-parallel rank
+    grad_accum: int = 1  # micro-batches per optimizer step; global batch = batch_size * grad_accum * world
+    world_size: int = 0  # ranks the job was planned for (0: whatever the launcher starts); checked at start
+    seq_len: int = 0  # 0: rows as stored; else rows re-packed from consecutive stored rows (repack.py)
     lr: float = 3e-4
     min_lr: float = 3e-5
     warmup_steps: int = 100
@@ -38,6 +44,9 @@ class TrainJob:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0  # global-norm clip; <= 0 disables
+    precision: str = "fp32"  # "fp32" | "bf16" | "fp16" (see precision.py for the device/mode table)
+    loss_scale: float = 65536.0  # initial dynamic loss scale (fp16 only)
+    loss_scale_window: int = 1000  # good steps before the scale doubles (fp16 only)
     seed: int = 1234
     mode: str = "graph"  # "graph" (jitted step, default) | "pynative" (eager, for debugging)
     device: str = "CPU"  # "CPU" | "Ascend" | "GPU"
@@ -45,7 +54,11 @@ class TrainJob:
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
     log_every: int = 10  # status.json refresh + log line period (metrics.jsonl gets every step)
-    fail_at_step: int | None = None  # tests only: raise after this step's checkpoint (simulated crash)
+    peak_flops: float = 0.0  # peak FLOP/s of ONE device at this precision, for MFU; 0: MFU not reported
+    eval_data: dict = field(default_factory=dict)  # {domain: MindRecord dir} evaluated at the end of the stage
+    eval_tokens: int = 65536  # tokens per domain evaluated (first rows in corpus order); 0: no evaluation
+    fail_at_step: int | None = None  # tests only: crash after this step's checkpoint (simulated failure)
+    fail_mode: str = "raise"  # tests only: "raise" (exception, FAILED status) | "kill" (SIGKILL, no cleanup)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -57,17 +70,22 @@ class TrainJob:
                 raise bad(name, "must be a non-empty string")
         if self.init_from is not None and (not isinstance(self.init_from, str) or not self.init_from):
             raise bad("init_from", "must be a checkpoint path or null")
+        for name in ("init_mode", "precision", "mode", "device", "fail_mode"):
+            if not isinstance(getattr(self, name), str):
+                raise bad(name, "must be a string")
         if not isinstance(self.model, dict):
             raise bad("model", "must be a dict like {'preset': 'debug', 'vocab_size': 32000}")
-        for name in ("steps", "batch_size", "threads", "checkpoint_every", "keep_checkpoints", "log_every"):
+        for name in ("steps", "batch_size", "grad_accum", "threads", "checkpoint_every", "keep_checkpoints",
+                     "log_every", "loss_scale_window"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise bad(name, "must be a positive integer")
-        for name in ("warmup_steps", "seed"):
+        for name in ("warmup_steps", "seed", "world_size", "seq_len", "eval_tokens"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise bad(name, "must be a non-negative integer")
-        for name in ("lr", "min_lr", "weight_decay", "eps", "grad_clip", "beta1", "beta2"):
+        for name in ("lr", "min_lr", "weight_decay", "eps", "grad_clip", "beta1", "beta2", "loss_scale",
+                     "peak_flops"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise bad(name, "must be a number")
@@ -86,11 +104,29 @@ class TrainJob:
             raise bad("mode", f"must be one of {MODES}")
         if self.device not in ("CPU", "Ascend", "GPU"):
             raise bad("device", "must be CPU, Ascend or GPU")
+        if self.init_mode not in INIT_MODES:
+            raise bad("init_mode", f"must be one of {INIT_MODES}")
+        if not self.loss_scale >= 1:
+            raise bad("loss_scale", "must be >= 1")
+        if self.peak_flops < 0:
+            raise bad("peak_flops", "must be >= 0 (0: no MFU)")
+        if self.seq_len == 1:
+            raise bad("seq_len", "must be 0 (as stored) or >= 2")
+        if not isinstance(self.eval_data, dict) or not all(
+                isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.eval_data.items()):
+            raise bad("eval_data", "must map domain names to MindRecord directories")
+        if self.fail_mode not in ("raise", "kill"):
+            raise bad("fail_mode", "must be 'raise' or 'kill'")
+        check_precision(self.device, self.mode, self.precision)
         if self.fail_at_step is not None and (
             not isinstance(self.fail_at_step, int) or isinstance(self.fail_at_step, bool) or self.fail_at_step <= 0
         ):
             raise bad("fail_at_step", "must be a positive integer or null")
-        self.model_config()  # validates the model dict; its error names the ModelConfig field
+        if self.init_mode == "continue" and not self.init_from:
+            raise bad("init_mode", "'continue' needs init_from (the previous stage's checkpoint)")
+        cfg = self.model_config()  # validates the model dict; its error names the ModelConfig field
+        if self.seq_len > cfg.max_seq_len:
+            raise bad("seq_len", f"exceeds the model's max_seq_len={cfg.max_seq_len}")
 
     def model_config(self) -> ModelConfig:
         spec = dict(self.model)

@@ -162,16 +162,21 @@ class Transformer(nn.Cell):
 
 
 class CausalLMLoss(nn.Cell):
-    """Mean next-token cross-entropy over rows of ``seq_len + 1`` tokens; labels equal to ``pad_id`` are ignored.
+    """Next-token cross-entropy over rows of ``seq_len + 1`` tokens; labels equal to ``pad_id`` are ignored.
 
-    Negative ids in the input half (e.g. -100 padding) are mapped to 0 so the embedding lookup stays in range; their
-    predictions are still scored against the next label, which is what padding-at-the-end data needs.
+    ``reduction="mean"`` (training) returns the mean over valid labels; ``"sum"`` (evaluation) returns
+    ``(nll_sum, n_valid)`` so batches and domains can be pooled exactly. Negative ids in the input half (e.g. -100
+    padding) are mapped to 0 so the embedding lookup stays in range; their predictions are still scored against the
+    next label, which is what padding-at-the-end data needs.
     """
 
-    def __init__(self, model: Transformer, pad_id: int | None = None):
+    def __init__(self, model: Transformer, pad_id: int | None = None, reduction: str = "mean"):
         super().__init__()
+        if reduction not in ("mean", "sum"):
+            raise ValueError(f"CausalLMLoss.reduction={reduction!r}: must be 'mean' or 'sum'")
         self.model = model
         self.pad_id = model.cfg.pad_id if pad_id is None else pad_id
+        self.sum = reduction == "sum"
 
     def construct(self, tokens):
         inputs = tokens[:, :-1]
@@ -183,7 +188,10 @@ class CausalLMLoss(nn.Cell):
         valid = (labels != self.pad_id).astype(ms.float32)
         safe = ops.where(labels == self.pad_id, ops.zeros_like(labels), labels)
         nll = ops.cross_entropy(logits.reshape(-1, v), safe, reduction="none")
-        return (nll * valid).sum() / ops.maximum(valid.sum(), 1.0)
+        total = (nll * valid).sum()
+        if self.sum:
+            return total, valid.sum()
+        return total / ops.maximum(valid.sum(), 1.0)
 
 
 def count_cell_params(cell: nn.Cell) -> int:

@@ -1,12 +1,18 @@
-"""Optimizer, LR schedule and the functional training step.
+"""Optimizer, LR schedule, mixed precision and the functional training step (with gradient accumulation).
 
 Why functional (``value_and_grad`` + explicit optimizer call) rather than ``TrainOneStepWithLossScaleCell``: the
-stock loss-scale cells do not run on CPU, ``cb_params`` never exposes the gradient norm, and we want the pre-clip
-norm in ``metrics.jsonl``. The same Python function is ``ms.jit``-compiled in GRAPH mode and run eagerly in PYNATIVE.
+stock loss-scale cells do not run on CPU (``NPUGetFloatStatusV2``/``FloatStatus`` kernels), ``cb_params`` never
+exposes the gradient norm, and we want the pre-clip norm, the loss scale and skipped steps in ``metrics.jsonl``.
+The same Python functions are ``ms.jit``-compiled in GRAPH mode and run eagerly in PYNATIVE.
 
 Weight decay policy (AdamW, decoupled): decay only 2-D Dense weights (attention q/k/v/o, MLP w1/w2/w3, untied LM
 head). Norm gains and the embedding table (also the LM head when tied) get no decay: shrinking a norm gain towards 0
-or a rarely-seen token's embedding towards 0 only hurts, which is the usual GPT/LLaMA practice.
+or a rarely-seen token's embedding towards 0 only hurts, which is the usual GPT/LLaMA practice. The model has no
+biases; any 1-D parameter would land in the no-decay group.
+
+Order inside a step: (accumulate micro-batch gradients) -> all-reduce mean over ranks -> unscale (fp16) -> finite
+check (fp16: skip the update and halve the scale when not finite) -> global norm -> clip -> AdamW. Reducing before the
+norm makes every rank clip identically, so weights stay bit-identical across ranks.
 """
 
 from __future__ import annotations
@@ -17,9 +23,11 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from .precision import uses_loss_scaling
+
 
 def lr_at(step0: int, lr: float, min_lr: float, warmup: int, total: int) -> float:
-    """LR of 0-based step ``step0``: linear warmup from lr/warmup to lr, then cosine from lr to ``min_lr``."""
+    """LR of 0-based update ``step0``: linear warmup from lr/warmup to lr, then cosine from lr to ``min_lr``."""
     if step0 < warmup:
         return lr * (step0 + 1) / warmup
     progress = min(1.0, (step0 - warmup) / max(1, total - warmup))
@@ -27,7 +35,8 @@ def lr_at(step0: int, lr: float, min_lr: float, warmup: int, total: int) -> floa
 
 
 def lr_table(job) -> np.ndarray:
-    """Per-step LR array handed to the optimizer, which indexes it by its own ``global_step`` (restored on resume)."""
+    """Per-update LR array handed to the optimizer, which indexes it by its own ``global_step`` (restored on resume;
+    not advanced by skipped fp16 steps, so skipped steps do not eat the schedule)."""
     return np.array([lr_at(i, job.lr, job.min_lr, job.warmup_steps, job.steps) for i in range(job.steps + 1)],
                     dtype=np.float32)
 
@@ -46,33 +55,112 @@ def build_optimizer(net: nn.Cell, job) -> nn.AdamWeightDecay:
                               eps=job.eps)
 
 
+def apply_precision(net: nn.Cell, precision: str) -> None:
+    """In place: ``O2`` casts the cells' compute to fp16/bf16; parameters (and so optimizer state) stay fp32."""
+    if precision == "fp32":
+        return
+    ms.amp.auto_mixed_precision(net, "O2", dtype=ms.float16 if precision == "fp16" else ms.bfloat16)
+
+
+def build_scaler(job):
+    """Dynamic loss scaler for fp16 (None otherwise)."""
+    if not uses_loss_scaling(job.precision):
+        return None
+    return ms.amp.DynamicLossScaler(scale_value=float(job.loss_scale), scale_factor=2,
+                                    scale_window=int(job.loss_scale_window))
+
+
+def _zero(param):
+    return ops.assign(param, ops.zeros_like(param))
+
+
 def global_norm(grads):
     return ops.sqrt(ops.addn([ops.reduce_sum(ops.square(g.astype(ms.float32))) for g in grads]))
 
 
-def make_train_step(loss_net: nn.Cell, opt: nn.AdamWeightDecay, grad_clip: float, world: int = 1, jit: bool = True):
-    """``step(tokens) -> (loss, pre-clip grad norm)``; updates the weights in place.
+class TrainStep:
+    """``step(micro_batches) -> {"loss", "grad_norm", "applied", "loss_scale", "lr"}`` (floats); updates in place.
 
-    Clipping scales all gradients by ``clip / max(norm, clip)`` (a no-op below the threshold), the same rule as
-    ``torch.nn.utils.clip_grad_norm_``. With data parallelism the gradients are all-reduced (mean) before the norm, so
-    every rank clips identically and weights stay bit-identical; the returned loss is the mean over ranks too, so
-    rank 0's metrics describe the global batch.
+    ``micro_batches`` is a list of ``grad_accum`` int32 arrays ``[B, seq_len + 1]``. With one micro-batch the whole
+    step is one compiled function; with several, a compiled micro-step adds each gradient into fp32 accumulation
+    buffers and a compiled apply-step averages, reduces, clips and updates (two graphs, each compiled once, instead
+    of one graph unrolled ``grad_accum`` times).
     """
-    grad_fn = ms.value_and_grad(loss_net, None, opt.parameters)
-    reducer = nn.DistributedGradReducer(opt.parameters, mean=True, degree=world) if world > 1 else None
-    all_reduce = ops.AllReduce() if world > 1 else None
 
-    def step(tokens):
-        loss, grads = grad_fn(tokens)
-        if reducer is not None:
-            grads = reducer(grads)
-        gnorm = global_norm(grads)
-        if grad_clip > 0:
-            scale = grad_clip / ops.maximum(gnorm, grad_clip)
-            grads = tuple(g * scale.astype(g.dtype) for g in grads)
-        loss = ops.depend(loss, opt(grads))
-        if all_reduce is not None:
-            loss = all_reduce(loss) / world
-        return loss, gnorm
+    def __init__(self, loss_net: nn.Cell, opt: nn.AdamWeightDecay, *, grad_clip: float, world: int = 1,
+                 grad_accum: int = 1, scaler=None, jit: bool = True):
+        self.accum, self.world, self.scaler = grad_accum, world, scaler
+        params = opt.parameters
+        reducer = nn.DistributedGradReducer(params, mean=True, degree=world) if world > 1 else None
+        all_reduce = ops.AllReduce() if world > 1 else None
+        one = Tensor(1.0, ms.float32)
 
-    return ms.jit(step) if jit else step
+        def fwd(tokens):
+            loss = loss_net(tokens)
+            return scaler.scale(loss) if scaler is not None else loss
+
+        grad_fn = ms.value_and_grad(fwd, None, params)
+
+        def finish(loss, grads):
+            if reducer is not None:
+                grads = reducer(grads)
+            if scaler is not None:
+                scale = scaler.scale_value.value()
+                grads = scaler.unscale(grads)
+                finite = ms.amp.all_finite(grads)
+                scaler.adjust(finite)
+            else:
+                scale, finite = one, True
+            gnorm = global_norm(grads)
+            if grad_clip > 0:
+                factor = grad_clip / ops.maximum(gnorm, grad_clip)
+                grads = tuple(g * factor.astype(g.dtype) for g in grads)
+            lr = opt.get_lr()
+            applied = one
+            if finite:
+                loss = ops.depend(loss, opt(grads))
+            else:
+                applied = one * 0.0
+            if all_reduce is not None:
+                loss = all_reduce(loss) / world
+            return loss, gnorm, applied, scale, lr
+
+        def unscaled(loss):
+            return scaler.unscale(loss) if scaler is not None else loss
+
+        def step(tokens):
+            loss, grads = grad_fn(tokens)
+            return finish(unscaled(loss), grads)
+
+        if grad_accum == 1:
+            self._step = ms.jit(step) if jit else step
+            return
+        acc = params.clone(prefix="accum", init="zeros")
+        add = ops.HyperMap()
+        inv = 1.0 / grad_accum
+
+        def micro(tokens):
+            loss, grads = grad_fn(tokens)
+            done = add(ops.assign_add, acc, grads)
+            return ops.depend(unscaled(loss), done)
+
+        def apply(loss_mean):
+            grads = tuple(a * inv for a in acc)
+            loss, gnorm, applied, scale, lr = finish(loss_mean, grads)
+            zeroed = add(_zero, acc)
+            return ops.depend(loss, zeroed), gnorm, applied, scale, lr
+
+        self._micro = ms.jit(micro) if jit else micro
+        self._apply = ms.jit(apply) if jit else apply
+        self._acc = acc  # keep the buffers alive with the step
+
+    def __call__(self, micro_batches: list[np.ndarray]) -> dict:
+        if len(micro_batches) != self.accum:
+            raise ValueError(f"expected {self.accum} micro-batches, got {len(micro_batches)}")
+        if self.accum == 1:
+            out = self._step(Tensor(micro_batches[0]))
+        else:
+            losses = [float(self._micro(Tensor(mb)).asnumpy()) for mb in micro_batches]
+            out = self._apply(Tensor(sum(losses) / len(losses), ms.float32))
+        loss, gnorm, applied, scale, lr = (float(np.asarray(t.asnumpy()).reshape(-1)[0]) for t in out)
+        return {"loss": loss, "grad_norm": gnorm, "applied": applied > 0.5, "loss_scale": scale, "lr": lr}

@@ -1,25 +1,31 @@
-"""``run_training(job)``: one resumable pretraining stage on MindRecord tokens.
+"""``run_training(job)``: one resumable pretraining stage on MindRecord tokens, ending with an evaluation.
 
-Contract with the orchestrator (all under ``job.out_dir``, written by rank 0 only):
+Contract with the orchestrator (all under ``job.out_dir``, written by rank 0 only unless noted):
 
 * ``status.json`` (atomic): ``{"state": RUNNING|SUCCEEDED|FAILED, "step", "pid", "loss", "error", ...}``
-* ``metrics.jsonl``: one JSON object per step (step, loss, lr, grad_norm, tokens_per_s, step_time_s, ...); on resume
-  lines past the restored step are dropped, so each step appears once.
-* ``checkpoints/step_XXXXXXXX.ckpt`` + ``.sha256`` (see ``checkpoint.py``), every ``checkpoint_every`` steps and at
-  the last step, newest ``keep_checkpoints`` kept.
-* ``summary.json`` at the end, also the return value.
+* ``metrics.jsonl``: one JSON object per step (step, loss, lr, grad_norm, loss_scale, skipped, tokens_per_s, mfu,
+  step_time_s, data_sha1, ...) through ``metrics.MetricLogger``; on resume lines past the restored step are dropped.
+* ``checkpoints/step_XXXXXXXX.ckpt`` + ``.sha256`` (``checkpoint.py``), every ``checkpoint_every`` steps and at the
+  last step, newest ``keep_checkpoints`` kept.
+* ``eval.json``: held-out loss / perplexity per domain of the final weights (``evaluate.py``).
+* ``ranks/rank_NNNNN.json`` (every rank, when data parallel): sha256 of its parameters after the last step, so
+  "all ranks hold identical weights" is checkable from files.
+* ``summary.json`` at the end (incl. ``"eval"``), also the return value.
 
-Restart policy: newest valid checkpoint in out_dir (weights + optimizer + data position; falls back to older ones
-when the newest is corrupt) > ``init_from`` (weights only, new optimizer, data from the start) > fresh init. Rerunning a
-finished stage is therefore a cheap no-op that rewrites the summary.
+Restart policy: newest valid checkpoint in out_dir (weights + optimizer + scaler + RNG + data position; falls back
+to older ones when the newest is corrupt) > ``init_from`` (``init_mode="weights"``: weights only, fresh optimizer,
+data from the start; ``"continue"``: also Adam moments and the data position, fresh step count and LR schedule) >
+fresh init. Rerunning a finished stage is therefore a cheap no-op that rewrites the summary.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
+import signal
 import time
 
 import mindspore as ms
@@ -27,10 +33,13 @@ import numpy as np
 from mindspore import Tensor
 
 from . import checkpoint as ckpt
-from .data import TokenBatches
+from .data import DataPosition, TokenBatches
+from .evaluate import evaluate, make_scorer
 from .job import TrainJob, write_json_atomic
+from .metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
 from .model import CausalLMLoss, Transformer, attention_impl, count_cell_params
-from .optim import build_optimizer, lr_at, make_train_step
+from .optim import TrainStep, apply_precision, build_optimizer, build_scaler
+from .repack import stage_data
 
 log = logging.getLogger("mindloom.train")
 
@@ -59,8 +68,8 @@ def _setup_context(job: TrainJob) -> None:
         _THREADS_SET = True
 
 
-def _distributed() -> tuple[int, int, bool]:
-    """(rank, world, initialised). Launched by msrun / MS_ROLE env -> mccl (CPU) / hccl (Ascend) via ``init()``."""
+def _distributed() -> tuple[int, int]:
+    """(rank, world). Launched by msrun / MS_ROLE env -> mccl (CPU) / hccl (Ascend) via ``init()``."""
     if os.environ.get("MS_ROLE") == "MS_WORKER" or int(os.environ.get("RANK_SIZE", "1")) > 1:
         from mindspore.communication import get_group_size, get_rank, init
 
@@ -68,196 +77,252 @@ def _distributed() -> tuple[int, int, bool]:
         rank, world = get_rank(), get_group_size()
         if world > 1:
             ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
-        return rank, world, True
-    return int(os.environ.get("RANK_ID", "0")), 1, False
-
-
-class _Writer:
-    """Rank-0 file output; other ranks get a writer whose methods do nothing."""
-
-    def __init__(self, job: TrainJob, enabled: bool):
-        self.job, self.enabled = job, enabled
-        self.metrics_path = os.path.join(job.out_dir, "metrics.jsonl")
-        self._metrics = None
-        self.last_step, self.last_loss = 0, None  # progress, for the FAILED status of an exception
-
-    def status(self, state: str, step: int, loss: float | None = None, error: str | None = None) -> None:
-        self.last_step, self.last_loss = step, loss if loss is not None else self.last_loss
-        if self.enabled:
-            write_json_atomic(os.path.join(self.job.out_dir, "status.json"), {
-                "state": state, "step": step, "total_steps": self.job.steps, "pid": os.getpid(), "loss": loss,
-                "error": error, "stage": self.job.stage, "updated_at": time.time()})
-
-    def truncate_metrics(self, last_step: int) -> None:
-        """Drop lines of steps > last_step (written after the checkpoint we resume from)."""
-        if not self.enabled or not os.path.exists(self.metrics_path):
-            return
-        keep = [ln for ln in _read_jsonl(self.metrics_path) if ln.get("step", 0) <= last_step]
-        tmp = self.metrics_path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(json.dumps(r) + "\n" for r in keep)
-        os.replace(tmp, self.metrics_path)
-
-    def metric(self, row: dict) -> None:
-        self.last_step, self.last_loss = row["step"], row["loss"]
-        if self.enabled:
-            if self._metrics is None:
-                self._metrics = open(self.metrics_path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-            self._metrics.write(json.dumps(row) + "\n")
-            self._metrics.flush()  # the Airflow operator tails this file
-
-    def close(self) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
-            self._metrics = None
-
-
-def _read_jsonl(path: str) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for ln in f:
-            ln = ln.strip()
-            if ln:
-                try:
-                    rows.append(json.loads(ln))
-                except json.JSONDecodeError:  # torn last line of a killed run
-                    pass
-    return rows
+        return rank, world
+    return int(os.environ.get("RANK_ID", "0")), 1
 
 
 def run_training(job: TrainJob) -> dict:
-    """Train ``job.steps`` steps (resuming if possible); returns the summary dict also written to summary.json."""
+    """Train ``job.steps`` steps (resuming if possible), evaluate; returns the summary also in summary.json."""
     _setup_context(job)
-    rank, world, _ = _distributed()
-    writer = _Writer(job, enabled=rank == 0)
+    rank, world = _distributed()
+    status = StatusFile(job, enabled=rank == 0)
+    logger = JsonlLogger(os.path.join(job.out_dir, "metrics.jsonl")) if rank == 0 else NullLogger()
     if rank == 0:
         os.makedirs(job.out_dir, exist_ok=True)
         job.to_json(os.path.join(job.out_dir, "job.json"))  # provenance: what produced this out_dir
         ckpt.remove_stale_tmp(job.out_dir)
     try:
-        writer.status("RUNNING", 0)
-        return _train(job, rank, world, writer)
+        status.write("RUNNING", 0)
+        return _train(job, rank, world, status, logger)
     except BaseException as e:
-        writer.status("FAILED", writer.last_step, writer.last_loss, error=f"{type(e).__name__}: {e}")
+        status.write("FAILED", status.last_step, status.last_loss, error=f"{type(e).__name__}: {e}")
         raise
     finally:
-        writer.close()
+        logger.close()
 
 
-def _train(job: TrainJob, rank: int, world: int, writer: _Writer) -> dict:
-    t_start = time.time()
-    cfg = job.model_config()
-    ms.set_seed(job.seed)  # same initial weights on every rank and on every fresh start
-    net = Transformer(cfg)
-    loss_net = CausalLMLoss(net)
-    opt = build_optimizer(net, job)
+def _global_batch(job: TrainJob, world: int) -> int:
+    return job.batch_size * job.grad_accum * world
 
-    # ---- restore -------------------------------------------------------------------------------------------
-    start_step, batches_done, resumed_from = 0, 0, None
+
+def _check_same_layout(job: TrainJob, meta: dict, world: int, seq_len: int, what: str) -> None:
+    """Refuse a data position that cannot be continued exactly (see data.py for why the global batch suffices)."""
+    if "data_epoch" not in meta:
+        raise ValueError(f"{what} has no global data position (written by an older trainer); start a new stage "
+                         f"with init_from=<it> instead")
+    g = _global_batch(job, world)
+    if meta["global_batch"] != g:
+        raise ValueError(f"TrainJob.batch_size: {what} was written with global batch {meta['global_batch']} "
+                         f"({meta['micro_batch']} rows x grad_accum {meta['grad_accum']} x {meta['world_size']} "
+                         f"ranks), this run has {g} ({job.batch_size} x {job.grad_accum} x {world} ranks); keep "
+                         f"batch_size x grad_accum x ranks equal to continue its data stream exactly")
+    if meta["seq_len"] != seq_len:
+        raise ValueError(f"TrainJob.seq_len: {what} was trained on rows of seq_len {meta['seq_len']}, this run "
+                         f"reads {seq_len}; its data position does not apply (use init_mode='weights')")
+
+
+def _restore(job: TrainJob, net, opt, scaler, world: int, seq_len: int) -> tuple[int, DataPosition, int | None]:
+    """(start_step, data position, resumed_from step or None); loads whatever the restart policy says."""
     found = ckpt.load_latest(job.out_dir)
     if found is not None:
         path, pd, meta = found
+        _check_same_layout(job, meta, world, seq_len, f"checkpoint {path}")
         ckpt.restore_full(opt, pd)
-        start_step = resumed_from = meta["step"]
-        batches_done = meta.get("batches_consumed", start_step)
-        if meta.get("world_size", world) != world:  # keep the sample position, re-express it in batches
-            batches_done = meta.get("samples_consumed", 0) // (job.batch_size * world)
-        log.info("resumed from %s (step %d, %d batches consumed)", path, start_step, batches_done)
-    elif ckpt.list_checkpoints(job.out_dir):
-        log.warning("no usable checkpoint in %s: training restarts from scratch", job.out_dir)
-    if found is None and job.init_from:
+        _restore_scaler(scaler, meta)
+        ckpt.restore_rng(meta)
+        log.info("resumed from %s (step %d, data %s)", path, meta["step"], DataPosition.from_meta(meta))
+        return meta["step"], DataPosition.from_meta(meta), meta["step"]
+    if ckpt.list_checkpoints(job.out_dir):
+        log.warning("no usable checkpoint in %s: training restarts from %s", job.out_dir,
+                    job.init_from or "scratch")
+    if not job.init_from:
+        return 0, DataPosition(), None
+    if job.init_mode == "weights":
         n = ckpt.load_weights(net, job.init_from)
         log.info("initialised %d tensors from %s (weights only)", n, job.init_from)
-    writer.truncate_metrics(start_step)
+        return 0, DataPosition(), None
+    pd, meta = ckpt.load_file(job.init_from)
+    _check_same_layout(job, meta, world, seq_len, f"init_from {job.init_from}")
+    ckpt.restore_full(opt, pd)
+    opt.global_step.set_data(Tensor(np.zeros(opt.global_step.shape, np.int32)))  # new stage: its own LR schedule
+    _restore_scaler(scaler, meta)
+    log.info("continuing from %s: weights, Adam moments, data position %s", job.init_from,
+             DataPosition.from_meta(meta))
+    return 0, DataPosition.from_meta(meta), None
+
+
+def _restore_scaler(scaler, meta: dict) -> None:
+    if scaler is not None and "loss_scale_value" in meta:
+        scaler.scale_value.set_data(Tensor(meta["loss_scale_value"], ms.float32))
+        scaler.counter.set_data(Tensor(meta["loss_scale_counter"], ms.int32))
+
+
+def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> dict:
+    t_start = time.time()
+    if job.world_size and job.world_size != world:
+        raise ValueError(f"TrainJob.world_size={job.world_size}: the job was planned for {job.world_size} ranks "
+                         f"but the launcher started {world}")
+    cfg = job.model_config()
+    ms.set_seed(job.seed)  # same initial weights on every rank and on every fresh start
+    ms.manual_seed(job.seed)
+    np.random.seed(job.seed % 2**32)
+    net = Transformer(cfg)
+    apply_precision(net, job.precision)
+    loss_net = CausalLMLoss(net)
+    opt = build_optimizer(net, job)
+    scaler = build_scaler(job)
+    data_dir, data_info = stage_data(job.data_dir, job.seq_len, job.out_dir, rank)
+    seq_len = data_info["seq_len"]
+    start_step, position, resumed_from = _restore(job, net, opt, scaler, world, seq_len)
+    if isinstance(logger, JsonlLogger):
+        logger.truncate_after(start_step)
     if start_step > job.steps:
         raise ValueError(f"TrainJob.steps={job.steps}: out_dir already holds a checkpoint at step {start_step}")
-
-    step_fn = make_train_step(loss_net, opt, job.grad_clip, world, jit=job.mode == "graph")
     params = count_cell_params(net)
-    log.info("stage %s: %s params, mode=%s, attention=%s, rank %d/%d, steps %d..%d", job.stage, f"{params:,}",
-             job.mode, attention_impl(), rank, world, start_step + 1, job.steps)
+    g = _global_batch(job, world)
+    log.info("stage %s: %s params, mode=%s, precision=%s, attention=%s, rank %d/%d, global batch %d x %d tokens, "
+             "steps %d..%d", job.stage, f"{params:,}", job.mode, job.precision, attention_impl(), rank, world, g,
+             seq_len, start_step + 1, job.steps)
 
-    # ---- loop ---------------------------------------------------------------------------------------------
-    step, loss_v, seq_len, last_ckpt = start_step, None, None, None
-    times: list[tuple[float, int]] = []
+    step, last_ckpt, times = start_step, None, []
     if start_step < job.steps:
-        batches = TokenBatches(job.data_dir, job.batch_size, job.seed, start_batch=batches_done,
-                               total_batches=batches_done + job.steps - start_step, rank=rank, world=world)
+        step_fn = TrainStep(loss_net, opt, grad_clip=job.grad_clip, world=world, grad_accum=job.grad_accum,
+                            scaler=scaler, jit=job.mode == "graph")
+        batches = TokenBatches(data_dir, job.batch_size, job.seed, rank=rank, world=world,
+                               grad_accum=job.grad_accum, start=position)
         t_data = time.time()
-        for tokens in batches:
-            seq_len = _check_batch(tokens, cfg)
+        for micro, pos in batches.steps(job.steps - start_step):
+            if step == start_step:
+                _check_batch(micro[0], cfg, seq_len)
             data_s = time.time() - t_data
             t0 = time.time()
-            loss, gnorm = step_fn(Tensor(tokens))
-            loss_v, gnorm_v = float(loss.asnumpy()), float(gnorm.asnumpy())  # asnumpy syncs: honest step time
+            out = step_fn(micro)  # floats: the asnumpy inside syncs, so dt is the honest step time
             dt = time.time() - t0
             step += 1
-            batches_done += 1
-            ntok = world * job.batch_size * seq_len
-            times.append((dt, ntok))
-            if not math.isfinite(loss_v):
-                raise FloatingPointError(f"loss is {loss_v} at step {step}")
-            writer.metric({"step": step, "loss": loss_v, "lr": lr_at(step - 1, job.lr, job.min_lr, job.warmup_steps,
-                                                                      job.steps),
-                           "grad_norm": gnorm_v, "tokens_per_s": ntok / dt, "step_time_s": dt, "data_time_s": data_s,
-                           "tokens": step * ntok, "epoch": (batches_done - 1) // batches.batches_per_epoch,
-                           "time": time.time()})
+            times.append((dt, g * seq_len))
+            _check_finite(out, step, scaler)
+            tok_s = g * seq_len / dt
+            row = {"loss": out["loss"], "lr": out["lr"], "grad_norm": _finite_or_none(out["grad_norm"]),
+                   "loss_scale": out["loss_scale"], "skipped": not out["applied"], "tokens_per_s": tok_s,
+                   "mfu": mfu(params, tok_s, job.peak_flops, world), "step_time_s": dt, "data_time_s": data_s,
+                   "tokens": step * g * seq_len, "epoch": pos.epoch, "data_sha1": _digest(micro), "time": time.time()}
+            logger.log(row, step)
+            status.last_step, status.last_loss = step, out["loss"]
             if step % job.checkpoint_every == 0 or step == job.steps:
-                last_ckpt = _save(job, opt, step, batches_done, world, rank)
+                last_ckpt = _save(job, opt, scaler, step, pos, world, seq_len, rank)
             if step % job.log_every == 0 or step == job.steps:
-                writer.status("RUNNING", step, loss_v)
-                log.info("step %d/%d loss %.4f gnorm %.3f %.0f tok/s", step, job.steps, loss_v, gnorm_v, ntok / dt)
+                status.write("RUNNING", step, out["loss"])
+                log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
+                         out["grad_norm"], out["loss_scale"], tok_s)
             if job.fail_at_step is not None and step == job.fail_at_step:
+                if job.fail_mode == "kill":
+                    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup at all, like an OOM kill or a lost node
                 raise SimulatedCrash(f"fail_at_step={step}: simulated crash after checkpoint")
             t_data = time.time()
         if step < job.steps:
             raise RuntimeError(f"data ended after step {step} of {job.steps}")
     elif rank == 0:
         last_ckpt = ckpt.ckpt_path(job.out_dir, step)
+    if world > 1:
+        _write_rank_digest(job, net, rank, step)
+    if rank != 0:
+        return {"stage": job.stage, "state": "SUCCEEDED", "rank": rank, "steps": step}
 
-    # ---- summary ------------------------------------------------------------------------------------------
-    rows = _read_jsonl(writer.metrics_path) if rank == 0 and os.path.exists(writer.metrics_path) else []
+    ev = _evaluation(job, net, cfg, seq_len, last_ckpt)
+    rows = read_jsonl(logger.path) if os.path.exists(logger.path) else []
     losses = [r["loss"] for r in rows]
     steady = times[1:] or times  # the first step of a process includes the GRAPH compile
+    tok_s = (sum(n for _, n in steady) / sum(t for t, _ in steady)) if steady else None
     summary = {
         "stage": job.stage, "state": "SUCCEEDED", "steps": step, "start_step": start_step,
         "resumed_from": resumed_from, "init_from": job.init_from if resumed_from is None else None,
-        "first_loss": losses[0] if losses else None, "final_loss": losses[-1] if losses else loss_v,
-        "min_loss": min(losses) if losses else loss_v,
-        "tokens": step * world * job.batch_size * (seq_len or _seq_len_from(rows, world, job)),
-        "tokens_per_s": (sum(n for _, n in steady) / sum(t for t, _ in steady)) if steady else None,
-        "first_step_s": times[0][0] if times else None, "wall_s": time.time() - t_start,
-        "params": params, "checkpoint": last_ckpt, "attention_impl": attention_impl(), "mode": job.mode,
-        "device": job.device, "world_size": world, "model": cfg.to_dict(),
+        "init_mode": job.init_mode, "first_loss": losses[0] if losses else None,
+        "final_loss": losses[-1] if losses else None, "min_loss": min(losses) if losses else None,
+        "skipped_steps": sum(1 for r in rows if r.get("skipped")), "tokens": step * g * seq_len,
+        "tokens_per_s": tok_s, "mfu": mfu(params, tok_s or 0.0, job.peak_flops, world),
+        "first_step_s": times[0][0] if times else None, "wall_s": time.time() - t_start, "params": params,
+        "checkpoint": last_ckpt, "attention_impl": attention_impl(), "mode": job.mode, "precision": job.precision,
+        "device": job.device, "world_size": world, "global_batch": g, "grad_accum": job.grad_accum,
+        "seq_len": seq_len, "data": data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
     }
-    if rank == 0:
-        write_json_atomic(os.path.join(job.out_dir, "summary.json"), summary)
-    writer.status("SUCCEEDED", step, summary["final_loss"])
+    write_json_atomic(os.path.join(job.out_dir, "summary.json"), summary)
+    status.write("SUCCEEDED", step, summary["final_loss"])
     return summary
 
 
-def _save(job: TrainJob, opt, step: int, batches_done: int, world: int, rank: int) -> str | None:
+def _finite_or_none(x: float) -> float | None:
+    """JSON has no NaN/Infinity: an overflowing (skipped) fp16 step logs grad_norm null."""
+    return x if math.isfinite(x) else None
+
+
+def _check_finite(out: dict, step: int, scaler) -> None:
+    """fp16 overflow is expected now and then (the step was skipped); anything else non-finite is a failure."""
+    if scaler is not None and not out["applied"]:
+        if out["loss_scale"] <= 1.0:
+            raise FloatingPointError(f"step {step}: gradients not finite even at loss scale 1 (diverged)")
+        return
+    if not (math.isfinite(out["loss"]) and math.isfinite(out["grad_norm"])):
+        raise FloatingPointError(f"loss {out['loss']}, grad norm {out['grad_norm']} at step {step}")
+
+
+def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None) -> dict:
+    """Evaluate the final weights on ``job.eval_data`` (reused from eval.json when it scored the same checkpoint)."""
+    path = os.path.join(job.out_dir, "eval.json")
+    if not job.eval_data or job.eval_tokens == 0:
+        return {"per_domain": {}, "skipped": "no validation sets (TrainJob.eval_data) or eval_tokens=0"}
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            old = json.load(f)
+        if old.get("checkpoint") == checkpoint and old.get("eval_data") == job.eval_data:
+            return old
+    t0 = time.time()
+    ms.reset_auto_parallel_context()  # rank 0 alone scores: a plain forward graph, no collectives
+    score = make_scorer(CausalLMLoss(net, reduction="sum"), jit=job.mode == "graph")
+    ev = evaluate(score, job.eval_data, seq_len=seq_len, batch_size=job.batch_size, max_tokens=job.eval_tokens,
+                  pad_id=cfg.pad_id)
+    ev.update(checkpoint=checkpoint, eval_data=job.eval_data, seconds=round(time.time() - t0, 3))
+    write_json_atomic(path, ev)
+    log.info("eval %s: %s", job.stage, {d: round(v["loss"], 4) if v["loss"] is not None else None
+                                        for d, v in ev["per_domain"].items()})
+    return ev
+
+
+def _save(job, opt, scaler, step: int, pos: DataPosition, world: int, seq_len: int, rank: int) -> str | None:
     if rank != 0:
         return None
-    meta = {"step": step, "batches_consumed": batches_done, "world_size": world,
-            "samples_consumed": batches_done * job.batch_size * world}
+    g = _global_batch(job, world)
+    meta = {"step": step, "samples_consumed": step * g, "world_size": world, "global_batch": g,
+            "micro_batch": job.batch_size, "grad_accum": job.grad_accum, "seq_len": seq_len, "seed": job.seed,
+            **pos.to_meta()}
+    if scaler is not None:
+        meta.update(loss_scale_value=float(scaler.scale_value.asnumpy()),
+                    loss_scale_counter=int(scaler.counter.asnumpy()))
     return ckpt.save(opt, job.out_dir, step, meta, job.keep_checkpoints)
 
 
-def _check_batch(tokens: np.ndarray, cfg) -> int:
+def _digest(micro: list[np.ndarray]) -> str:
+    """sha1 of this rank's token ids of the step: proves a resumed run consumed the same samples."""
+    h = hashlib.sha1()
+    for mb in micro:
+        h.update(mb.tobytes())
+    return h.hexdigest()[:16]
+
+
+def _write_rank_digest(job: TrainJob, net, rank: int, step: int) -> None:
+    h = hashlib.sha256()
+    for p in sorted(net.trainable_params(), key=lambda p: p.name):
+        h.update(p.name.encode())
+        h.update(np.ascontiguousarray(p.asnumpy()).tobytes())
+    write_json_atomic(os.path.join(job.out_dir, "ranks", f"rank_{rank:05d}.json"),
+                      {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid()})
+
+
+def _check_batch(tokens: np.ndarray, cfg, seq_len: int) -> None:
     """Validate the first batch (shape, id range) so a data/config mismatch fails with a clear message."""
-    if tokens.ndim != 2 or tokens.shape[1] < 2:
-        raise ValueError(f"input_ids rows must be 1-D of length seq_len + 1 >= 2, got batch shape {tokens.shape}")
-    seq_len = tokens.shape[1] - 1
+    if tokens.ndim != 2 or tokens.shape[1] != seq_len + 1:
+        raise ValueError(f"input_ids rows must be 1-D of length seq_len + 1 = {seq_len + 1}, got batch shape "
+                         f"{tokens.shape}")
     if seq_len > cfg.max_seq_len:
         raise ValueError(f"ModelConfig.max_seq_len={cfg.max_seq_len}: data rows hold seq_len={seq_len} tokens")
     if tokens.max() >= cfg.vocab_size:
         raise ValueError(f"ModelConfig.vocab_size={cfg.vocab_size}: data contains token id {int(tokens.max())}")
-    return seq_len
-
-
-def _seq_len_from(rows: list[dict], world: int, job: TrainJob) -> int:
-    """seq_len when no step ran in this process (finished stage re-run): recover it from the metrics."""
-    if rows and rows[-1].get("tokens") and rows[-1].get("step"):
-        return rows[-1]["tokens"] // (rows[-1]["step"] * world * job.batch_size)
-    return 0

@@ -1,0 +1,411 @@
+"""Training throughput (MindSpore GRAPH vs PYNATIVE vs the same model in PyTorch eager) and recompute memory, CPU.
+
+Why one process for the throughput comparison: on a shared 2-core machine back-to-back processes measured anything
+from 0.27x to 0.98x (docs notes §11); interleaving short blocks of steps of the three variants in one process, with
+the same thread count, exposes them to the same load. The PyTorch model mirrors ``pipeline.train.model`` parameter
+for parameter and starts from the *same weights* (copied from the MindSpore model), and the script checks that the
+first-step losses agree, so the comparison is of the same computation: fp32, AdamW (0.9/0.95, wd 0.1 on matrices),
+global-norm clip 1.0, batch 4 x 256 tokens.
+
+Memory: each recompute setting runs in a fresh GRAPH-mode subprocess; peak RSS is sampled every 2 ms during the
+steady steps (after the compile step, which has its own transient peak), minus the RSS before the first step.
+
+Run (PyTorch lives in its own venv, never the project's; a .pth file there adds the project venv's packages)::
+
+    python3.11 -m venv .cache/bench-venvs/torch && .cache/bench-venvs/torch/bin/pip install torch==2.13.0 numpy==1.26.4
+    echo "$PWD/.venv/lib/python3.11/site-packages" > .cache/bench-venvs/torch/lib/python3.11/site-packages/zz-mindloom.pth
+    .cache/bench-venvs/torch/bin/python benchmarks/bench_train.py
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+MODEL = dict(vocab_size=8000, dim=256, n_layers=4, n_heads=8, n_kv_heads=4, multiple_of=32, max_seq_len=256)
+BATCH, SEQ = 4, 256
+
+
+def _job(steps: int):
+    from pipeline.train.job import TrainJob
+
+    return TrainJob(stage="bench", data_dir="-", out_dir="-", model={"preset": "debug", **MODEL}, steps=steps,
+                    batch_size=BATCH, lr=3e-4, min_lr=3e-5, warmup_steps=2)
+
+
+# ---- PyTorch mirror of pipeline.train.model -----------------------------------------------------------------------
+
+def torch_model(cfg):
+    import torch
+    from torch import nn
+
+    from pipeline.train.config import causal_mask, rope_tables
+
+    class RMSNorm(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = nn.Parameter(torch.ones(cfg.dim))
+
+        def forward(self, x):
+            return x * torch.rsqrt((x * x).mean(-1, keepdim=True) + cfg.norm_eps) * self.weight
+
+    def rotate_half(x):
+        h = x.shape[-1] // 2
+        return torch.cat((-x[..., h:], x[..., :h]), -1)
+
+    class Attention(nn.Module):
+        def __init__(self):
+            super().__init__()
+            hd = cfg.head_dim
+            self.wq = nn.Linear(cfg.dim, cfg.n_heads * hd, bias=False)
+            self.wk = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+            self.wv = nn.Linear(cfg.dim, cfg.n_kv_heads * hd, bias=False)
+            self.wo = nn.Linear(cfg.n_heads * hd, cfg.dim, bias=False)
+
+        def forward(self, x, cos, sin, mask):
+            b, s, _ = x.shape
+            hd, rep = cfg.head_dim, cfg.n_heads // cfg.n_kv_heads
+            q = self.wq(x).view(b, s, cfg.n_heads, hd).transpose(1, 2)
+            k = self.wk(x).view(b, s, cfg.n_kv_heads, hd).transpose(1, 2)
+            v = self.wv(x).view(b, s, cfg.n_kv_heads, hd).transpose(1, 2)
+            q, k = q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+            k, v = k.repeat_interleave(rep, 1), v.repeat_interleave(rep, 1)
+            probs = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(hd) + mask, -1)
+            return self.wo((probs @ v).transpose(1, 2).reshape(b, s, -1))
+
+    class FeedForward(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w1 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
+            self.w3 = nn.Linear(cfg.dim, cfg.ffn_hidden, bias=False)
+            self.w2 = nn.Linear(cfg.ffn_hidden, cfg.dim, bias=False)
+
+        def forward(self, x):
+            return self.w2(torch.nn.functional.silu(self.w1(x)) * self.w3(x))
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attention_norm, self.attention = RMSNorm(), Attention()
+            self.ffn_norm, self.feed_forward = RMSNorm(), FeedForward()
+
+        def forward(self, x, cos, sin, mask):
+            x = x + self.attention(self.attention_norm(x), cos, sin, mask)
+            return x + self.feed_forward(self.ffn_norm(x))
+
+    class Transformer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim)
+            self.layers = nn.ModuleList(Block() for _ in range(cfg.n_layers))
+            self.norm = RMSNorm()
+            self.output = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
+            cos, sin = rope_tables(cfg)
+            self.register_buffer("cos", torch.from_numpy(cos))
+            self.register_buffer("sin", torch.from_numpy(sin))
+            self.register_buffer("mask", torch.from_numpy(causal_mask(cfg.max_seq_len)))
+
+        def forward(self, tokens):
+            s = tokens.shape[1]
+            h = self.tok_embeddings(tokens)
+            for blk in self.layers:
+                h = blk(h, self.cos[:s], self.sin[:s], self.mask[:s, :s])
+            return self.output(self.norm(h))
+
+    return Transformer()
+
+
+def torch_step_fn(model):
+    import torch
+
+    decay = [p for n, p in model.named_parameters() if p.ndim == 2 and "embedding" not in n]
+    rest = [p for n, p in model.named_parameters() if not (p.ndim == 2 and "embedding" not in n)]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}],
+                            lr=3e-4 / 2, betas=(0.9, 0.95), eps=1e-8)  # = the MindSpore table's first LR
+
+    def step(tokens: np.ndarray) -> float:
+        t = torch.from_numpy(tokens).long()
+        model.train()
+        logits = model(t[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), t[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return float(loss.detach())
+
+    return step
+
+
+def copy_weights(ms_net, model) -> None:
+    import torch
+
+    src = {p.name.replace("tok_embeddings.embedding_table", "tok_embeddings.weight"): p.asnumpy()
+           for p in ms_net.trainable_params()}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.from_numpy(src[name]))
+
+
+# ---- throughput -------------------------------------------------------------------------------------------------
+
+def _variants(threads: int, steps_total: int, only: str | None = None):
+    """{name: (ms mode or None, step(batch) callable)}, first-step results, params, batches."""
+    import mindspore as ms
+    from mindspore.device_context.cpu.op_tuning import threads_num
+
+    from pipeline.train.model import CausalLMLoss, Transformer, count_cell_params
+    from pipeline.train.optim import TrainStep, build_optimizer
+
+    ms.set_device("CPU")
+    threads_num(threads)
+    job = _job(steps=steps_total)
+    cfg = job.model_config()
+    rng = np.random.RandomState(0)
+    batches = [rng.randint(0, cfg.vocab_size, (BATCH, SEQ + 1)).astype(np.int32) for _ in range(8)]
+    variants, first, params = {}, {}, None
+    for mode, jit in (("graph", True), ("pynative", False)):
+        if only not in (None, mode):
+            continue
+        ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+        ms.set_seed(0)
+        net = Transformer(cfg)
+        params = count_cell_params(net)
+        step = TrainStep(CausalLMLoss(net), build_optimizer(net, job), grad_clip=1.0, jit=jit)
+        t0 = time.time()
+        first[mode] = {"loss": step([batches[0]])["loss"], "first_step_s": time.time() - t0}
+        variants[mode] = (mode, step)
+    if only in (None, "torch"):
+        import torch
+
+        torch.set_num_threads(threads)
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        ms.set_seed(0)
+        ms_net = Transformer(cfg)
+        params = count_cell_params(ms_net)
+        tnet = torch_model(cfg)
+        copy_weights(ms_net, tnet)  # same seed -> the same initial weights as the MindSpore variants
+        del ms_net
+        tstep = torch_step_fn(tnet)
+        t0 = time.time()
+        first["torch"] = {"loss": tstep(batches[0]), "first_step_s": time.time() - t0}
+        variants["torch"] = (None, tstep)
+    return variants, first, params, batches
+
+
+def _time_blocks(variants: dict, batches: list, rounds: int, block: int) -> dict[str, list[float]]:
+    import mindspore as ms
+
+    times: dict[str, list[float]] = {k: [] for k in variants}
+    order = list(variants)
+    for r in range(rounds):
+        for name in order[r % len(order):] + order[:r % len(order)]:  # rotate who goes first
+            mode, fn = variants[name]
+            if mode:
+                ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+            for i in range(block):
+                b = batches[(i + r) % len(batches)]
+                t0 = time.perf_counter()
+                fn([b]) if mode else fn(b)
+                times[name].append(time.perf_counter() - t0)
+    return times
+
+
+def _summarise(times: dict[str, list[float]], first: dict) -> dict:
+    tok = BATCH * SEQ
+    res = {name: {"tokens_per_s_median": tok / statistics.median(ts), "step_s_median": statistics.median(ts),
+                  "step_s_p10": float(np.percentile(ts, 10)), "step_s_p90": float(np.percentile(ts, 90)),
+                  "steps": len(ts), **first.get(name, {})} for name, ts in times.items()}
+    out = {"variants": res}
+    if {"graph", "pynative", "torch"} <= set(res):
+        med = {k: v["tokens_per_s_median"] for k, v in res.items()}
+        out.update(graph_vs_torch=med["graph"] / med["torch"], pynative_vs_torch=med["pynative"] / med["torch"],
+                   graph_vs_pynative=med["graph"] / med["pynative"])
+    return out
+
+
+def throughput(threads: int, rounds: int, block: int) -> dict:
+    """All three variants interleaved in this process (same load for all)."""
+    variants, first, params, batches = _variants(threads, 10 * rounds * block + 10)
+    out = _summarise(_time_blocks(variants, batches, rounds, block), first)
+    out.update(params=params, tokens_per_step=BATCH * SEQ, threads=threads, rounds=rounds, block=block,
+               first_loss_max_abs_diff=max(abs(first[a]["loss"] - first[b]["loss"]) for a in first for b in first))
+    return out
+
+
+def separate(threads: int, rounds: int, block: int) -> dict:
+    """Each variant in its own process (no other framework's threads around), processes alternating."""
+    times: dict[str, list[float]] = {"graph": [], "pynative": [], "torch": []}
+    first: dict[str, dict] = {}
+    for r in range(rounds):
+        for name in list(times)[r % 3:] + list(times)[:r % 3]:
+            cmd = [sys.executable, __file__, "--variant-child", name, "--threads", str(threads), "--block",
+                   str(block)]
+            p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+            if p.returncode:
+                raise RuntimeError(f"{name} child failed: {p.stderr[-2000:]}")
+            child = json.loads(p.stdout.strip().splitlines()[-1])
+            times[name] += child["times"]
+            first.setdefault(name, child["first"])
+    out = _summarise(times, first)
+    out.update(threads=threads, rounds=rounds, block=block)
+    return out
+
+
+def variant_child(name: str, threads: int, block: int) -> dict:
+    variants, first, _, batches = _variants(threads, 10 * block + 10, only=name)
+    return {"times": _time_blocks(variants, batches, 1, block)[name], "first": first[name]}
+
+
+# ---- memory -------------------------------------------------------------------------------------------------------
+
+MEM_MODEL = dict(vocab_size=8000, dim=256, n_layers=6, n_heads=8, n_kv_heads=4, multiple_of=32, max_seq_len=512)
+
+
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def memory_child(recompute: bool, threads: int, steps: int) -> dict:
+    import mindspore as ms
+    from mindspore.device_context.cpu.op_tuning import threads_num
+
+    from pipeline.train.job import TrainJob
+    from pipeline.train.model import CausalLMLoss, Transformer
+    from pipeline.train.optim import TrainStep, build_optimizer
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_device("CPU")
+    threads_num(threads)
+    job = TrainJob(stage="m", data_dir="-", out_dir="-", model={"preset": "debug", **MEM_MODEL, "recompute": recompute},
+                   steps=steps + 1, batch_size=4, warmup_steps=1)
+    cfg = job.model_config()
+    ms.set_seed(0)
+    net = Transformer(cfg)
+    step = TrainStep(CausalLMLoss(net), build_optimizer(net, job), grad_clip=1.0, jit=True)
+    tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (4, cfg.max_seq_len + 1)).astype(np.int32)
+    base = _rss_mb()
+    t0 = time.time()
+    loss0 = step([tokens])["loss"]
+    compile_s = time.time() - t0
+    after_compile = _rss_mb()
+    peak = [after_compile]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(0.002)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    times, losses = [], []
+    for _ in range(steps):
+        t0 = time.perf_counter()
+        losses.append(step([tokens])["loss"])
+        times.append(time.perf_counter() - t0)
+    stop.set()
+    th.join()
+    return {"recompute": recompute, "rss_before_first_step_mb": base, "rss_after_compile_mb": after_compile,
+            "steady_peak_rss_mb": peak[0], "steady_activation_mb": peak[0] - base,
+            "process_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "compile_s": compile_s, "step_s_median": statistics.median(times), "first_loss": loss0,
+            "losses": losses}
+
+
+def memory(threads: int, steps: int) -> dict:
+    out = {}
+    for rc in (False, True):
+        r = subprocess.run([sys.executable, __file__, "--memory-child", str(int(rc)), "--threads", str(threads),
+                            "--mem-steps", str(steps)], capture_output=True, text=True, timeout=1800)
+        if r.returncode:
+            raise RuntimeError(f"memory child failed: {r.stderr[-2000:]}")
+        out["recompute" if rc else "baseline"] = json.loads(r.stdout.strip().splitlines()[-1])
+    b, c = out["baseline"], out["recompute"]
+    out["activation_saving"] = 1 - c["steady_activation_mb"] / b["steady_activation_mb"]
+    out["peak_rss_saving"] = 1 - c["steady_peak_rss_mb"] / b["steady_peak_rss_mb"]
+    out["losses_equal"] = bool(np.allclose(b["losses"], c["losses"], atol=1e-4))
+    out["model"] = MEM_MODEL | {"batch": 4}
+    return out
+
+
+# ---- data resume cost -------------------------------------------------------------------------------------------
+
+def skip_speed(tmp: str, rows: int = 20000) -> dict:
+    from pipeline.train.data import DataPosition, TokenBatches
+    from pipeline.train.repack import write_rows
+
+    write_rows(np.random.RandomState(0).randint(0, 8000, (rows, SEQ + 1)).astype(np.int32), tmp, shards=2)
+    t0 = time.time()
+    tb = TokenBatches(tmp, 8, 1, start=DataPosition(0, rows - 8 * 10, rows - 8 * 10))
+    next(iter(tb.steps(1)))
+    return {"rows": rows, "row_tokens": SEQ + 1, "skipped_rows": rows - 80,
+            "skip_rows_per_s": (rows - 80) / (time.time() - t0)}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--block", type=int, default=5, help="steps per variant per round")
+    ap.add_argument("--mem-steps", type=int, default=4)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: throughput,separate,memory,skip")
+    ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "train.json"))
+    ap.add_argument("--separate-rounds", type=int, default=3, help="rounds of one process per variant")
+    ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--variant-child", default=None, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.variant_child:
+        print(json.dumps(variant_child(args.variant_child, args.threads, args.block)))
+        return 0
+    if args.memory_child is not None:
+        print(json.dumps(memory_child(bool(args.memory_child), args.threads, args.mem_steps)))
+        return 0
+    skip = set(filter(None, args.skip.split(",")))
+    import tempfile
+
+    import mindspore
+    import torch
+
+    res = {"machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
+                       "mindspore": mindspore.__version__, "torch": torch.__version__,
+                       "loadavg_start": os.getloadavg()},
+           "command": " ".join([os.path.relpath(sys.executable, REPO), "benchmarks/bench_train.py", *sys.argv[1:]]),
+           "model": MODEL | {"batch": BATCH, "seq_len": SEQ}}
+    if "throughput" not in skip:
+        res["throughput"] = throughput(args.threads, args.rounds, args.block)
+        print(json.dumps(res["throughput"], indent=1), file=sys.stderr)
+    if "separate" not in skip:
+        res["throughput_separate_processes"] = separate(args.threads, args.separate_rounds, args.block)
+        print(json.dumps(res["throughput_separate_processes"], indent=1), file=sys.stderr)
+    if "memory" not in skip:
+        res["memory"] = memory(args.threads, args.mem_steps)
+        print(json.dumps({k: v for k, v in res["memory"].items() if k not in ("baseline", "recompute")}),
+              file=sys.stderr)
+    if "skip" not in skip:
+        with tempfile.TemporaryDirectory() as tmp:
+            res["resume_skip"] = skip_speed(tmp)
+    res["machine"]["loadavg_end"] = os.getloadavg()
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w", encoding="utf-8") as f:
+        json.dump(res, f, indent=1)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

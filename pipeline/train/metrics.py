@@ -1,0 +1,111 @@
+"""Metric logging through one small interface, the job's status file, and MFU.
+
+``MetricLogger`` is torchtitan's shape: ``log(metrics, step)`` and ``close()``. The trainer knows nothing else, so a
+TensorBoard or W&B logger is one more class (and ``MultiLogger`` fans out). Only rank 0 gets a real logger; other
+ranks get ``NullLogger``. ``JsonlLogger`` is what the Airflow operator tails: one complete line per step, flushed,
+and on resume the lines past the restored step are dropped so every step appears exactly once.
+
+MFU (model FLOPs utilisation) uses the standard ``6 * N`` training FLOPs per token (forward 2N + backward 4N, N =
+all parameters; attention's sequence-length term is left out, as in the PaLM paper's simple form):
+``mfu = 6 * N * tokens_per_s / (peak_flops_per_device * world)``. ``peak_flops`` is configured per job because
+it depends on the chip and the precision; with 0 no MFU is reported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from typing import Protocol
+
+from .job import TrainJob, write_json_atomic
+
+
+class MetricLogger(Protocol):
+    def log(self, metrics: dict, step: int) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullLogger:
+    def log(self, metrics: dict, step: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+class JsonlLogger:
+    """Appends ``{"step": step, **metrics}`` per call to ``path``."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._fh = None
+
+    def truncate_after(self, last_step: int) -> None:
+        """Drop lines of steps > last_step (written after the checkpoint being resumed) and any torn last line."""
+        if not os.path.exists(self.path):
+            return
+        keep = [r for r in read_jsonl(self.path) if r.get("step", 0) <= last_step]
+        tmp = self.path + ".tmp"
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in keep)
+        os.replace(tmp, self.path)
+
+    def log(self, metrics: dict, step: int) -> None:
+        if self._fh is None:
+            self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
+        self._fh.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._fh.flush()  # the Airflow operator tails this file
+
+    def close(self) -> None:
+        if self._fh is not None:
+            self._fh.close()
+            self._fh = None
+
+
+class MultiLogger:
+    def __init__(self, *loggers: MetricLogger):
+        self.loggers = loggers
+
+    def log(self, metrics: dict, step: int) -> None:
+        for lg in self.loggers:
+            lg.log(metrics, step)
+
+    def close(self) -> None:
+        for lg in self.loggers:
+            lg.close()
+
+
+def read_jsonl(path: str) -> list[dict]:
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for ln in f:
+            ln = ln.strip()
+            if ln:
+                try:
+                    rows.append(json.loads(ln))
+                except json.JSONDecodeError:  # torn last line of a killed run
+                    pass
+    return rows
+
+
+def mfu(params: int, tokens_per_s: float, peak_flops: float, world: int) -> float | None:
+    if peak_flops <= 0 or tokens_per_s <= 0:
+        return None
+    return 6.0 * params * tokens_per_s / (peak_flops * world)
+
+
+class StatusFile:
+    """``status.json`` (atomic) of rank 0: state, step, loss, error, pid; other ranks write nothing."""
+
+    def __init__(self, job: TrainJob, enabled: bool):
+        self.job, self.enabled = job, enabled
+        self.last_step, self.last_loss = 0, None  # progress, for the FAILED status of an exception
+
+    def write(self, state: str, step: int, loss: float | None = None, error: str | None = None, **extra) -> None:
+        self.last_step, self.last_loss = step, loss if loss is not None else self.last_loss
+        if self.enabled:
+            write_json_atomic(os.path.join(self.job.out_dir, "status.json"), {
+                "state": state, "step": step, "total_steps": self.job.steps, "pid": os.getpid(),
+                "loss": self.last_loss, "error": error, "stage": self.job.stage, "updated_at": time.time(), **extra})
