@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import PARAM_FIELDS, ConfigError, config_from_params, load_config, param_specs
+from pipeline.config import DEFAULT_CONFIG, PARAM_FIELDS, ConfigError, config_from_params, load_config, param_specs
 
 
 def test_default_config_loads():
-    cfg = load_config()
+    cfg = load_config(DEFAULT_CONFIG)
     assert {s.domain for s in cfg.sources} == {"code", "encyclopedia", "docs", "zh"}
     assert cfg.pack.seq_len >= 8 and cfg.train.mode == "graph"
 
@@ -25,7 +25,7 @@ def test_default_config_loads():
 ])
 def test_bad_values_name_the_field(override, message):
     with pytest.raises(ConfigError) as err:
-        load_config(None, override)
+        load_config(DEFAULT_CONFIG, override)
     assert message in str(err.value)
 
 
@@ -37,14 +37,14 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
 
 
 def test_params_map_onto_config_fields():
-    specs = param_specs()
+    specs = param_specs(load_config(DEFAULT_CONFIG))
     assert set(specs) == set(PARAM_FIELDS)
     assert specs["train_mode"]["enum"] == ["graph", "pynative"]
     assert specs["seq_len"]["minimum"] == 8
-    cfg = config_from_params({"seq_len": 256, "train_steps": 7, "domains": ["code"]})
+    cfg = config_from_params({"seq_len": 256, "train_steps": 7, "domains": ["code"]}, DEFAULT_CONFIG)
     assert (cfg.pack.seq_len, cfg.train.steps, [s.domain for s in cfg.active_sources()]) == (256, 7, ["code"])
 
 
 def test_config_digest_is_stable_and_sensitive():
-    assert load_config().digest() == load_config().digest()
-    assert load_config().digest() != load_config(None, {"seed": 99}).digest()
+    assert load_config(DEFAULT_CONFIG).digest() == load_config(DEFAULT_CONFIG).digest()
+    assert load_config(DEFAULT_CONFIG).digest() != load_config(DEFAULT_CONFIG, {"seed": 99}).digest()

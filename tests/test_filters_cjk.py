@@ -7,7 +7,7 @@ public domain, from fortunes-zh) and a paragraph of the Debian New Maintainers' 
 
 from __future__ import annotations
 
-from pipeline.config import load_config
+from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.filters.c4 import C4Quality, FineWebQuality
 from pipeline.filters.chain import Chain
 from pipeline.filters.gopher import GopherQuality, GopherRepetition
@@ -24,7 +24,7 @@ PROSE = ("你可能已经注意到，Debian 仓库被分为几个类别：main (
 
 
 def _chain(domain: str) -> Chain:
-    chain = Chain.build(load_config().quality, domain)
+    chain = Chain.build(load_config(DEFAULT_CONFIG).quality, domain)
     chain.filters = [f for f in chain.filters if f.name != "language"]    # no language-ID columns here
     return chain
 

@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 from conftest import SHARED_CORPORA
 
-from pipeline.config import load_config
+from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.filters.chain import Chain
 from pipeline.filters.gopher import GopherQuality
 from pipeline.filters.text import Doc, cjk_char_count
@@ -25,7 +25,7 @@ def _outcomes(domain: str) -> list[tuple[str, str]]:
     path = SHARED_CORPORA / f"{domain}.jsonl"
     if not path.exists():
         pytest.skip(f"{path} not present")
-    chain = Chain.build(load_config().quality, domain)
+    chain = Chain.build(load_config(DEFAULT_CONFIG).quality, domain)
     chain.filters = [f for f in chain.filters if f.name != "language"]
     out = []
     for line in path.read_text(encoding="utf-8").splitlines():
@@ -64,7 +64,7 @@ def test_long_domain_keeps_books_that_gopher_calls_too_long():
     path = SHARED_CORPORA / "long.jsonl"
     if not path.exists():
         pytest.skip(f"{path} not present")
-    q = load_config().quality
+    q = load_config(DEFAULT_CONFIG).quality
     default, long_ = GopherQuality(q.params("*", "gopher_quality")), GopherQuality(q.params("long", "gopher_quality"))
     novels = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
     novels = [r for r in novels if r["source"] == "r-cran-janeaustenr"]

@@ -10,7 +10,7 @@ import pyarrow as pa
 import pytest
 from conftest import prose_records
 
-from pipeline.config import ConfigError, QualityConfig, config_from_dict, load_config
+from pipeline.config import DEFAULT_CONFIG, ConfigError, QualityConfig, config_from_dict, load_config
 from pipeline.filters.chain import QualityError
 from pipeline.io import read_json, read_parquet, write_parquet
 from pipeline.normalize import text_hash
@@ -236,7 +236,7 @@ def test_min_words_and_enabled_stay_meaningful_for_the_trigger_form():
 
 
 def test_default_yaml_chains_resolve_and_round_trip():
-    cfg = load_config()
+    cfg = load_config(DEFAULT_CONFIG)
     domains = {c.domain for c in cfg.quality.chains}
     assert {"*", "code", "encyclopedia", "docs", "zh"} <= domains
     assert cfg.quality.params("zh", "fineweb").line_punct_thr == 0.106            # FineWeb-2 cmn_Hani
