@@ -1,4 +1,4 @@
-"""corpus_build / corpus_refresh: raw multi-domain text → dedup → quality filter → SentencePiece → MindRecord.
+"""corpus_build / corpus_refresh: raw text → exact and MinHash dedup → quality filter → mixture → MindRecord.
 
 ``corpus_build`` is triggered by hand (UI form or REST); ``corpus_refresh`` is the same chain on a cron schedule
 (``MINDLOOM_REFRESH_SCHEDULE``, default Sundays 03:00 UTC, no catch-up) and is the one to backfill.
@@ -77,6 +77,64 @@ def corpus_chain():
             _label(spec["shard"])
             return exact_dedup_shard(spec)
 
+        hashed = exact_hash.expand(spec=specs)
+        parts = exact_partition.partial(specs=specs).expand(partition=partitions(specs))
+        dedup = exact_dedup.expand(spec=specs)
+        hashed >> parts >> dedup
+        return hashed, dedup
+
+    @task_group(group_id="near_dedup")
+    def near_dedup_group():
+        """MinHash in four stages: signatures per shard, buckets per band, clusters, removal per shard."""
+
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def signatures(spec: dict) -> dict:
+            from pipeline.corpus import minhash_signatures
+
+            _label(spec["shard"])
+            return minhash_signatures(spec)
+
+        @task
+        def bands(specs: list[dict]) -> list[dict]:
+            from pipeline.corpus import minhash_bands
+
+            return minhash_bands(specs)
+
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def band(band_spec: dict) -> dict:
+            from pipeline.corpus import minhash_band
+
+            _label(f"band-{band_spec['band']:03d}")
+            return minhash_band(band_spec)
+
+        @task(multiple_outputs=False)
+        def clusters(specs: list[dict]) -> dict:
+            from pipeline.corpus import minhash_clusters
+
+            return minhash_clusters(specs)
+
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def removal(spec: dict) -> dict:
+            from pipeline.corpus import minhash_removal
+
+            _label(spec["shard"])
+            return minhash_removal(spec)
+
+        @task(multiple_outputs=False)
+        def dedup_report(specs: list[dict]) -> dict:
+            from pipeline.corpus import minhash_report
+
+            return minhash_report(specs)
+
+        sigs = signatures.expand(spec=specs)
+        band_specs = bands(specs)
+        sigs >> band_specs
+        removed = removal.expand(spec=specs)
+        band.expand(band_spec=band_specs) >> clusters(specs) >> removed >> dedup_report(specs)
+        return sigs, removed
+
+    @task_group(group_id="filter")
+    def filter_group():
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def quality_filter(spec: dict) -> dict:
             from pipeline.corpus import quality_shard
@@ -84,12 +142,7 @@ def corpus_chain():
             _label(spec["shard"])
             return quality_shard(spec)
 
-        hashed = exact_hash.expand(spec=specs)
-        parts = exact_partition.partial(specs=specs).expand(partition=partitions(specs))
-        dedup = exact_dedup.expand(spec=specs)
-        quality = quality_filter.expand(spec=specs)
-        hashed >> parts >> dedup >> quality
-        return hashed, quality
+        return quality_filter.expand(spec=specs)
 
     @task_group(group_id="tokenize")
     def tokenize_group():
@@ -145,10 +198,14 @@ def corpus_chain():
         return summary
 
     ingested = ingest_group()
-    hashed, cleaned = clean_group()
+    hashed, deduped = clean_group()
+    sigs, near_deduped = near_dedup_group()
+    cleaned = filter_group()
     tok, encoded = tokenize_group()
     mix, written = sink_group()
     ingested >> hashed
+    deduped >> sigs
+    near_deduped >> cleaned
     cleaned >> tok
     encoded >> mix
     written >> publish(specs)

@@ -347,6 +347,7 @@ class MindloomConfig:
     tokenizer: TokenizerConfig = _f(factory=TokenizerConfig)
     pack: PackConfig = _f(factory=PackConfig)
     mixture: MixtureConfig = _f(factory=MixtureConfig)
+    minhash: MinhashConfig = _f(factory=lambda: _late_types()["MinhashConfig"]())
     train: TrainConfig = _f(factory=TrainConfig)
 
     def active_sources(self) -> list[SourceConfig]:
@@ -363,6 +364,17 @@ class MindloomConfig:
 
 # --------------------------------------------------------------------------------------------------------------
 # Strict conversion from plain data
+
+
+def _late_types() -> dict[str, type]:
+    """Config classes that live beside their stage and import this module (so cannot be imported at its top)."""
+    from pipeline.minhash.config import MinhashConfig
+
+    return {"MinhashConfig": MinhashConfig}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, localns=_late_types())
 
 
 def _type_name(tp: Any) -> str:
@@ -415,7 +427,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
         data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{where or 'config'}: expected a mapping, got {type(data).__name__}")
-    hints = typing.get_type_hints(cls)
+    hints = _hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
@@ -432,6 +444,9 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 
 def _check_cross_fields(cfg: MindloomConfig) -> None:
+    from pipeline.minhash.config import check_config as check_minhash
+
+    check_minhash(cfg.minhash)
     names = {s.domain for s in cfg.sources}
     for d in cfg.mixture.weights:
         if d not in names:
@@ -528,6 +543,9 @@ PARAM_FIELDS: dict[str, str] = {
     "docs_per_shard": "ingest.docs_per_shard",
     "strict_ingest": "ingest.strict",
     "exact_dedup": "dedup.exact",
+    "near_dedup": "minhash.enabled",
+    "near_dedup_threshold": "minhash.threshold",
+    "incremental_dedup": "minhash.use_index",
     "mixture_weights": "mixture.weights",
     "quality_filter": "quality.enabled",
     "min_words": "quality.min_words",
@@ -553,7 +571,7 @@ def _field_of(dotted: str) -> tuple[dataclasses.Field, Any]:
     f = None
     for part in dotted.split("."):
         f = {x.name: x for x in dataclasses.fields(cls)}[part]
-        cls = typing.get_type_hints(cls)[part]
+        cls = _hints(cls)[part]
     return f, cls
 
 

@@ -80,8 +80,56 @@ def exact_dedup_shard(spec: dict) -> dict:
     return exact_dedup.run_exact_dedup_shard(Path(spec["run_dir"]), spec["shard"], cfg.dedup.exact_partitions)
 
 
+def minhash_signatures(spec: dict) -> dict:
+    """Near dedup, stage 1 (per shard): MinHash signatures of the exact-deduplicated documents."""
+    from pipeline import minhash
+
+    return minhash.run_signatures_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash,
+                                        input_stage="exact_dedup")
+
+
+def minhash_bands(specs: list[dict]) -> list[dict]:
+    """Near dedup: record the stage-1 layout (checked by stage 4); return one spec per band for stage 2."""
+    from pipeline import minhash
+
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    return minhash.build_manifest(rdir, shards, cfg.minhash, cfg.data_root, release=rdir.name)
+
+
+def minhash_band(band_spec: dict) -> dict:
+    """Near dedup, stage 2 (per band): sort and merge the band's bucket keys into candidate pairs."""
+    from pipeline import minhash
+
+    rdir = Path(band_spec["run_dir"])
+    return minhash.run_band(rdir, band_spec["band"], load_run_config(rdir).minhash)
+
+
+def minhash_clusters(specs: list[dict]) -> dict:
+    """Near dedup, stage 3: union-find over (checked) candidate pairs; survivors chosen by the configured rule."""
+    from pipeline import minhash
+
+    rdir, _ = _run_of(specs)
+    return minhash.run_clusters(rdir, load_run_config(rdir).minhash)
+
+
+def minhash_removal(spec: dict) -> dict:
+    """Near dedup, stage 4 (per shard): drop the non-survivors; verifies the stage-1 manifest first."""
+    from pipeline import minhash
+
+    return minhash.run_removal_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash)
+
+
+def minhash_report(specs: list[dict]) -> dict:
+    from pipeline import minhash
+
+    rdir, _ = _run_of(specs)
+    return minhash.write_report(rdir, load_run_config(rdir).minhash)
+
+
 def quality_shard(spec: dict) -> dict:
-    return quality.run_quality_shard(load_run_config(spec["run_dir"]).quality, Path(spec["run_dir"]), spec["shard"])
+    return quality.run_quality_shard(load_run_config(spec["run_dir"]).quality, Path(spec["run_dir"]), spec["shard"],
+                                     input_stage="minhash")
 
 
 def train_tokenizer(specs: list[dict]) -> dict:
@@ -173,6 +221,11 @@ def publish(specs: list[dict]) -> dict:
     manifest = read_json(Path(rdir) / "mindrecord" / mindrecord.MANIFEST)
     summary = manifest_summary(Path(rdir), manifest)
     summary["stats"] = collect_stats(rdir)
+    if cfg.minhash.enabled:     # later refreshes can deduplicate against what this run shipped
+        from pipeline import minhash
+
+        summary["dedup_release"] = minhash.add_release(rdir, cfg.minhash, cfg.data_root, release=rdir.name,
+                                                       kept_stage="quality")
     write_json(Path(rdir) / "corpus_summary.json", summary)
     summary["report_html"] = str(write_report(Path(rdir) / "report.html", f"mindloom corpus {Path(rdir).name}",
                                               corpus_run_dir=Path(rdir)))
@@ -200,6 +253,12 @@ def run_all(params: dict | MindloomConfig, run_id: str, config_path: str | None 
     each("ingest", ingest_shard)
     exact_index(specs)
     each("exact dedup", exact_dedup_shard)
+    each("minhash signatures", minhash_signatures)
+    for band in tqdm(minhash_bands(specs), desc="minhash bands", disable=not progress, unit="band"):
+        minhash_band(band)
+    minhash_clusters(specs)
+    each("minhash removal", minhash_removal)
+    minhash_report(specs)
     each("quality", quality_shard)
     train_tokenizer(specs)
     each("tokenize", tokenize_shard)

@@ -18,7 +18,7 @@ def _win(w, start, n=900):
 
 def test_refresh_removes_exactly_the_duplicates_of_earlier_releases(tmp_path):
     w = real_words()
-    cfg = MinhashConfig()
+    cfg = MinhashConfig(use_index=True)
     data_root = tmp_path / "data"
     # release r1: six distinct real documents in two shards (one of them shipped from a later stage)
     r1 = data_root / "runs" / "r1"
@@ -83,7 +83,7 @@ def test_refresh_removes_exactly_the_duplicates_of_earlier_releases(tmp_path):
 def test_index_only_holds_shipped_documents_and_matching_parameters(tmp_path):
     w = real_words()
     data_root = tmp_path / "data"
-    cfg = MinhashConfig()
+    cfg = MinhashConfig(use_index=True)
     r1 = data_root / "runs" / "r1"
     write_shard(r1, "web-00000", [{"id": "a", "text": _win(w, 1_000)}, {"id": "b", "text": _win(w, 5_000)}])
     run_minhash(r1, ["web-00000"], cfg, data_root)

@@ -67,7 +67,7 @@ _ALPHABET = st.sampled_from(list("abcXYZ  \t\n.,;:!?-_()[]=+*/'\"0123456789") +
                             list("éÀßİıσΣ中文字测试。，日本語カナ한국٣٤") + ["\u00a0", "\u3000", "\U0001F600", "\ufb01"])
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])
 @given(text=st.text(_ALPHABET, max_size=120), kind=st.sampled_from(["word", "code", "char"]),
        n=st.integers(1, 7), scheme=st.sampled_from(["affine32", "legacy", "affine64"]),
        lower=st.booleans(), numbers=st.booleans(), seed=st.integers(0, 2**32 - 1))
