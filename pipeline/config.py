@@ -21,9 +21,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
+
+if TYPE_CHECKING:
+    from pipeline.minhash.config import MinhashConfig
 
 from pipeline.filters.params import PARAMS, PiiConfig, QualityChainConfig, default_chains
 

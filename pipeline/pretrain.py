@@ -102,9 +102,12 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
         raise ValueError(f"train.batch_size: {st['batch_size']} (stage {stage}) is not divisible by workers x "
                          f"grad_accum = {st['workers']} x {st['grad_accum']}")
     init_mode = "continue" if st["init"] == "continue" else "weights"
-    has_own = any((Path(out_dir) / "checkpoints").glob("step_*.ckpt"))
-    if init_from is None and st["previous"] and st["init"] != "scratch" and not has_own:
-        init_from = previous_checkpoint(out_dir, st["previous"])
+    if init_from is None and st["previous"] and st["init"] != "scratch":
+        try:
+            init_from = previous_checkpoint(out_dir, st["previous"])
+        except FileNotFoundError:
+            if not any((Path(out_dir) / "checkpoints").glob("step_*.ckpt")):
+                raise  # nothing of its own to resume either
     job = TrainJob(stage=stage, data_dir=corpus["mindrecord_dir"], out_dir=str(out_dir), model=model,
                    init_from=init_from, init_mode=init_mode if init_from else "weights", steps=st["steps"],
                    batch_size=st["batch_size"] // per_rank, grad_accum=st["grad_accum"], world_size=st["workers"],
