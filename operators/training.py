@@ -100,7 +100,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         fail_at = int(self.fail_at_step) if self.fail_at_step not in (None, "", "None") else None
         job_path = build_job(cfg, self.corpus, out_dir, stage=self.stage, init_from=self.init_from or None,
                              fail_at_step=fail_at)
-        argv = launch_argv(job_path, cfg.train.workers)
+        argv = launch_argv(job_path)          # the stage's own worker count, from its job
         try_number = context["ti"].try_number
         log_path = out_dir / f"launcher.try{try_number}.log"
         self.log.info("launching stage %s: %s", self.stage, " ".join(argv))

@@ -199,6 +199,14 @@ def stage_eval(out_dir: str | Path) -> dict:
     return stage_result(out_dir)["eval"]
 
 
+def stage_eval_for_run(params: dict, run_id: str, stage: str) -> dict:
+    """``stage_eval`` of ``stage`` in this run's training folder (what the DAG's ``eval_<stage>`` task returns)."""
+    from pipeline.config import config_from_params
+
+    cfg = config_from_params(params)
+    return {"stage": stage, **stage_eval(stage_dir(cfg.data_root, run_id, stage))}
+
+
 def record_launch(out_dir: str | Path, argv: list[str], pid: int) -> dict:
     info = {"pid": pid, "argv": argv, "out_dir": str(out_dir)}
     write_json(Path(out_dir) / "launch.json", info)

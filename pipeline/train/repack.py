@@ -161,7 +161,8 @@ def _fingerprint(src: str, seq_len: int) -> str:
 def write_rows(rows: Iterable[np.ndarray], out_dir: str, shards: int, extra: dict | None = None,
                name: str = "rows") -> dict:
     """Write rows dealt round-robin to ``shards`` single-shard files + ``manifest.json`` (mindloom layout: one
-    ``FileWriter`` per file, because a multi-shard ``FileWriter`` assigns rows to files nondeterministically)."""
+    ``FileWriter`` per file, because a multi-shard ``FileWriter`` assigns rows to files nondeterministically; sha256
+    of every data and index file, so ``pipeline.mindrecord.verify`` checks these sets like the corpus)."""
     from mindspore.mindrecord import FileWriter
 
     os.makedirs(out_dir, exist_ok=True)
@@ -193,15 +194,27 @@ def write_rows(rows: Iterable[np.ndarray], out_dir: str, shards: int, extra: dic
         if b:
             w.write_raw_data(b)
         w.commit()
-    for name in names:
-        for f in (name, name + ".db"):
-            os.chmod(os.path.join(out_dir, f), 0o644)
+    shard_info = []
+    for name, c in zip(names, counts, strict=True):
+        path = os.path.join(out_dir, name)
+        for f in (path, path + ".db"):
+            os.chmod(f, 0o644)
+        shard_info.append({"file": name, "samples": c, "sha256": _sha256(path), "db_sha256": _sha256(path + ".db"),
+                           "bytes": os.path.getsize(path)})
     manifest = {"format": "mindrecord", "column": COLUMN, "dtype": "int32", "seq_len": width - 1,
                 "row_length": width, "samples": n, "tokens": n * width, "rows_sha256": h.hexdigest(),
-                "shards": [{"file": nm, "samples": c} for nm, c in zip(names, counts, strict=True)], **(extra or {})}
+                "shards": shard_info, **(extra or {})}
     with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
         json.dump(manifest, f, indent=1, sort_keys=True)
     return manifest
+
+
+def _sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def repack(src: str, dst: str, seq_len: int) -> dict:
