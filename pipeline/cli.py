@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")
         p.add_argument("--run-id", help="run id (default: cli__<UTC time>)")
         if name == "train":
-            p.add_argument("--stage", default="main")
+            p.add_argument("--stage", default="all", help="stage name, or all (every stage in order)")
             p.add_argument("--corpus", help="corpus_summary.json to train on (default: the latest)")
         p.set_defaults(fn=fn)
     p = sub.add_parser("verify")
