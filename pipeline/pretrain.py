@@ -245,7 +245,8 @@ def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dic
     keys = ("state", "steps", "resumed_from", "first_loss", "final_loss", "min_loss", "tokens", "tokens_per_s",
             "checkpoint", "eval")
     compact = {name: {k: s.get(k) for k in keys} for name, s in stages.items()}
-    write_json(run_root / "report.json", {"run_id": run_id, "corpus": corpus, "stages": stages})
+    write_json(run_root / "report.json", {"run_id": run_id, "corpus": corpus, "stages": stages,
+                                         "stage_order": list(stages)})
     html_path = write_html(run_root / "report.html", f"mindloom run {run_id}",
                            Path(corpus["run_dir"]) if corpus else None,
                            {name: stage_dir(cfg.data_root, run_id, name) for name in stages})

@@ -14,6 +14,14 @@ def _latest_report(data_root: Path) -> Path | None:
     return reports[-1] if reports else None
 
 
+def _eval_lines(ev: dict) -> list[str]:
+    per = ev.get("per_domain") or {}
+    if not per:
+        return [f"    held-out eval: {ev.get('skipped', 'none')}"] if ev else []
+    cells = ", ".join(f"{d} {v['loss']:.3f} (ppl {v['ppl']:.0f})" for d, v in sorted(per.items()))
+    return [f"    held-out loss per domain: {cells}"]
+
+
 def render_summary(data_root: str | Path) -> str:
     data_root = Path(data_root)
     latest = data_root / "corpus" / "LATEST.json"
@@ -43,13 +51,16 @@ def render_summary(data_root: str | Path) -> str:
         return "\n".join(lines)
     report = read_json(report_path)
     lines += ["", f"training run {report['run_id']}"]
-    for name, s in report["stages"].items():
+    order = report.get("stage_order") or list(report["stages"])
+    for name in order:
+        s = report["stages"][name]
         lines += [f"  stage {name}: {s.get('state')}, {s.get('steps')} steps"
                   + (f" (resumed from step {s['resumed_from']})" if s.get("resumed_from") else ""),
                   f"    loss {s.get('first_loss'):.4f} -> {s.get('final_loss'):.4f} (min {s.get('min_loss'):.4f}), "
                   f"{s.get('tokens_per_s', 0):,.0f} tokens/s, {s.get('params', 0):,} parameters, "
                   f"{s.get('mode')} mode, attention {s.get('attention_impl')}",
                   f"    checkpoint {s.get('checkpoint')}",
+                  *_eval_lines(s.get("eval") or {}),
                   f"    metrics    {Path(s.get('checkpoint', '')).parent.parent / 'metrics.jsonl'}"]
     lines.append(f"  report       {report_path}")
     return "\n".join(lines)

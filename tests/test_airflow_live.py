@@ -105,3 +105,22 @@ def test_browser_login_trigger_form_run_succeeds(deployment, tmp_path):
     assert dep.wait_run("corpus_build", run_id)["state"] == "success", dep.logs_tail()
     conf = dep.api("GET", f"/dags/corpus_build/dagRuns/{q(run_id)}").json()["conf"]
     assert conf["run_name"] == "from-browser"
+
+
+def test_backfill_of_corpus_refresh_over_past_dates(deployment):
+    """`airflow backfill create` over REST: the dry run lists the cron dates, a one-date backfill runs to success."""
+    dep = deployment
+    body = {"dag_id": "corpus_refresh", "from_date": "2026-11-01T00:00:00Z", "to_date": "2026-11-16T00:00:00Z",
+            "max_active_runs": 1, "run_backwards": False, "dag_run_conf": {"run_name": "backfill"},
+            "reprocess_behavior": "none"}
+    dry = dep.api("POST", "/backfills/dry_run", json=body)
+    assert dry.status_code == 200, dry.text
+    dates = [b["logical_date"][:10] for b in dry.json()["backfills"]]
+    assert dates == ["2026-11-01", "2026-11-08", "2026-11-15"]          # Sundays 03:00 UTC (the default cron)
+    _unpause(dep, "corpus_refresh")                                      # backfill runs wait while a DAG is paused
+    r = dep.api("POST", "/backfills", json={**body, "to_date": "2026-11-02T00:00:00Z"})
+    assert r.status_code == 200, r.text
+    run_id = "backfill__2026-11-01T03:00:00+00:00"
+    assert dep.wait_run("corpus_refresh", run_id)["state"] == "success", dep.logs_tail()
+    run = dep.api("GET", f"/dags/corpus_refresh/dagRuns/{q(run_id)}").json()
+    assert run["run_type"] == "backfill" and run["conf"]["run_name"] == "backfill"

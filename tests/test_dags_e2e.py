@@ -44,3 +44,30 @@ def test_corpus_then_pretrain_through_airflow(dagbag, airflow_db, tiny_config_pa
     assert result["resumed_from"] == 8              # the retry resumed from the checkpoint
     report = train_run.get_task_instance("report").xcom_pull(task_ids="report")
     assert report["stages"]["main"]["final_loss"] < report["stages"]["main"]["first_loss"]
+
+
+def test_dag_files_parse_quickly(dagbag, tmp_path):
+    """Parse time per DAG file, recorded in a file and bounded loosely (the scheduler re-parses them all the time)."""
+    import time
+
+    from airflow.dag_processing.dagbag import DagBag
+
+    times = {}
+    for path in sorted(Path(dagbag.dag_folder).glob("*.py")):
+        start = time.perf_counter()
+        bag = DagBag(dag_folder=str(path))
+        times[path.name] = round(time.perf_counter() - start, 3)
+        assert bag.import_errors == {}, bag.import_errors
+    (tmp_path / "dag_parse_times.json").write_text(json.dumps(times))
+    print("DAG parse times (s):", times)
+    assert all(t < 10 for t in times.values()), times
+
+
+def test_pretrain_has_a_task_and_an_evaluation_per_stage(dagbag):
+    from operators.params import config_path
+    from pipeline.config import load_config
+    from pipeline.pretrain import stage_names
+
+    stages = stage_names(load_config(config_path()))
+    ids = set(dagbag.get_dag("pretrain").task_ids)
+    assert {f"train_{s}" for s in stages} | {f"eval_{s}" for s in stages} | {"resolve_corpus", "report"} == ids
