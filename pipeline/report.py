@@ -50,7 +50,10 @@ def corpus_section(run_dir: Path) -> str:
              f"<code>{summary.get('config_sha256', '')[:12]}</code> · tokenizer "
              f"<code>{summary.get('tokenizer_sha256', '')[:12]}</code></p>"]
     rows, removals = [], {}
-    for stage, per_domain in stats.items():
+    from pipeline.summary import STAGES
+
+    order = [st for st in STAGES if st in stats] + sorted(set(stats) - set(STAGES))
+    for stage, per_domain in ((st, stats[st]) for st in order):
         for dom, s in sorted(per_domain.items()):
             removed = ", ".join(f"{k} {v}" for k, v in sorted(s["removed"].items()))
             rows.append([stage, dom, s["in_docs"], s["kept_docs"], s["in_docs"] - s["kept_docs"], removed])

@@ -60,7 +60,12 @@ def capture_run(base: str, dag_id: str, run_id: str, shots: Path) -> dict[str, P
         _login(page, base)
         page.goto(run_url)
         page.get_by_role("button", name="Show Graph (Press g)").click()
-        page.get_by_role("button", name="Expand all task groups").click()
+        collapse = page.get_by_role("button", name="Collapse Details Panel")
+        if collapse.count():
+            collapse.first.click()                      # give the graph the whole width
+        expand = page.get_by_role("button", name="Expand all task groups")
+        if expand.count() and expand.is_enabled():      # DAGs without task groups have nothing to expand
+            expand.click()
         page.wait_for_timeout(4000)
         out["graph"] = shots / f"{dag_id}_run_graph.png"
         page.screenshot(path=str(out["graph"]))
