@@ -81,5 +81,15 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline operators dags tests
 	$(VENV)/bin/ruff check --select AIR dags operators
 
+# Benchmarks against the peers (datatrove, rensa, datasketch, PyTorch CPU, each installed in its own venv under
+# .cache/bench-venvs/ when missing): every topic one after the other, then benchmarks/results.json and BENCHMARKS.md.
+.PHONY: bench ablation
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+# The debug model trained on the raw vs the curated corpus, and the long-context stage (~15 min on 2 cores).
+ablation: $(STAMP)
+	$(PY) benchmarks/ablation.py
+
 clean:
 	rm -rf data .airflow .pytest_cache
