@@ -6,6 +6,7 @@ keep it off the network (this machine reaches only package registries).
 
 from __future__ import annotations
 
+import re
 import urllib.parse
 from pathlib import Path
 
@@ -70,6 +71,8 @@ def capture_run(base: str, dag_id: str, run_id: str, shots: Path) -> dict[str, P
         out["graph"] = shots / f"{dag_id}_run_graph.png"
         page.screenshot(path=str(out["graph"]))
         page.get_by_role("button", name="Show Grid (Press g)").click()
+        if not page.get_by_text("Run report", exact=True).count():        # the details panel was collapsed above
+            page.get_by_role("button", name=re.compile("Details Panel")).first.click()
         page.get_by_text("Run report", exact=True).first.click()
         page.wait_for_timeout(4000)
         out["report"] = shots / f"{dag_id}_run_report.png"
