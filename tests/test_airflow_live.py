@@ -117,8 +117,15 @@ def test_backfill_of_corpus_refresh_over_past_dates(deployment):
     assert dry.status_code == 200, dry.text
     dates = [b["logical_date"][:10] for b in dry.json()["backfills"]]
     assert dates == ["2026-11-01", "2026-11-08", "2026-11-15"]          # Sundays 03:00 UTC (the default cron)
+    # Quiet the scheduler first: Airflow refuses to create a backfill on SQLite while other writers hold the DB
+    # ("Database is locked ... not supported on SQLite under concurrent access"; PostgreSQL has no such limit).
+    dep.api("PATCH", "/dags/pretrain", json={"is_paused": True})
     _unpause(dep, "corpus_refresh")                                      # backfill runs wait while a DAG is paused
-    r = dep.api("POST", "/backfills", json={**body, "to_date": "2026-11-02T00:00:00Z"})
+    for _ in range(20):
+        r = dep.api("POST", "/backfills", json={**body, "to_date": "2026-11-02T00:00:00Z"})
+        if r.status_code != 503:
+            break
+        time.sleep(3)
     assert r.status_code == 200, r.text
     run_id = "backfill__2026-11-01T03:00:00+00:00"
     assert dep.wait_run("corpus_refresh", run_id)["state"] == "success", dep.logs_tail()

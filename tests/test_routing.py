@@ -89,8 +89,10 @@ def test_executor_names_match_airflows_own_lookup():
             out[cfg] = ok
         print(json.dumps(out))
     """)
+    # An AIRFLOW__CORE__EXECUTOR in the environment (the Makefile exports one) would win over conf.set().
+    env = {k: v for k, v in os.environ.items() if k != "AIRFLOW__CORE__EXECUTOR"}
     res = subprocess.run([sys.executable, "-c", script, json.dumps(configs), json.dumps(candidates)],
-                         capture_output=True, text=True, timeout=120)
+                         capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr[-2000:]
     airflow_view = json.loads(res.stdout.strip().splitlines()[-1])
     for cfg in configs:
