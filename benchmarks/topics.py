@@ -1,0 +1,340 @@
+"""What each benchmark topic runs and which metrics (with the issues' targets) it yields, for ``run_all.py``.
+
+A topic entry says how to call its script (full and ``--quick``), which interpreter (the project venv, or a peer
+venv such as ``torch``), which peers it cannot run without, which results files it writes, how often to repeat it
+(scripts that keep per-repeat figures run once with ``--repeats``; the others run ``--repeats`` times), and a
+function turning the results of those runs into metric entries.  Ratios are mindloom / peer, so > 1 means mindloom
+is faster; where a script interleaves repeats of both tools, the ratio is taken per repeat pair.
+
+Also here: the ``datasketch`` topic (signatures of plain datasketch 2.0 vs mindloom's engine, with a check that they
+are identical), run by ``run_all.py --bench datasketch``, because no topic script compared against datasketch itself.
+Only the standard library is imported at module level: the datasketch worker runs in the datasketch venv.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from common import REPO, loglog_slope, spread
+
+ISSUE = {"ingest": 3, "filters": 4, "minhash": 5, "datasketch": 5, "tokenize": 6, "mindrecord": 6, "train": 7,
+         "scaling": 10, "ablation": 10}
+
+
+def metric(topic: str, name: str, unit: str, values: list, *, compared: str | None = None, target: float | None = None,
+           op: str = ">=", issue: int | None = None, note: str = "", headline: bool = False) -> dict:
+    """One results.json entry; ``met`` compares the median with the target (None when there is no target)."""
+    s = spread([v for v in values if v is not None])
+    met = None
+    if target is not None and s["median"] is not None:
+        met = {">=": s["median"] >= target, "<": s["median"] < target, "<=": s["median"] <= target}[op]
+    sym = {">=": "≥", "<": "<", "<=": "≤"}[op]
+    return {"name": f"{topic}.{name}", "topic": topic, "unit": unit, "median": s["median"], "min": s["min"],
+            "max": s["max"], "runs": s["runs"], "compared": compared,
+            "target": None if target is None else (f"{sym} {100 * target:g} %" if unit == "share" else
+                                                   f"{sym} {target:g}{'×' if unit == '×' else ''}"),
+            "target_value": target, "target_op": op if target is not None else None,
+            "issue": issue if issue is not None else ISSUE[topic], "met": met, "note": note,
+            "headline": headline or target is not None}
+
+
+def _ratios(ours: list[float], theirs: list[float], higher_is_better: bool = True) -> list[float]:
+    """Per interleaved repeat pair; falls back to median / median when the counts differ."""
+    if not ours or not theirs:
+        return []
+    if len(ours) != len(theirs):
+        ours, theirs = [statistics.median(ours)], [statistics.median(theirs)]
+    return [(o / t if higher_is_better else t / o) for o, t in zip(ours, theirs, strict=True) if o and t]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Metrics per topic (``runs``: one {results file name: parsed JSON} per run of the script)
+
+
+def ingest_metrics(runs: list[dict]) -> list[dict]:
+    def case(res, tool, what, procs=1):
+        return next((c for c in res.get("cases", []) if c["tool"] == tool and c["case"] == what
+                     and c["processes"] == procs), None)
+
+    ing = [r["ingest.json"] for r in runs if "ingest.json" in r]
+    out = []
+    pairs = (("jsonl_vs_datatrove", ("mindloom jsonl", "ingest"), ("datatrove jsonl", "reader → writer"),
+              "datatrove 0.10.1 JsonlReader → JsonlWriter, 1 task"),
+             ("jsonl_reader_vs_datatrove", ("mindloom jsonl", "reader only"), ("datatrove jsonl", "reader only"),
+              "datatrove 0.10.1 JsonlReader alone"),
+             ("warc_trafilatura_vs_datatrove", ("mindloom warc (trafilatura)", "ingest"),
+              ("datatrove warc", "reader → trafilatura → writer"), "datatrove WarcReader → Trafilatura → JsonlWriter"),
+             ("warc_default_vs_datatrove", ("mindloom warc", "ingest"),
+              ("datatrove warc", "reader → trafilatura → writer"), "datatrove's WARC pipeline (each tool's default "
+              "extractor: Resiliparse vs Trafilatura)"))
+    for name, ours, theirs, peer in pairs:
+        vals = [(o["mb_s"] / t["mb_s"]) for r in ing if (o := case(r, *ours)) and (t := case(r, *theirs))]
+        if vals:
+            out.append(metric("ingest", name, "×", vals, compared=peer, headline=True,
+                              note="MB/s of input, 1 process; issue 3 asks for the comparison, sets no number"))
+    for tool, label in (("mindloom jsonl", "jsonl"), ("mindloom warc", "warc")):
+        vals = [c["mb_s"] for r in ing if (c := case(r, tool, "ingest"))]
+        if vals:
+            out.append(metric("ingest", f"{label}_mb_s", "MB/s", vals, note="mindloom ingest, 1 process, wall clock"))
+        vals = [c["mb_per_cpu_s"] for r in ing if (c := case(r, tool, "ingest"))]
+        if vals:
+            out.append(metric("ingest", f"{label}_mb_per_cpu_s", "MB/CPU-s", vals))
+    return out
+
+
+def filters_metrics(runs: list[dict]) -> list[dict]:
+    out = []
+    for res in [r["filters.json"] for r in runs if "filters.json" in r][-1:]:
+        for name, f in res.get("filters", {}).items():
+            out.append(metric("filters", f"{name}_vs_datatrove", "×", _ratios(f["datatrove_s"], f["mindloom_s"]),
+                              compared=f"datatrove 0.10.1 {name} filter, same documents", headline=True,
+                              note="issue 4 asks for the comparison, sets no number"))
+            out.append(metric("filters", f"{name}_same_decision", "share", [f["agree_decision"]],
+                              compared="datatrove keep/drop decisions"))
+    return out
+
+
+def minhash_metrics(runs: list[dict]) -> list[dict]:
+    out = []
+    res = runs[-1].get("minhash.json", {}) if runs else {}
+    sig = res.get("signatures", {}).get("mb_per_s", {})
+    ours = sig.get("mindloom", {}).get("runs", [])
+    for peer, label, target in (("datatrove_whitespace", "datatrove 0.10.1 signatures, whitespace words", 4.0),
+                                ("datatrove_spacy", "datatrove 0.10.1 signatures, its default spaCy words", 4.0),
+                                ("rensa+python_shingles", "rensa 0.5.0 RMinHash, same Python shingles", 1.5)):
+        if peer in sig:
+            out.append(metric("minhash", f"signatures_vs_{peer.split('+')[0]}", "×",
+                              _ratios(ours, sig[peer]["runs"]), compared=label, target=target))
+    if ours:
+        out.append(metric("minhash", "signatures_mb_s", "MB/s", ours, note="112 permutations, word 5-grams, 1 core"))
+    st = res.get("four_stages", {})
+    ml = st.get("mindloom", {}).get("seconds", {}).get("runs", [])
+    for peer, label in (("datatrove_whitespace", "datatrove 0.10.1 four stages, whitespace words"),
+                        ("datatrove_spacy", "datatrove 0.10.1 four stages, spaCy words")):
+        if peer in st:
+            out.append(metric("minhash", f"full_dedup_vs_{peer}", "×",
+                              _ratios(ml, st[peer]["seconds"]["runs"], higher_is_better=False), compared=label,
+                              target=3.0))
+    mem = res.get("cluster_memory", {}).get("runs", [])
+    if len(mem) >= 2:
+        grow = [m["peak_rss_mb"] - m.get("rss_before_mb", 0) for m in mem]
+        out.append(metric("minhash", "cluster_memory_exponent", "exponent",
+                          [loglog_slope([m["docs"] for m in mem], grow)], target=1.0, op="<",
+                          compared=f"corpus {mem[0]['scale']}× → {mem[-1]['scale']}× (docs)",
+                          note="slope of log(peak RSS above start) on log(documents); < 1 is sublinear"))
+    q = res.get("quality", {}).get("check_on")
+    if q:
+        out.append(metric("minhash", "f1_default_threshold", "F1", [q["f1"]], target=0.97,
+                          compared=f"labelled pairs at known Jaccard ({res['quality'].get('pairs')} pairs)"))
+    return out
+
+
+def tokenize_metrics(runs: list[dict]) -> list[dict]:
+    out = []
+    for res in [r["tokenize.json"] for r in runs if "tokenize.json" in r][-1:]:
+        enc = res.get("encode_s", {})
+        if "1" in enc and "2" in enc:
+            out.append(metric("tokenize", "scaling_1_to_2_processes", "×", _ratios(enc["1"], enc["2"]),
+                              compared="the same encode with 1 process", target=1.8,
+                              note="per repeat pair; outputs identical: " + str(res.get("outputs_identical"))))
+        if res.get("tokens") and "1" in enc:
+            out.append(metric("tokenize", "tokens_per_s_1_process", "tokens/s",
+                              [res["tokens"] / t for t in enc["1"]]))
+    return out
+
+
+def mindrecord_metrics(runs: list[dict]) -> list[dict]:
+    by_len: dict[int, list[dict]] = {}
+    for r in runs:
+        for row in r.get("mindrecord.json", {}).get("results", []):
+            by_len.setdefault(row["seq_len"], []).append(row)
+    out = []
+    for seq, rows in sorted(by_len.items()):
+        out.append(metric("mindrecord", f"write_vs_tofile_seq{seq}", "×",
+                          [x["write_ratio_vs_tofile"]["sink_1_process"] for x in rows], target=0.5,
+                          compared="numpy ndarray.tofile of the same rows (page cache)",
+                          note="the chain's sink (pack + FileWriter + index + sha256), 1 process, best of repeats"))
+        out.append(metric("mindrecord", f"read_headroom_seq{seq}", "×",
+                          [x["read_headroom_vs_training"] for x in rows], target=20,
+                          compared="tokens/s the debug model's training consumes",
+                          note="MindDataset read as the trainer reads it (shuffle + batch)"))
+    return out
+
+
+def train_metrics(runs: list[dict]) -> list[dict]:
+    out = []
+    res = runs[-1].get("train.json", {}) if runs else {}
+    for key, label in (("throughput", "one process, interleaved blocks"),
+                       ("throughput_separate_processes", "one process per variant")):
+        v = res.get(key, {}).get("variants", {})
+        if {"graph", "torch"} <= set(v):
+            g, t = v["graph"], v["torch"]
+            med = t["step_s_median"] / g["step_s_median"]
+            quant = [t[k] / g[k] for k in ("step_s_p10", "step_s_p90") if g.get(k) and t.get(k)]
+            vals = sorted([*quant, med])
+            m = metric("train", f"graph_vs_torch_eager_{'separate' if 'separate' in key else 'interleaved'}", "×",
+                       [med], compared=f"PyTorch {res.get('machine', {}).get('torch', '')} eager, same model, weights "
+                       f"and threads ({label})", target=2.0,
+                       note="tokens/s ratio of median steps; min/max: ratio of the p10 and p90 steps")
+            m.update(min=round(vals[0], 4), max=round(vals[-1], 4))
+            out.append(m)
+    mem = res.get("memory", {})
+    for key, label in (("peak_rss_saving", "peak RSS"), ("activation_saving", "activation memory")):
+        if key in mem:
+            out.append(metric("train", f"recompute_{key}", "share", [mem[key]], target=0.30 if key ==
+                              "peak_rss_saving" else None, compared=f"{label} without recompute (GRAPH mode)"))
+    return out
+
+
+def datasketch_metrics(runs: list[dict]) -> list[dict]:
+    res = runs[-1].get("datasketch.json", {}) if runs else {}
+    if not res:
+        return []
+    return [metric("datasketch", "signatures_vs_datasketch", "×", _ratios(res["mindloom_s"], res["datasketch_s"],
+                                                                          higher_is_better=False),
+                   compared="datasketch 2.0.0 MinHash.update_batch, same shingles", headline=True,
+                   note=f"signatures identical: {res.get('identical')}"),
+            metric("datasketch", "signatures_identical", "bool", [1.0 if res.get("identical") else 0.0],
+                   compared=f"datasketch hashvalues of {res.get('checked_docs')} documents", target=1.0)]
+
+
+def scaling_metrics(runs: list[dict]) -> list[dict]:
+    import scaling
+
+    return scaling.metrics(runs[-1].get("scaling.json", {})) if runs else []
+
+
+def _bench(script: str, full: list[str], quick: list[str]):
+    return lambda q, r: [[f"benchmarks/{script}", *(quick if q else [a.replace("{r}", str(r)) for a in full])]]
+
+
+TOPICS: dict[str, dict] = {
+    "ingest": {"title": "Ingest throughput vs datatrove", "issue": 3, "python": "project", "needs": [],
+               "peers": ["datatrove"], "needs_shared": True, "files": ["ingest.json", "html_extractors.json"],
+               "argv": lambda q, r: [["benchmarks/bench_ingest.py"]] + ([] if q else
+                                                                        [["benchmarks/bench_ingest.py", "--extractors"]]),
+               "once": (1,), "outer_runs": lambda r: r, "metrics": ingest_metrics},
+    "filters": {"title": "Quality filters vs datatrove", "issue": 4, "python": "project", "needs": ["datatrove"],
+                "files": ["filters.json"], "argv": _bench("bench_filters.py", ["--mb", "4", "--repeats", "{r}"],
+                                                          ["--mb", "0.3", "--repeats", "1"]),
+                "outer_runs": lambda r: 1, "metrics": filters_metrics},
+    "minhash": {"title": "MinHash near-dedup vs datatrove and rensa", "issue": 5, "python": "project",
+                "needs": ["datatrove", "rensa"], "files": ["minhash.json"], "timeout": 7200,
+                "argv": _bench("bench_minhash.py", ["--repeats", "{r}"],
+                               ["--quick", "--repeats", "1", "--sig-mb", "0.3", "--scales", "1,2", "--pairs", "30"]),
+                "outer_runs": lambda r: 1, "metrics": minhash_metrics},
+    "datasketch": {"title": "MinHash signatures vs plain datasketch", "issue": 5, "python": "project",
+                   "needs": ["datasketch"], "files": ["datasketch.json"],
+                   "argv": _bench("run_all.py", ["--bench", "datasketch", "--repeats", "{r}"],
+                                  ["--bench", "datasketch", "--repeats", "1", "--sig-mb", "0.3"]),
+                   "outer_runs": lambda r: 1, "metrics": datasketch_metrics},
+    "tokenize": {"title": "Tokenization scaling", "issue": 6, "python": "project", "needs": [],
+                 "files": ["tokenize.json"], "argv": _bench("bench_tokenize.py", ["--repeats", "{r}"],
+                                                            ["--repeats", "1", "--vocab", "2000"]),
+                 "reference_glob": "tokenize_device_*.json", "outer_runs": lambda r: 1, "metrics": tokenize_metrics},
+    "mindrecord": {"title": "MindRecord write and read", "issue": 6, "python": "project", "needs": [],
+                   "files": ["mindrecord.json"], "argv": _bench("bench_mindrecord.py", ["--repeats", "2"],
+                                                                ["--repeats", "1", "--seq-lens", "128"]),
+                   "outer_runs": lambda r: r, "metrics": mindrecord_metrics},
+    "train": {"title": "Training throughput and recompute memory", "issue": 7, "python": "torch", "needs": ["torch"],
+              "files": ["train.json"], "timeout": 7200,
+              "argv": _bench("bench_train.py", ["--rounds", "4", "--block", "4", "--separate-rounds", "3",
+                                                "--mem-steps", "3"],
+                             ["--rounds", "1", "--block", "2", "--skip", "separate,skip", "--mem-steps", "1"]),
+              "outer_runs": lambda r: 1, "metrics": train_metrics},
+    "scaling": {"title": "The whole data chain at 1×–8×", "issue": 10, "python": "project", "needs": [],
+                "files": ["scaling.json"], "argv": _bench("scaling.py", [], ["--quick"]),
+                "outer_runs": lambda r: 1, "metrics": scaling_metrics},
+}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# datasketch topic: mindloom's signature engine vs plain datasketch, same documents, same shingles
+
+
+def _load_shingles():
+    """mindloom's shingling module alone (numpy + re): what both tools hash, so only the hashing differs."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("shingles", REPO / "pipeline" / "minhash" / "shingles.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.shingles
+
+
+def w_datasketch(a: dict) -> dict:
+    from datasketch import MinHash
+
+    shingles = _load_shingles()
+    texts = json.loads(Path(a["texts"]).read_text(encoding="utf-8"))
+    h, t0 = hashlib.sha256(), time.perf_counter()
+    for i, text in enumerate(texts):
+        m = MinHash(num_perm=112, seed=1, scheme="affine32")
+        m.update_batch([s.encode("utf-8") for s in shingles(text, "word", 5)])
+        if i < a["check"]:
+            h.update(m.hashvalues.astype("<u4").tobytes())
+    return {"seconds": time.perf_counter() - t0, "digest": h.hexdigest()}
+
+
+def w_mindloom(a: dict) -> dict:
+    sys.path.insert(0, str(REPO))
+    from pipeline.minhash import MinhashConfig, SignatureEngine
+
+    texts = json.loads(Path(a["texts"]).read_text(encoding="utf-8"))
+    eng = SignatureEngine(MinhashConfig(shingle_kind="word", domain_shingles=[], scheme="affine32"))
+    eng.compute(texts[:20])                                   # load the compiled kernel, as the peers warm up
+    h, t0 = hashlib.sha256(), time.perf_counter()
+    sigs = [eng.compute(texts[i:i + 2000]).sig for i in range(0, len(texts), 2000)]
+    seconds = time.perf_counter() - t0
+    for row in [r for s in sigs for r in s][:a["check"]]:
+        h.update(row.astype("<u4").tobytes())
+    return {"seconds": seconds, "digest": h.hexdigest()}
+
+
+WORKERS = {"datasketch": w_datasketch, "mindloom": w_mindloom}
+
+
+def bench_datasketch(repeats: int, sig_mb: float) -> dict:
+    """Interleaved fresh processes of both tools on the corpus, round-robin over domains up to ``sig_mb``."""
+    import tempfile
+
+    from common import machine, peer_python
+
+    corpus = REPO.parent / "shared" / "corpora"
+    pools = {f.stem: [json.loads(x)["text"] for x in f.read_text(encoding="utf-8").splitlines()]
+             for f in sorted(corpus.glob("*.jsonl"))}
+    texts, size, i = [], 0, 0
+    while size < sig_mb * 1e6 and any(i < len(p) for p in pools.values()):
+        for p in pools.values():
+            if i < len(p) and size < sig_mb * 1e6:
+                texts.append(p[i])
+                size += len(p[i].encode("utf-8"))
+        i += 1
+    out = {"command": " ".join(["benchmarks/run_all.py", *sys.argv[1:]]), "machine": machine(), "docs": len(texts),
+           "mb": round(size / 1e6, 2), "check": min(len(texts), 200), "mindloom_s": [], "datasketch_s": []}
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False, encoding="utf-8") as fh:
+        json.dump(texts, fh)
+    args = json.dumps({"texts": fh.name, "check": out["check"]})
+    digests = {}
+    for rep in range(repeats):
+        order = [("mindloom", sys.executable), ("datasketch", str(peer_python("datasketch")))]
+        for tool, py in (order if rep % 2 == 0 else order[::-1]):
+            p = subprocess.run([py, str(Path(__file__).with_name("run_all.py")), "--worker", tool, args],
+                               capture_output=True, text=True, timeout=3600)
+            if p.returncode:
+                raise RuntimeError(f"{tool} worker failed: {p.stderr[-2000:]}")
+            res = json.loads(p.stdout.strip().splitlines()[-1])
+            out[f"{tool}_s"].append(round(res["seconds"], 3))
+            digests[tool] = res["digest"]
+            print(f"  {tool} rep {rep}: {res['seconds']:.2f} s", flush=True)
+    Path(fh.name).unlink()
+    out["checked_docs"] = out.pop("check")
+    out["identical"] = digests["mindloom"] == digests["datasketch"]
+    out["mb_per_s"] = {t: spread([out["mb"] / s for s in out[f"{t}_s"]], 3) for t in ("mindloom", "datasketch")}
+    return out
