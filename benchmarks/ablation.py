@@ -29,6 +29,7 @@ Writes ``benchmarks/results/ablation.json``, ``ablation_eval.svg``, ``ablation_l
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import os
@@ -187,17 +188,21 @@ def run(args) -> dict:
                        check=True, cwd=REPO)
         src = source_corpus()
     cfg = config_from_dict(chain_config(src, work / "data", args.steps, args.long_steps, args.eval_tokens))
-    t = {}
+    # the chain output and the raw set are reused by later runs with the same data settings (not train.*)
+    data_key = hashlib.sha256(json.dumps({k: v for k, v in cfg.to_dict().items() if k != "train"},
+                                         sort_keys=True, default=str).encode()).hexdigest()[:12]
+    run_id, raw_dir = f"ablation-{data_key}", work / f"raw-{data_key}"
+    t = {"chain_reused": (Path(cfg.data_root) / "runs" / run_id / "corpus_summary.json").exists()}
     t0 = time.time()
-    summary = chain.run_all(cfg, "ablation", progress=False)
+    summary = chain.run_all(cfg, run_id, progress=False)
     t["chain_s"] = round(time.time() - t0, 1)
     rdir = Path(summary["run_dir"])
     t0 = time.time()
-    raw = raw_token_set(rdir, work / "raw_mindrecord", cfg.seed)
+    raw = raw_token_set(rdir, raw_dir, cfg.seed)
     t["raw_set_s"] = round(time.time() - t0, 1)
     curated = read_json(rdir / "mindrecord" / "manifest.json")
     corpus_b = {k: v for k, v in summary.items() if k != "stats"}
-    corpus_a = {**corpus_b, "mindrecord_dir": str(work / "raw_mindrecord"), "run_dir": str(rdir)}
+    corpus_a = {**corpus_b, "mindrecord_dir": str(raw_dir), "run_dir": str(rdir)}
     res = {"command": " ".join(["benchmarks/ablation.py", *sys.argv[1:]]), "machine": machine(), "corpus": str(src),
            "budget": {"steps": args.steps, "rows_per_step": BATCH, "seq_len": BASE_SEQ,
                       "tokens": args.steps * BATCH * BASE_SEQ, "long_steps": args.long_steps,
@@ -211,7 +216,7 @@ def run(args) -> dict:
         t[f"train_{name}_s"] = round(time.time() - t0, 1)
         runs[name] = {"first_loss": s["first_loss"], "final_loss": s["final_loss"], "tokens": s["tokens"],
                       "tokens_per_s": s["tokens_per_s"], "eval": _losses(s), "eval_seq_len": s["eval"]["seq_len"],
-                      "curve": [(r["step"], r["loss"]) for r in _metrics(work / "train" / name / "main")]}
+                      "curve": _curve(_metrics(work / "train" / name / "main"))}
     res["runs"] = runs
     eval_data = find_eval_sets(corpus_b)
     main_b = read_json(work / "train" / "curated" / "main" / "summary.json")
@@ -247,6 +252,14 @@ def _set_info(manifest: dict) -> dict:
             "excluded": manifest.get("excluded")}
 
 
+def _curve(rows: list[dict], points: int = 100) -> list[tuple[int, float]]:
+    """(step, mean loss of the steps since the previous point): at most ``points`` points for the plot."""
+    every = max(1, -(-len(rows) // points))
+    return [(rows[min(i + every, len(rows)) - 1]["step"],
+             round(sum(r["loss"] for r in rows[i:i + every]) / len(rows[i:i + every]), 4))
+            for i in range(0, len(rows), every)]
+
+
 def _metrics(out_dir: Path) -> list[dict]:
     path = out_dir / "metrics.jsonl"
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
@@ -261,8 +274,8 @@ def write_plots(res: dict, out_dir: Path) -> dict:
     eval_svg = bar_chart({d: {"(a) raw": runs["raw"]["eval"][d], "(b) mindloom": runs["curated"]["eval"][d]}
                           for d in doms}, "Held-out loss per domain (lower is better)", "loss (nats/token)",
                          width=max(520, 70 * len(doms)))
-    smooth = {f"({'a' if n == 'raw' else 'b'}) {n}": _smooth(runs[n]["curve"]) for n in ("raw", "curated")}
-    loss_svg = line_chart(smooth, "Training loss (moving average of 10 steps)", "step", "loss")
+    smooth = {f"({'a' if n == 'raw' else 'b'}) {n}": _smooth(runs[n]["curve"], 3) for n in ("raw", "curated")}
+    loss_svg = line_chart(smooth, "Training loss, each on its own data (moving average)", "step", "loss")
     paths = {"eval": out_dir / "ablation_eval.svg", "loss": out_dir / "ablation_loss.svg"}
     out_dir.mkdir(parents=True, exist_ok=True)
     for key, svg in (("eval", eval_svg), ("loss", loss_svg)):
@@ -347,7 +360,10 @@ def markdown(res: dict) -> list[str]:
     if res.get("plots"):
         out += ["", *[f"![ablation {k}]({p})" for k, p in res["plots"].items()]]
     t = res.get("timings", {})
-    out += ["", "Timings (s): " + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in t.items()) + "."]
+    out += ["", "Timings (s): " + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in t.items()
+                                            if k != "chain_reused")
+            + (" (chain output and raw set reused from an earlier run with the same data settings)."
+               if t.get("chain_reused") else ".")]
     return out
 
 
