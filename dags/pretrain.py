@@ -79,7 +79,7 @@ def pretrain():
     previous, summaries = corpus, {}
     for name in STAGES:
         # fail_at_step (testing) applies to one stage, on its first try only: a retry or a clear resumes.
-        fail = ("{{ params.fail_at_step if ti.try_number == 1 and params.fail_stage == '%s' else '' }}" % name)
+        fail = (f"{{{{ params.fail_at_step if ti.try_number == 1 and params.fail_stage == '{name}' else '' }}}}")
         train = TrainingStageOperator(
             task_id=f"train_{name}", stage=name, corpus=corpus, fail_at_step=fail,
             deferrable=os.environ.get("MINDLOOM_TRAIN_DEFERRABLE", "").lower() in ("1", "true", "yes"),

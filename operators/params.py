@@ -1,6 +1,6 @@
 """Airflow Params and the corpus Asset, derived from the typed config so the form and YAML never disagree.
 
-Every form field comes from :data:`pipeline.config.PARAM_FIELDS` with the title, description, type, enum and
+Every form field comes from :data:`pipeline.form.PARAM_FIELDS` with the title, description, type, enum and
 bounds of the config field behind it; a value the config would reject is already refused by the form and by the
 REST API (JSON-schema validation), and anything that slips through fails in the first task with the field name.
 """
@@ -12,7 +12,8 @@ from pathlib import Path
 
 from airflow.sdk import Asset, Param
 
-from pipeline.config import DEFAULT_CONFIG, load_config, param_specs
+from pipeline.config import DEFAULT_CONFIG, load_config
+from pipeline.form import param_specs
 
 TRAIN_PARAMS = ("run_name", "seed", "model_preset", "train_steps", "batch_size", "learning_rate", "train_mode",
                 "train_workers")

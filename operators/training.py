@@ -84,14 +84,14 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
     # -- ResumableJobMixin -----------------------------------------------------------------------------------
 
     def _out_dir(self, context: Any) -> Path:
-        from pipeline.config import config_from_params
+        from pipeline.form import config_from_params
         from pipeline.pretrain import stage_dir
 
         cfg = config_from_params(dict(context["params"]))
         return stage_dir(cfg.data_root, context["run_id"], self.stage)
 
     def submit_job(self, context: Any) -> dict:
-        from pipeline.config import config_from_params
+        from pipeline.form import config_from_params
         from pipeline.io import write_json
         from pipeline.pretrain import build_job, launch_argv, launch_env, record_launch
 

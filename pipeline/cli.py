@@ -20,7 +20,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.config import PARAM_FIELDS, ConfigError, load_config
+from pipeline.config import ConfigError, load_config
+from pipeline.form import PARAM_FIELDS
 
 
 def _overrides(pairs: list[str]) -> dict:

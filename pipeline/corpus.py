@@ -12,7 +12,8 @@ import logging
 from pathlib import Path
 
 from pipeline import exact_dedup, ingest, mindrecord, mixture, quality, tokenizer, validation
-from pipeline.config import MindloomConfig, config_from_dict, config_from_params
+from pipeline.config import MindloomConfig, config_from_dict
+from pipeline.form import config_from_params
 from pipeline.io import read_json, run_dir, write_json
 from pipeline.report import write_report
 

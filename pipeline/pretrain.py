@@ -201,7 +201,7 @@ def stage_eval(out_dir: str | Path) -> dict:
 
 def stage_eval_for_run(params: dict, run_id: str, stage: str) -> dict:
     """``stage_eval`` of ``stage`` in this run's training folder (what the DAG's ``eval_<stage>`` task returns)."""
-    from pipeline.config import config_from_params
+    from pipeline.form import config_from_params
 
     cfg = config_from_params(params)
     return {"stage": stage, **stage_eval(stage_dir(cfg.data_root, run_id, stage))}
@@ -222,7 +222,7 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
     """
     from pipeline import corpus as corpus_mod
     from pipeline import mindrecord
-    from pipeline.config import config_from_params
+    from pipeline.form import config_from_params
 
     cfg = cfg or config_from_params(params)
     if params.get("corpus_manifest"):
@@ -237,7 +237,7 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
 
 def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dict | None = None) -> dict:
     """Write ``report.json`` and ``report.html`` for the training run; return the compact metrics for XCom."""
-    from pipeline.config import config_from_params
+    from pipeline.form import config_from_params
     from pipeline.report import write_report as write_html
 
     cfg = config_from_params(params)

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import DEFAULT_CONFIG, PARAM_FIELDS, ConfigError, config_from_params, load_config, param_specs
+from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
+from pipeline.form import PARAM_FIELDS, config_from_params, param_specs
 
 
 def test_default_config_loads():

@@ -226,7 +226,7 @@ def test_config_errors_name_the_field():
 
 
 def test_min_words_and_enabled_stay_meaningful_for_the_trigger_form():
-    from pipeline.config import config_from_params
+    from pipeline.form import config_from_params
 
     cfg = config_from_params({"quality_filter": False, "min_words": 80})
     assert cfg.quality.enabled is False

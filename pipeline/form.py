@@ -1,0 +1,97 @@
+"""The trigger-form mapping: which config fields the Airflow forms expose, and their JSON schema.
+
+Each Param maps onto one dotted config field; :func:`param_specs` derives the schema (type, enum, bounds) from
+that field's metadata, so the form refuses what the config would refuse.  This module never imports Airflow; the
+DAGs wrap the specs in ``airflow.sdk.Param`` (``operators/params.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import typing
+from pathlib import Path
+from typing import Any
+
+from pipeline.config import MindloomConfig, _hints, load_config
+
+#: Param name → dotted config field.  The DAG builds one ``Param`` per entry from :func:`param_specs`.
+PARAM_FIELDS: dict[str, str] = {
+    "run_name": "run_name",
+    "domains": "domains",
+    "seed": "seed",
+    "docs_per_shard": "ingest.docs_per_shard",
+    "strict_ingest": "ingest.strict",
+    "exact_dedup": "dedup.exact",
+    "near_dedup": "minhash.enabled",
+    "near_dedup_threshold": "minhash.threshold",
+    "incremental_dedup": "minhash.use_index",
+    "mixture_weights": "mixture.weights",
+    "quality_filter": "quality.enabled",
+    "min_words": "quality.min_words",
+    "vocab_size": "tokenizer.vocab_size",
+    "seq_len": "pack.seq_len",
+    "mindrecord_shards": "pack.shard_num",
+    "model_preset": "train.preset",
+    "train_steps": "train.steps",
+    "batch_size": "train.batch_size",
+    "learning_rate": "train.lr",
+    "train_mode": "train.mode",
+    "train_workers": "train.workers",
+    "train_precision": "train.precision",
+    "train_grad_accum": "train.grad_accum",
+    "train_recompute": "train.recompute",
+}
+
+_JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string", dict: "object"}
+
+
+def _field_of(dotted: str) -> tuple[dataclasses.Field, Any]:
+    cls: Any = MindloomConfig
+    f = None
+    for part in dotted.split("."):
+        f = {x.name: x for x in dataclasses.fields(cls)}[part]
+        cls = _hints(cls)[part]
+    return f, cls
+
+
+def _get_dotted(cfg: MindloomConfig, dotted: str) -> Any:
+    node: Any = cfg
+    for part in dotted.split("."):
+        node = getattr(node, part)
+    return copy.deepcopy(node)
+
+
+def param_specs(cfg: MindloomConfig | None = None) -> dict[str, dict]:
+    """JSON-schema keyword dicts (default, type, title, description, enum, minimum, maximum) per Param."""
+    cfg = cfg or load_config()
+    specs: dict[str, dict] = {}
+    for name, dotted in PARAM_FIELDS.items():
+        f, tp = _field_of(dotted)
+        meta = f.metadata
+        spec: dict[str, Any] = {"default": _get_dotted(cfg, dotted), "title": name.replace("_", " ").capitalize(),
+                                "description": f"{meta.get('desc', '')} (config: {dotted})"}
+        if typing.get_origin(tp) is list:
+            spec["type"] = "array"
+            spec["items"] = {"type": "string"}
+            if name == "domains":
+                spec["items"]["enum"] = sorted({s.domain for s in cfg.sources})
+                spec["examples"] = spec["items"]["enum"]      # the trigger form renders a multi-select
+                spec["uniqueItems"] = True
+        else:
+            spec["type"] = _JSON_TYPES[tp]
+            if meta.get("choices"):
+                spec["enum"] = list(meta["choices"])
+            if meta.get("ge") is not None and tp in (int, float):
+                spec["minimum"] = meta["ge"]
+            if meta.get("le") is not None and tp in (int, float):
+                spec["maximum"] = meta["le"]
+        specs[name] = spec
+    return specs
+
+
+def config_from_params(params: dict[str, Any], path: str | Path | None = None) -> MindloomConfig:
+    """Config from the YAML file with the trigger-form Params applied on top (unknown params are ignored)."""
+    overrides = {PARAM_FIELDS[k]: v for k, v in params.items() if k in PARAM_FIELDS}
+    base_path = params.get("config_path") or path
+    return load_config(base_path or None, overrides)
