@@ -6,13 +6,21 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat requirements.lock pyproject.toml | sha256sum | cut -c1-12)
 
 # Airflow on the embedded default: SQLite metadata DB, LocalExecutor, home inside the repo, login admin/admin.
-export AIRFLOW_HOME := $(CURDIR)/.airflow
+# The venv's bin comes first on PATH: `airflow standalone` starts its components by the bare name `airflow`, and
+# msrun starts ranks with the `python` on PATH.  MINDLOOM_AIRFLOW_HOME / MINDLOOM_AIRFLOW_PORT move the deployment
+# (the walkthrough test runs `make airflow` in a throw-away home on a free port).
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+MINDLOOM_AIRFLOW_HOME ?= $(CURDIR)/.airflow
+MINDLOOM_AIRFLOW_PORT ?= 8080
+export AIRFLOW_HOME := $(MINDLOOM_AIRFLOW_HOME)
+export AIRFLOW__API__PORT := $(MINDLOOM_AIRFLOW_PORT)
+export AIRFLOW__CORE__EXECUTION_API_SERVER_URL := http://127.0.0.1:$(MINDLOOM_AIRFLOW_PORT)/execution/
 export AIRFLOW__CORE__DAGS_FOLDER := $(CURDIR)/dags
 export AIRFLOW__CORE__LOAD_EXAMPLES := False
 export AIRFLOW__CORE__EXECUTOR := LocalExecutor
 export AIRFLOW__CORE__PARALLELISM := 4
 export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS := admin:admin
-export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE := $(CURDIR)/.airflow/passwords.json
+export AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE := $(AIRFLOW_HOME)/passwords.json
 export AIRFLOW__API__HOST := 127.0.0.1
 export MINDLOOM_CONFIG ?= $(CURDIR)/configs/default.yaml
 export MINDLOOM_TRAIN_EXECUTOR :=
@@ -35,23 +43,23 @@ data/demo-corpus/.built: $(STAMP) pipeline/democorpus.py
 	$(PY) -m pipeline.democorpus --out data/demo-corpus --cache .cache/demo-sources
 	@touch $@
 
-airflow-init: .airflow/airflow.db
+airflow-init: $(AIRFLOW_HOME)/airflow.db
 
-.airflow/airflow.db: $(STAMP)
-	@mkdir -p .airflow
-	@test -f .airflow/passwords.json || echo '{"admin": "admin"}' > .airflow/passwords.json
-	$(VENV)/bin/airflow db migrate > .airflow/db_migrate.log 2>&1 || (tail -20 .airflow/db_migrate.log; exit 1)
+$(AIRFLOW_HOME)/airflow.db: $(STAMP)
+	@mkdir -p $(AIRFLOW_HOME)
+	@test -f $(AIRFLOW_HOME)/passwords.json || echo '{"admin": "admin"}' > $(AIRFLOW_HOME)/passwords.json
+	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/db_migrate.log 2>&1 || (tail -20 $(AIRFLOW_HOME)/db_migrate.log; exit 1)
 
 demo: $(STAMP) corpus airflow-init
 	@start=$$(date +%s); \
 	echo "== corpus_build through Airflow =="; \
-	$(VENV)/bin/airflow dags test corpus_build > .airflow/demo_corpus_build.log 2>&1 \
-	  || { tail -40 .airflow/demo_corpus_build.log; exit 1; }; \
+	$(VENV)/bin/airflow dags test corpus_build > $(AIRFLOW_HOME)/demo_corpus_build.log 2>&1 \
+	  || { tail -40 $(AIRFLOW_HOME)/demo_corpus_build.log; exit 1; }; \
 	echo "== pretrain through Airflow =="; \
-	$(VENV)/bin/airflow dags test pretrain > .airflow/demo_pretrain.log 2>&1 \
-	  || { tail -40 .airflow/demo_pretrain.log; exit 1; }; \
+	$(VENV)/bin/airflow dags test pretrain > $(AIRFLOW_HOME)/demo_pretrain.log 2>&1 \
+	  || { tail -40 $(AIRFLOW_HOME)/demo_pretrain.log; exit 1; }; \
 	echo; $(VENV)/bin/mindloom summary; \
-	echo; echo "Airflow logs: .airflow/demo_corpus_build.log .airflow/demo_pretrain.log"; \
+	echo; echo "Airflow logs: $(AIRFLOW_HOME)/demo_corpus_build.log $(AIRFLOW_HOME)/demo_pretrain.log"; \
 	echo "demo took $$(( $$(date +%s) - start )) s (after setup)"
 
 # Debian packages some tests drive: headless Chromium (browser test), docker-compose (compose-file validation).
@@ -64,9 +72,13 @@ system-deps:
 	    > .apt-install.log 2>&1 || { echo "apt install failed, see .apt-install.log"; tail -5 .apt-install.log; }; \
 	fi
 
-# The UI at http://127.0.0.1:8080 (login admin/admin): api-server, scheduler, dag-processor, triggerer.
-airflow: $(STAMP) corpus airflow-init
-	$(VENV)/bin/airflow standalone
+# The UI at http://127.0.0.1:8080 (login admin/admin): api-server, scheduler, dag-processor, triggerer.  The demo
+# corpus is built first when the deployment uses the default config.  scripts/airflow_ready.py waits until every
+# component is healthy, unpauses pretrain (so the first corpus publish starts it) and prints the URL and login.
+airflow: $(STAMP) airflow-init
+	@if [ "$(MINDLOOM_CONFIG)" = "$(CURDIR)/configs/default.yaml" ]; then $(MAKE) --no-print-directory corpus; fi
+	@$(PY) scripts/airflow_ready.py --port $(MINDLOOM_AIRFLOW_PORT) --watch-pid $$$$ & \
+	exec $(VENV)/bin/airflow standalone
 
 screenshots: $(STAMP) system-deps corpus
 	$(PY) scripts/screenshots.py docs/screenshots

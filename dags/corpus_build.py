@@ -16,7 +16,7 @@ import os
 import pendulum
 from airflow.sdk import dag, get_current_context, task, task_group
 
-from operators.params import build_params, corpus_asset
+from operators.params import build_params, config_path, corpus_asset
 from operators.routing import data_task_kwargs
 
 CORPUS = corpus_asset()
@@ -33,7 +33,7 @@ def corpus_chain():
     def plan(params=None, run_id=None) -> list[dict]:
         from pipeline.corpus import prepare_run
 
-        return prepare_run(dict(params), run_id, params.get("config_path"))
+        return prepare_run(dict(params), run_id, config_path())
 
     specs = plan()
 

@@ -4,9 +4,13 @@ One ``train_<stage>`` task per entry of ``train.stages`` (warmup → main → lo
 by ``eval_<stage>`` (held-out loss and perplexity per domain), then ``report``.
 
 Scheduled on the ``mindloom_corpus`` Asset (a finished ``corpus_build`` run triggers it) and triggerable by hand.
-The training stage runs as a detached job through ``TrainingStageOperator``; its summary (losses, tokens/s,
-checkpoint) is the stage task's XCom and is collected by ``report``.  Clearing a failed stage re-runs it, and the
-job resumes from the stage's newest checkpoint.
+The DAG is created unpaused (``is_paused_upon_creation=False``): it only ever runs when a corpus is published or
+someone triggers it, and a paused DAG would drop the first publish.  The training stage runs as a detached job
+through ``TrainingStageOperator``; its summary (losses, tokens/s, checkpoint) is the stage task's XCom and is
+collected by ``report``.  Clearing a failed stage re-runs it, and the job resumes from the stage's newest
+checkpoint; clearing a succeeded stage re-trains it from the stage start (the old folder is kept).
+
+Automatic retries per stage: ``MINDLOOM_TRAIN_RETRIES`` (default 1), ``retry_delay`` 5 s.
 """
 
 from __future__ import annotations
@@ -14,9 +18,9 @@ from __future__ import annotations
 import os
 
 import pendulum
-from airflow.sdk import Param, dag, task
+from airflow.sdk import dag, task
 
-from operators.params import build_params, config_path, corpus_asset
+from operators.params import config_path, corpus_asset, fail_step_template, pretrain_params
 from operators.routing import data_task_kwargs, train_task_kwargs
 from operators.training import TrainingStageOperator
 from pipeline.config import load_config
@@ -24,6 +28,7 @@ from pipeline.pretrain import stage_names
 
 CORPUS = corpus_asset()
 STAGES = stage_names(load_config(config_path()))      # train.stages of the deployment's config, in order
+RETRIES = int(os.environ.get("MINDLOOM_TRAIN_RETRIES", "1"))
 # Optional cron next to the Asset (MINDLOOM_PRETRAIN_CRON, e.g. "0 4 * * 0") makes the DAG backfillable.
 _CRON = os.environ.get("MINDLOOM_PRETRAIN_CRON", "")
 if _CRON:
@@ -41,16 +46,10 @@ else:
     start_date=pendulum.datetime(2026, 11, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
-    params={**build_params("train"),
-            "corpus_manifest": Param("", type="string", title="Corpus summary",
-                                     description="Path of a corpus_summary.json; empty: the triggering Asset "
-                                                 "event, else the latest published corpus."),
-            "fail_at_step": Param(None, type=["null", "integer"], title="Fail at step (testing)",
-                                  description="Simulate a crash after this step's checkpoint (first try only)."),
-            "fail_stage": Param(STAGES[-1] if "main" not in STAGES else "main", type="string", enum=STAGES,
-                                title="Stage that fails (testing)", description="Stage fail_at_step applies to.")},
+    params=pretrain_params(STAGES, RETRIES),
+    is_paused_upon_creation=False,
     tags=["mindloom", "train"],
-    default_args={"retries": int(os.environ.get("MINDLOOM_TRAIN_RETRIES", "1")),
+    default_args={"retries": RETRIES,
                   "retry_delay": pendulum.duration(seconds=5), **data_task_kwargs()},
     doc_md=__doc__,
 )
@@ -78,10 +77,8 @@ def pretrain():
     corpus = resolve_corpus()
     previous, summaries = corpus, {}
     for name in STAGES:
-        # fail_at_step (testing) applies to one stage, on its first try only: a retry or a clear resumes.
-        fail = (f"{{{{ params.fail_at_step if ti.try_number == 1 and params.fail_stage == '{name}' else '' }}}}")
         train = TrainingStageOperator(
-            task_id=f"train_{name}", stage=name, corpus=corpus, fail_at_step=fail,
+            task_id=f"train_{name}", stage=name, corpus=corpus, fail_at_step=fail_step_template(name),
             deferrable=os.environ.get("MINDLOOM_TRAIN_DEFERRABLE", "").lower() in ("1", "true", "yes"),
             **train_task_kwargs())
         evaluated = evaluate.override(task_id=f"eval_{name}")(name)

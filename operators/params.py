@@ -1,8 +1,12 @@
 """Airflow Params and the corpus Asset, derived from the typed config so the form and YAML never disagree.
 
-Every form field comes from :data:`pipeline.form.PARAM_FIELDS` with the title, description, type, enum and
-bounds of the config field behind it; a value the config would reject is already refused by the form and by the
-REST API (JSON-schema validation), and anything that slips through fails in the first task with the field name.
+Each DAG's form shows only the fields that DAG uses (:data:`pipeline.form.FORMS`), grouped into sections, each with
+the title, description, type, enum and bounds of the config field behind it.  Fields that may be empty accept
+null, so the form does not mark them required.  No form field is a server path: the YAML file is the deployment's
+(``$MINDLOOM_CONFIG``), and ``pretrain`` picks its corpus by ``corpus_build`` run id, resolved under ``data_root``.
+
+Switches that exist for testing (making a training stage fail) appear only when the deployment sets
+``MINDLOOM_TESTING_SWITCHES=1``; otherwise they are neither in the form nor honoured from a run's conf.
 """
 
 from __future__ import annotations
@@ -15,12 +19,16 @@ from airflow.sdk import Asset, Param
 from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.form import param_specs
 
-TRAIN_PARAMS = ("run_name", "seed", "model_preset", "train_steps", "batch_size", "learning_rate", "train_mode",
-                "train_workers")
+TESTING_ENV = "MINDLOOM_TESTING_SWITCHES"
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,249}$"
 
 
 def config_path() -> str:
     return os.environ.get("MINDLOOM_CONFIG") or str(DEFAULT_CONFIG)
+
+
+def testing_switches_enabled() -> bool:
+    return os.environ.get(TESTING_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def corpus_asset() -> Asset:
@@ -30,10 +38,42 @@ def corpus_asset() -> Asset:
 
 
 def build_params(kind: str) -> dict[str, Param]:
-    """Params for the ``corpus`` or ``train`` DAG, defaults taken from the deployment's YAML config."""
-    specs = param_specs(load_config(config_path()))
-    names = [n for n in specs if (n in TRAIN_PARAMS) == (kind == "train") or n in ("run_name", "seed")]
-    params = {n: Param(**specs[n]) for n in names}
-    params["config_path"] = Param(config_path(), type="string", title="Config file",
-                                  description="YAML configuration the form fields are applied on top of.")
+    """Params of the ``corpus`` or ``train`` form, defaults taken from the deployment's YAML config."""
+    specs = param_specs(load_config(config_path()), form=kind)
+    return {n: Param(**spec) for n, spec in specs.items()}
+
+
+def pretrain_params(stages: list[str], retries: int) -> dict[str, Param]:
+    """The ``pretrain`` form: the training fields, which corpus to train on, and (when enabled) the test switches."""
+    params = build_params("train")
+    params["corpus_run"] = Param(
+        None, type=["null", "string"], pattern=RUN_ID_PATTERN, title="Corpus run", section="Corpus",
+        description="Run id of the corpus_build (or corpus_refresh) run to train on. Leave empty to train on the "
+                    "corpus whose Asset event triggered this run, else on the latest published corpus.")
+    if testing_switches_enabled():
+        params.update({
+            "fail_at_step": Param(None, type=["null", "integer"], minimum=1, title="Fail at step", section="Testing",
+                                  description="Simulate a crash of the training job right after this step's "
+                                              "checkpoint. Empty: no crash."),
+            "fail_stage": Param("main" if "main" in stages else stages[-1], type="string", enum=stages,
+                                title="Stage that fails", section="Testing",
+                                description="The stage fail_at_step applies to."),
+            "fail_for_good": Param(False, type="boolean", title="Fail every automatic try", section="Testing",
+                                   description=f"Off: only the first try crashes and the automatic retry resumes. "
+                                               f"On: all {retries + 1} automatic tries crash (each after its first "
+                                               f"step at or past fail_at_step), so the run fails and a Clear of "
+                                               f"the stage resumes it."),
+        })
     return params
+
+
+def fail_step_template(stage: str) -> str:
+    """Jinja for ``TrainingStageOperator.fail_at_step``: the test switch of this stage and try, else empty.
+
+    Empty unless the deployment enables testing switches, so a run's conf cannot crash a production stage.
+    """
+    if not testing_switches_enabled():
+        return ""
+    return ("{{ params.fail_at_step if params.get('fail_at_step') and params.get('fail_stage') == '" + stage +
+            "' and (ti.try_number == 1 or (params.get('fail_for_good') and ti.try_number <= task.retries + 1)) "
+            "else '' }}")

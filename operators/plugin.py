@@ -2,41 +2,93 @@
 
 The api-server mounts a small FastAPI app at ``/mindloom``; the external view's ``href`` uses the UI's
 ``{DAG_ID}``/``{RUN_ID}`` placeholders, so every run of ``corpus_build``/``corpus_refresh``/``pretrain`` links to
-its own report.  Only files named ``report.html`` inside the configured ``data_root`` are ever served.
+its own report.
+
+Airflow does not put plugin apps behind its auth manager, so every route here depends on Airflow's own check
+(``requires_access_dag``: the UI's ``_token`` session cookie or an ``Authorization: Bearer`` token, and read access
+to the DAG's runs): anonymous requests get 401, others 403.  Only files named ``report.html`` inside the
+deployment's ``data_root`` are ever served.  Every response carries ``Content-Security-Policy: sandbox`` without
+``allow-same-origin``: whatever the Airflow UI's iframe allows, a report runs in an opaque origin and cannot read
+the UI's cookies or call its API.  A run without a report gets a status page (which stage failed, its error, a
+link to its log) instead of a promise that will never be kept.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from airflow.api_fastapi.auth.managers.models.resource_details import DagAccessEntity
+from airflow.api_fastapi.core_api.security import requires_access_dag
 from airflow.plugins_manager import AirflowPlugin
-from fastapi import FastAPI, HTTPException
+from fastapi import Depends, FastAPI, HTTPException
 from fastapi.responses import FileResponse, HTMLResponse
+
+#: No scripts, no same-origin, no network: inline styles and data: images only; links may open the UI on click.
+CSP = ("sandbox allow-popups allow-popups-to-escape-sandbox allow-top-navigation-by-user-activation; "
+       "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'")
+HEADERS = {"Content-Security-Policy": CSP, "X-Content-Type-Options": "nosniff", "Cache-Control": "no-store"}
+DAGS = ("corpus_build", "corpus_refresh", "pretrain")
+
+
+def _data_root() -> Path:
+    from operators.params import config_path
+    from pipeline.config import load_config
+
+    return Path(load_config(config_path()).data_root).resolve()
 
 
 def report_path(dag_id: str, run_id: str) -> Path:
-    from operators.params import config_path
-    from pipeline.config import load_config
     from pipeline.io import safe_run_id
 
-    data_root = Path(load_config(config_path()).data_root).resolve()
+    if dag_id not in DAGS:
+        raise HTTPException(status_code=404, detail="no reports for this DAG")
+    data_root = _data_root()
     kind = "train" if dag_id == "pretrain" else "runs"
-    path = (data_root / kind / safe_run_id(run_id) / "report.html").resolve()
+    try:
+        path = (data_root / kind / safe_run_id(run_id) / "report.html").resolve()
+    except ValueError:
+        raise HTTPException(status_code=400, detail="bad run id") from None
     if data_root not in path.parents:
         raise HTTPException(status_code=400, detail="bad run id")
     return path
 
 
+def _run_rows(dag_id: str, run_id: str) -> tuple[str | None, str | None, list[dict]]:
+    """(run state, run name from its conf, task instance rows) from the metadata DB."""
+    from airflow.models.dagrun import DagRun
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as session:
+        run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+        if run is None:
+            return None, None, []
+        tis = session.scalars(select(TaskInstance).where(TaskInstance.dag_id == dag_id,
+                                                         TaskInstance.run_id == run_id)).all()
+        rows = [{"task_id": t.task_id, "state": str(t.state.value if hasattr(t.state, "value") else t.state),
+                 "try_number": t.try_number, "map_index": t.map_index} for t in tis]
+        name = (run.conf or {}).get("run_name")
+        return str(run.state.value if hasattr(run.state, "value") else run.state), name, rows
+
+
 app = FastAPI(title="mindloom reports")
 
 
-@app.get("/reports/{dag_id}/{run_id}", response_model=None)
+@app.get("/reports/{dag_id}/{run_id}", response_model=None,
+         dependencies=[Depends(requires_access_dag("GET", DagAccessEntity.RUN))])
 def get_report(dag_id: str, run_id: str) -> FileResponse | HTMLResponse:
     path = report_path(dag_id, run_id)
-    if not path.exists():
-        return HTMLResponse(f"<p>No report yet for {dag_id} / {run_id}: it is written by the run's last task.</p>",
-                            status_code=404)
-    return FileResponse(path, media_type="text/html")
+    if path.exists():
+        return FileResponse(path, media_type="text/html", headers=HEADERS)
+    from operators.run_status import status_page
+    from pipeline.io import safe_run_id
+
+    state, name, rows = _run_rows(dag_id, run_id)
+    stage_root = _data_root() / "train" / safe_run_id(run_id)
+    stage_dirs = {p.name: p for p in stage_root.iterdir() if p.is_dir()} if stage_root.is_dir() else {}
+    page = status_page(dag_id, run_id, state, name, rows, stage_dirs)
+    return HTMLResponse(page, status_code=404 if state is None else 200, headers=HEADERS)
 
 
 class MindloomPlugin(AirflowPlugin):

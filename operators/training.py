@@ -6,6 +6,18 @@ outlives the task process and never holds the supervisor's socket.  Its launcher
 crash reconnects to the running job instead of launching a second one, and a retry after a failed job launches
 a new one that resumes from the stage's newest checkpoint (the trainer does that by itself).  While it runs,
 new ``metrics.jsonl`` rows are copied into the task log; the stage summary becomes the task's XCom.
+
+What a try does, by what the stage folder holds when it starts:
+
+* a running job (a worker died, Airflow retried): reconnect, and say so as the first log line;
+* checkpoints of a failed or lost job (automatic retry, or a Clear of the failed stage): launch a new job, which
+  resumes from the newest valid checkpoint; the first log line reads ``resumed from checkpoint step N (try K
+  stopped at step M)``;
+* ``completed.json``, written when this task succeeded (a Clear of a succeeded stage): train the stage again from
+  its start; the old folder is kept as ``<stage>.cleared-<n>``.
+
+The log shows ``metrics.jsonl`` as it is now: only rows that the current job wrote after its resume point, never
+the old values of steps that the resumed job recomputes.
 """
 
 from __future__ import annotations
@@ -20,6 +32,8 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
+
+COMPLETED = "completed.json"
 
 
 class TrainingStageOperator(ResumableJobMixin, BaseOperator):
@@ -42,20 +56,21 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         self.poll_interval = poll_interval
         self._proc: subprocess.Popen | None = None
         self._metrics_line = 0
+        self._metrics_inode: int | None = None
+        self._resume_step = 0
 
     def execute(self, context: Any) -> Any:
+        self._prepare_try(context)
         if not self.deferrable:
-            return self.execute_resumable(context)
+            return self._completed(context, self.execute_resumable(context))
         # Deferrable: the same reconnect-or-submit decision, then hand the wait to the triggerer.
         store = context.get("task_state_store")
         ext = store.get(self.external_id_key) if store is not None else None
         status = self.get_job_status(ext, context) if ext else None
         if ext and self.is_job_succeeded(status):
             self.log.info("job already completed successfully, skipping resubmission")
-            return self.get_job_result(ext, context)
-        if ext and self.is_job_active(status):
-            self.log.info("reconnecting to running job %s", ext)
-        else:
+            return self._completed(context, self.get_job_result(ext, context))
+        if not (ext and self.is_job_active(status)):
             ext = self.submit_job(context)
             if store is not None:
                 store.set(self.external_id_key, ext)
@@ -66,15 +81,71 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def execute_complete(self, context: Any, event: dict, external_id: dict | None = None) -> dict:
         """Back from the triggerer: copy the stage's metrics into this log, then succeed or fail like the sync path."""
-        from pipeline.pretrain import read_metrics
 
-        rows, _ = read_metrics(event["out_dir"])
-        for r in rows:
-            self._log_metric(r)
+        ext = external_id or event
+        self._stream_metrics(event["out_dir"], self._launch_time(event["out_dir"]))
         if event["state"] != "SUCCEEDED":
             raise AirflowException(f"training stage {self.stage} {event['state']} at step {event.get('step')}: "
                                    f"{event.get('error') or 'process ended without a status'}")
-        return self.get_job_result(external_id or event, context)
+        return self._completed(context, self.get_job_result(ext, context))
+
+    # -- what this try does, told in its first log line ------------------------------------------------------
+
+    def _prepare_try(self, context: Any) -> None:
+        """Re-train a cleared succeeded stage from its start, or announce the resume or reconnect of this try."""
+        from pipeline.pretrain import archive_stage, job_state, resume_point
+
+        out_dir = self._out_dir(context)
+        store = context.get("task_state_store")
+        ext = store.get(self.external_id_key) if store is not None else None
+        if (out_dir / COMPLETED).exists():
+            kept = archive_stage(out_dir)
+            self.log.info("stage %s had succeeded and was cleared: training it again from the stage start "
+                          "(the previous output is kept in %s)", self.stage, kept)
+            if store is not None and ext:
+                store.delete(self.external_id_key)
+            self._resume_step = 0
+            return
+        state = job_state(out_dir, ext.get("pid") if ext else None)
+        point = resume_point(out_dir)
+        self._resume_step = point["checkpoint_step"] or 0
+        if ext and state["state"] in ("PENDING", "RUNNING"):
+            self.log.info("reconnecting to the running job of stage %s (launched by try %s, at step %s)",
+                          self.stage, point.get("launched_by_try"), state.get("step"))
+        elif point["checkpoint_step"]:
+            self.log.info("resumed from checkpoint step %d (try %s stopped at step %s)", point["checkpoint_step"],
+                          point.get("launched_by_try"), point.get("stopped_at_step"))
+        elif point.get("launched_by_try"):
+            self.log.info("restarting stage %s from its start: try %s stopped at step %s before its first "
+                          "checkpoint", self.stage, point["launched_by_try"], point.get("stopped_at_step"))
+
+    def _completed(self, context: Any, result: Any) -> Any:
+        """Mark the stage folder as finished by this task (a later Clear then means: train the stage again)."""
+        from pipeline.io import write_json
+
+        write_json(self._out_dir(context) / COMPLETED, {"try_number": context["ti"].try_number,
+                                                        "time": time.time()})
+        return result
+
+    def _launch_time(self, out_dir: str | Path) -> float:
+        from pipeline.io import read_json
+
+        path = Path(out_dir) / "launch.json"
+        return float(read_json(path).get("time", 0.0)) if path.exists() else 0.0
+
+    def _stream_metrics(self, out_dir: str | Path, since: float) -> None:
+        """Log the rows the current job wrote (``time >= since``) past the last step already logged."""
+        from pipeline.pretrain import read_metrics
+
+        path = Path(out_dir) / "metrics.jsonl"
+        inode = path.stat().st_ino if path.exists() else None
+        if inode != self._metrics_inode:          # the trainer rewrote the file (it drops rows past its resume)
+            self._metrics_inode, self._metrics_line = inode, 0
+        rows, self._metrics_line = read_metrics(out_dir, self._metrics_line)
+        for r in rows:
+            if r.get("step", 0) > self._resume_step and r.get("time", 0.0) >= since:
+                self._log_metric(r)
+                self._resume_step = r["step"]
 
     def _log_metric(self, r: dict) -> None:
         self.log.info("stage %s step %s loss %.4f lr %.2e grad_norm %.3f tokens/s %.0f", self.stage,
@@ -104,12 +175,13 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         try_number = context["ti"].try_number
         log_path = out_dir / f"launcher.try{try_number}.log"
         self.log.info("launching stage %s: %s", self.stage, " ".join(argv))
+        launched = time.time()
         with open(log_path, "ab") as log_fh:
             self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
                                           env=launch_env(), start_new_session=True, close_fds=True,
                                           cwd=str(out_dir))
         write_json(out_dir / "status.json", {"state": "PENDING", "step": 0, "pid": self._proc.pid})
-        record_launch(out_dir, argv, self._proc.pid)
+        record_launch(out_dir, argv, self._proc.pid, try_number=try_number, launched=launched)
         return {"out_dir": str(out_dir), "pid": self._proc.pid, "log": str(log_path)}
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
@@ -125,16 +197,15 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def poll_until_complete(self, external_id: Any, context: Any) -> dict:
         """Stream metrics into the log until the job ends; raise with the job's own error when it fails."""
-        from pipeline.pretrain import job_state, read_metrics
+        from pipeline.pretrain import job_state
 
         out_dir = external_id["out_dir"]
+        since = self._launch_time(out_dir)
         while True:
             if self._proc is not None:
                 self._proc.poll()  # reap our child so a dead launcher is not seen as a zombie
-            rows, self._metrics_line = read_metrics(out_dir, self._metrics_line)
-            for r in rows:
-                self._log_metric(r)
             status = job_state(out_dir, external_id.get("pid"))
+            self._stream_metrics(out_dir, since)
             if status["state"] == "SUCCEEDED":
                 return self.get_job_result(external_id, context)
             if status["state"] in ("FAILED", "LOST"):

@@ -74,7 +74,7 @@ def cmd_train(args) -> int:
     if args.stage != "all" and args.stage not in names:
         print(f"mindloom: error: --stage {args.stage!r}: not in train.stages {names} (or 'all')", file=sys.stderr)
         return 2
-    corpus = resolve_corpus({"corpus_manifest": args.corpus or ""}, cfg=cfg)
+    corpus = resolve_corpus({}, cfg=cfg, manifest_path=args.corpus or None)
     run_id = _run_id(args.run_id)
 
     def one_stage(stage: str) -> dict | None:

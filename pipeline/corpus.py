@@ -228,7 +228,8 @@ def publish(specs: list[dict]) -> dict:
         summary["dedup_release"] = minhash.add_release(rdir, cfg.minhash, cfg.data_root, release=rdir.name,
                                                        kept_stage="quality")
     write_json(Path(rdir) / "corpus_summary.json", summary)
-    summary["report_html"] = str(write_report(Path(rdir) / "report.html", f"mindloom corpus {Path(rdir).name}",
+    summary["report_html"] = str(write_report(Path(rdir) / "report.html",
+                                              f"mindloom corpus {cfg.run_name} ({Path(rdir).name})",
                                               corpus_run_dir=Path(rdir)))
     write_json(Path(cfg.data_root) / "corpus" / "LATEST.json", summary)
     return {k: v for k, v in summary.items() if k != "stats"}

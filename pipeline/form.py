@@ -43,6 +43,24 @@ PARAM_FIELDS: dict[str, str] = {
     "train_recompute": "train.recompute",
 }
 
+#: Which Params each DAG's form shows, grouped into the form's sections (in order).  A DAG shows only the fields
+#: it uses: the corpus DAGs never offer training knobs and ``pretrain`` never offers corpus ones.
+FORMS: dict[str, dict[str, tuple[str, ...]]] = {
+    "corpus": {
+        "Run": ("run_name", "domains", "seed"),
+        "Ingest": ("docs_per_shard", "strict_ingest"),
+        "Deduplication": ("exact_dedup", "near_dedup", "near_dedup_threshold", "incremental_dedup"),
+        "Quality": ("quality_filter", "min_words"),
+        "Tokenizer and MindRecord": ("vocab_size", "seq_len", "mindrecord_shards", "mixture_weights"),
+    },
+    "train": {
+        "Run": ("run_name", "seed"),
+        "Model and optimisation": ("model_preset", "train_steps", "batch_size", "learning_rate",
+                                   "train_grad_accum"),
+        "Execution": ("train_mode", "train_workers", "train_precision", "train_recompute"),
+    },
+}
+
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string", dict: "object"}
 
 
@@ -62,15 +80,34 @@ def _get_dotted(cfg: MindloomConfig, dotted: str) -> Any:
     return copy.deepcopy(node)
 
 
-def param_specs(cfg: MindloomConfig | None = None) -> dict[str, dict]:
-    """JSON-schema keyword dicts (default, type, title, description, enum, minimum, maximum) per Param."""
+def _bounds_text(spec: dict) -> str:
+    lo, hi = spec.get("minimum"), spec.get("maximum")
+    if lo is not None and hi is not None:
+        return f" Allowed: {lo} to {hi}."
+    if lo is not None:
+        return f" Allowed: at least {lo}."
+    if hi is not None:
+        return f" Allowed: at most {hi}."
+    return ""
+
+
+def param_specs(cfg: MindloomConfig | None = None, form: str | None = None) -> dict[str, dict]:
+    """JSON-schema keyword dicts (default, type, title, description, enum, minimum, maximum, section) per Param.
+
+    With ``form`` (``"corpus"`` or ``"train"``) only that DAG's fields, in form order, each with its ``section``.
+    A field whose default is empty (``domains: []``, ``mixture.weights: {}``) also accepts null, so the form
+    does not mark it required.
+    """
     cfg = cfg or load_config()
+    sections = {n: sec for sec, names in FORMS.get(form or "", {}).items() for n in names}
+    names = list(sections) if form else list(PARAM_FIELDS)
     specs: dict[str, dict] = {}
-    for name, dotted in PARAM_FIELDS.items():
+    for name in names:
+        dotted = PARAM_FIELDS[name]
         f, tp = _field_of(dotted)
         meta = f.metadata
-        spec: dict[str, Any] = {"default": _get_dotted(cfg, dotted), "title": name.replace("_", " ").capitalize(),
-                                "description": f"{meta.get('desc', '')} (config: {dotted})"}
+        default = _get_dotted(cfg, dotted)
+        spec: dict[str, Any] = {"default": default, "title": name.replace("_", " ").capitalize()}
         if typing.get_origin(tp) is list:
             spec["type"] = "array"
             spec["items"] = {"type": "string"}
@@ -86,12 +123,19 @@ def param_specs(cfg: MindloomConfig | None = None) -> dict[str, dict]:
                 spec["minimum"] = meta["ge"]
             if meta.get("le") is not None and tp in (int, float):
                 spec["maximum"] = meta["le"]
+        if default in ([], {}, "", None):
+            spec["type"] = [spec["type"], "null"]
+            spec["default"] = None
+        spec["description"] = f"{meta.get('desc', '')}{_bounds_text(spec)} (config: {dotted})"
+        if name in sections:
+            spec["section"] = sections[name]
         specs[name] = spec
     return specs
 
 
 def config_from_params(params: dict[str, Any], path: str | Path | None = None) -> MindloomConfig:
-    """Config from the YAML file with the trigger-form Params applied on top (unknown params are ignored)."""
-    overrides = {PARAM_FIELDS[k]: v for k, v in params.items() if k in PARAM_FIELDS}
-    base_path = params.get("config_path") or path
-    return load_config(base_path or None, overrides)
+    """Config from the deployment's YAML file (``path``, else ``$MINDLOOM_CONFIG``) with the trigger-form Params
+    applied on top.  Unknown params are ignored, and so are params left empty (null) in the form.  The YAML file
+    is never chosen by a param: a run's conf cannot point the workers at another file."""
+    overrides = {PARAM_FIELDS[k]: v for k, v in params.items() if k in PARAM_FIELDS and v is not None}
+    return load_config(path or None, overrides)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import time
 from pathlib import Path
 
 from pipeline.config import MindloomConfig
@@ -207,15 +209,62 @@ def stage_eval_for_run(params: dict, run_id: str, stage: str) -> dict:
     return {"stage": stage, **stage_eval(stage_dir(cfg.data_root, run_id, stage))}
 
 
-def record_launch(out_dir: str | Path, argv: list[str], pid: int) -> dict:
-    info = {"pid": pid, "argv": argv, "out_dir": str(out_dir)}
+def record_launch(out_dir: str | Path, argv: list[str], pid: int, try_number: int | None = None,
+                  launched: float | None = None) -> dict:
+    """``launch.json``: who started the stage's current job and when (rows older than ``time`` are not its own)."""
+    info = {"pid": pid, "argv": argv, "out_dir": str(out_dir), "try_number": try_number,
+            "time": launched if launched is not None else time.time()}
     write_json(Path(out_dir) / "launch.json", info)
     return info
 
 
+_CKPT = re.compile(r"^step_(\d{8})\.ckpt$")
+
+
+def resume_point(out_dir: str | Path) -> dict:
+    """Where a new job in ``out_dir`` resumes, read from the folder alone (no MindSpore import):
+
+    ``checkpoint_step``: the newest checkpoint with its ``.sha256`` sidecar (the trainer verifies the checksum and
+    falls back further if it does not match), or None; ``stopped_at_step``: the last step the previous job
+    reported; ``launched_by_try``: the task try that launched it.
+    """
+    out_dir = Path(out_dir)
+    steps = [int(m.group(1)) for p in (out_dir / "checkpoints").glob("step_*.ckpt")
+             if (m := _CKPT.match(p.name)) and p.with_name(p.name + ".sha256").exists()]
+    status = read_json(out_dir / "status.json") if (out_dir / "status.json").exists() else {}
+    launch = read_json(out_dir / "launch.json") if (out_dir / "launch.json").exists() else {}
+    return {"checkpoint_step": max(steps) if steps else None, "stopped_at_step": status.get("step"),
+            "launched_by_try": launch.get("try_number")}
+
+
+def archive_stage(out_dir: str | Path) -> Path:
+    """Move a finished stage folder aside (``<stage>.cleared-<n>``) so the stage can be trained again from its
+    start; returns where the old output now is."""
+    out_dir = Path(out_dir)
+    n = 1
+    while (kept := out_dir.with_name(f"{out_dir.name}.cleared-{n}")).exists():
+        n += 1
+    os.replace(out_dir, kept)
+    return kept
+
+
+def corpus_summary_of_run(data_root: str | Path, corpus_run: str) -> dict:
+    """The ``corpus_summary.json`` of corpus run ``corpus_run``, looked up under ``<data_root>/runs/`` only."""
+    path = Path(data_root) / "runs" / safe_run_id(corpus_run) / "corpus_summary.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"corpus_run: no published corpus for run {corpus_run!r} ({path} does not exist; "
+                                f"is it a finished corpus_build or corpus_refresh run?)")
+    return read_json(path)
+
+
 def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
-                   cfg: MindloomConfig | None = None) -> dict:
-    """Which corpus to train on: an explicit summary file, else the triggering Asset event, else the latest.
+                   cfg: MindloomConfig | None = None, manifest_path: str | Path | None = None) -> dict:
+    """Which corpus to train on, first match wins:
+
+    1. ``manifest_path``, a ``corpus_summary.json`` (the CLI's ``--corpus``; never taken from a run's conf);
+    2. the ``corpus_run`` param, a corpus run id resolved under ``<data_root>/runs/``;
+    3. the triggering Asset event;
+    4. the latest published corpus.
 
     The shards are checked against their manifest (sha256 of every file) before any training starts, because
     MindRecord itself cannot detect corrupt rows.
@@ -225,8 +274,10 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
     from pipeline.form import config_from_params
 
     cfg = cfg or config_from_params(params)
-    if params.get("corpus_manifest"):
-        summary = read_json(params["corpus_manifest"])
+    if manifest_path:
+        summary = read_json(manifest_path)
+    elif params.get("corpus_run"):
+        summary = corpus_summary_of_run(cfg.data_root, str(params["corpus_run"]))
     elif asset_extras and any("mindrecord_dir" in e for e in asset_extras):
         summary = [e for e in asset_extras if "mindrecord_dir" in e][-1]
     else:
@@ -247,7 +298,8 @@ def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dic
     compact = {name: {k: s.get(k) for k in keys} for name, s in stages.items()}
     write_json(run_root / "report.json", {"run_id": run_id, "corpus": corpus, "stages": stages,
                                          "stage_order": list(stages)})
-    html_path = write_html(run_root / "report.html", f"mindloom run {run_id}",
+    title = f"mindloom run {params.get('run_name') or cfg.run_name} ({run_id})"
+    html_path = write_html(run_root / "report.html", title,
                            Path(corpus["run_dir"]) if corpus else None,
                            {name: stage_dir(cfg.data_root, run_id, name) for name in stages})
     return {"report": str(run_root / "report.json"), "report_html": str(html_path), "stages": compact}

@@ -27,24 +27,70 @@ def open_browser(p):
     return p.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=CHROMIUM_ARGS)
 
 
-def trigger_from_form(base: str, dag_id: str, fields: dict[str, str], shots: Path | None = None) -> str:
-    """Log in, open the DAG's trigger form, fill ``fields`` (param name → text), trigger; return the run id."""
+#: Form titles and sections of the Params that do not come from the config (operators/params.py).
+EXTRA_FIELDS = {"corpus_run": ("Corpus", "Corpus run"), "fail_at_step": ("Testing", "Fail at step"),
+                "fail_stage": ("Testing", "Stage that fails"), "fail_for_good": ("Testing", "Fail every automatic try")}
+
+
+def form_field(dialog, page, dag_id: str, name: str, opened: list[str]):
+    """The input of Param ``name`` in the trigger dialog, after opening its section (one section is open at a
+    time; ``opened`` remembers which)."""
+    from pipeline.form import FORMS
+
+    kind = "train" if dag_id == "pretrain" else "corpus"
+    section = next((sec for sec, names in FORMS[kind].items() if name in names), None)
+    title = name.replace("_", " ").capitalize()
+    if section is None:
+        section, title = EXTRA_FIELDS[name]
+    if opened[-1:] != [section]:
+        dialog.get_by_role("button", name=section, exact=True).click()
+        page.wait_for_timeout(400)
+        opened.append(section)
+    return dialog.locator("[data-scope=field][data-part=root]",
+                          has=page.get_by_text(re.compile(r"^" + re.escape(title) + r"\s*\*?$"))).first
+
+
+def fill_form(dialog, page, dag_id: str, fields: dict) -> None:
+    """Fill Params (name → text, or bool for switches) in the open trigger dialog."""
+    opened: list[str] = []
+    for name, value in fields.items():
+        root = form_field(dialog, page, dag_id, name, opened)
+        field = root.locator("input").first
+        if isinstance(value, bool):
+            if field.is_checked() != value:
+                root.locator("label").last.click()
+        else:
+            field.fill(str(value))
+            field.press("Tab")
+
+
+def open_trigger_form(page, base: str, dag_id: str):
+    page.goto(f"{base}/dags/{dag_id}")
+    page.get_by_role("button", name="Trigger").first.click()
+    dialog = page.get_by_role("dialog")
+    dialog.get_by_role("button", name="Trigger").wait_for(timeout=60_000)
+    return dialog
+
+
+def submit_trigger_form(page, dialog, dag_id: str) -> str:
+    dialog.get_by_role("button", name="Trigger").click()
+    page.wait_for_url(f"**/dags/{dag_id}/runs/**", timeout=60_000)
+    return urllib.parse.unquote(page.url.split("/runs/", 1)[1].split("?")[0].split("/")[0])
+
+
+def trigger_from_form(base: str, dag_id: str, fields: dict, shots: Path | None = None) -> str:
+    """Log in, open the DAG's trigger form, fill ``fields`` (param name → value), trigger; return the run id."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
         browser = open_browser(p)
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
         _login(page, base)
-        page.goto(f"{base}/dags/{dag_id}")
-        page.get_by_role("button", name="Trigger").first.click()
-        dialog = page.get_by_role("dialog")
-        for name, value in fields.items():
-            dialog.locator(f"#element_{name}, [name=element_{name}]").first.fill(value)
+        dialog = open_trigger_form(page, base, dag_id)
+        fill_form(dialog, page, dag_id, fields)
         if shots:
             dialog.screenshot(path=str(shots / f"{dag_id}_trigger_form.png"))
-        dialog.get_by_role("button", name="Trigger").click()
-        page.wait_for_url(f"**/dags/{dag_id}/runs/**", timeout=60_000)
-        run_id = urllib.parse.unquote(page.url.split("/runs/", 1)[1].split("?")[0].split("/")[0])
+        run_id = submit_trigger_form(page, dialog, dag_id)
         browser.close()
         return run_id
 

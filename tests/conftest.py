@@ -24,6 +24,7 @@ os.environ.update(
     AIRFLOW__CORE__UNIT_TEST_MODE="True",
     AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{_HOME}/airflow.db",
     MINDLOOM_TRAIN_EXECUTOR="",
+    MINDLOOM_TESTING_SWITCHES="1",          # the DAGs offer fail_at_step only when the deployment enables it
 )
 
 

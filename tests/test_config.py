@@ -49,3 +49,40 @@ def test_params_map_onto_config_fields():
 def test_config_digest_is_stable_and_sensitive():
     assert load_config(DEFAULT_CONFIG).digest() == load_config(DEFAULT_CONFIG).digest()
     assert load_config(DEFAULT_CONFIG).digest() != load_config(DEFAULT_CONFIG, {"seed": 99}).digest()
+
+
+def test_each_dag_form_shows_only_its_fields_in_sections():
+    from pipeline.form import FORMS
+
+    cfg = load_config(DEFAULT_CONFIG)
+    corpus, train = param_specs(cfg, form="corpus"), param_specs(cfg, form="train")
+    assert not {n for n in corpus if n.startswith("train_") or n in ("model_preset", "batch_size", "learning_rate")}
+    assert not {"seq_len", "vocab_size", "near_dedup_threshold", "domains"} & set(train)
+    assert list(corpus) == [n for names in FORMS["corpus"].values() for n in names]
+    assert corpus["near_dedup_threshold"]["section"] == "Deduplication"
+    assert "Allowed: 0 to 1." in corpus["near_dedup_threshold"]["description"]
+    # Empty defaults are optional (nullable), so the form does not mark them required.
+    assert corpus["domains"]["type"] == ["array", "null"] and corpus["domains"]["default"] is None
+    assert corpus["seq_len"]["type"] == "integer"
+
+
+def test_params_cannot_choose_the_config_file_and_nulls_mean_the_yaml_value(tmp_path):
+    other = tmp_path / "other.yaml"
+    other.write_text("seed: 999\n", encoding="utf-8")
+    cfg = config_from_params({"config_path": str(other), "domains": None, "seq_len": None}, DEFAULT_CONFIG)
+    default = load_config(DEFAULT_CONFIG)
+    assert cfg.seed == default.seed and cfg.domains == default.domains and cfg.pack.seq_len == default.pack.seq_len
+
+
+def test_the_run_status_page_escapes_every_value(tmp_path):
+    from operators.run_status import status_page
+    from pipeline.io import write_json
+
+    (tmp_path / "main").mkdir()
+    write_json(tmp_path / "main" / "status.json", {"state": "FAILED", "step": 9, "error": "Boom: <script>x</script>"})
+    page = status_page("pretrain", "<img src=x>", "failed", "my <b>run</b>",
+                       [{"task_id": "train_main", "state": "failed", "try_number": 2, "map_index": -1}],
+                       {"main": tmp_path / "main"})
+    assert "<script>" not in page and "<img" not in page and "<b>run" not in page
+    assert "FAILED at step 9: Boom: &lt;script&gt;" in page and "my &lt;b&gt;run&lt;/b&gt;" in page
+    assert "/dags/pretrain/runs/%3Cimg%20src%3Dx%3E/tasks/train_main?try_number=2" in page

@@ -181,9 +181,10 @@ def restore_full(opt, pd: dict) -> None:
     """Load weights + optimizer state (moments, ``global_step``); every optimizer parameter except the LR table
     must be present."""
     pd = {k: v for k, v in pd.items() if k not in SKIP_ON_LOAD}
-    for name in SKIP_ON_LOAD:  # keep the job's own value (and avoid MindSpore's "not loaded" warning)
-        if isinstance(getattr(opt, name, None), ms.Parameter):
-            pd[name] = getattr(opt, name)
+    own = opt.parameters_dict()
+    for name in SKIP_ON_LOAD:  # keep the job's own value (and avoid MindSpore's "... are not loaded" warning)
+        if name in own:
+            pd[name] = own[name]
     not_loaded, _ = ms.load_param_into_net(opt, pd)
     missing = [n for n in not_loaded if n not in SKIP_ON_LOAD]
     if missing:

@@ -214,10 +214,10 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> 
                 status.write("RUNNING", step, out["loss"])
                 log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
                          out["grad_norm"], out["loss_scale"], tok_s)
-            if job.fail_at_step is not None and step == job.fail_at_step:
+            if job.fail_at_step is not None and step >= job.fail_at_step:  # first step at or past it
                 if job.fail_mode == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)  # no cleanup at all, like an OOM kill or a lost node
-                raise SimulatedCrash(f"fail_at_step={step}: simulated crash after checkpoint")
+                raise SimulatedCrash(f"fail_at_step={job.fail_at_step}: simulated crash after step {step}")
             t_data = time.time()
         if step < job.steps:
             raise RuntimeError(f"data ended after step {step} of {job.steps}")
