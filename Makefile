@@ -82,6 +82,7 @@ airflow: $(STAMP) airflow-init
 
 screenshots: $(STAMP) system-deps corpus
 	$(PY) scripts/screenshots.py docs/screenshots
+	MINDLOOM_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -q tests/test_ui_walkthrough.py
 
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q
