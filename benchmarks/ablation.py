@@ -4,7 +4,7 @@ base context, with and without it.
 
     .venv/bin/python benchmarks/ablation.py [--steps 300] [--long-steps 50] [--quick]     (make ablation)
 
-1. The corpus chain (``pipeline.corpus.run_all``, configs/default.yaml, sources = ``../shared/corpora``, else the
+1. The corpus chain (``pipeline.tasks.corpus.run_all``, configs/default.yaml, sources = ``../shared/corpora``, else the
    demo corpus) writes (b): exact + MinHash dedup, quality chains, natural proportions, and the held-out validation
    sets ``<run>/mindrecord_val/<domain>/`` (5 % of each domain's surviving documents, at least 8).
 2. (a) is built from the chain's own ingest output — every document, no dedup, no filters, natural proportions —
@@ -12,7 +12,7 @@ base context, with and without it.
    the near-duplicates MinHash clustered with them: without that, (a) would train on copies of the evaluation
    text and its held-out loss would measure leakage, not data quality.
 3. Both train from the same initial weights with the same recipe and token budget (``--steps`` × 8 rows × 128
-   tokens), through ``pipeline.pretrain.build_job`` + ``python -m pipeline.train``; the stage's own evaluation
+   tokens), through ``pipeline.tasks.pretrain.build_job`` + ``python -m pipeline.train``; the stage's own evaluation
    scores the same held-out tokens of each domain.
 4. Long context (on (b)): from (b)'s checkpoint, four variants scored at 4 × 128 = 512 tokens (and at 128):
    plain RoPE without further training; NTK-scaled RoPE without training; the ``long_context`` stage (512-token
@@ -75,8 +75,9 @@ def raw_token_set(rdir: Path, out: Path, seed: int) -> dict:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from pipeline import mindrecord, tokenizer
     from pipeline.io import read_json
+    from pipeline.sink import mindrecord
+    from pipeline.tokenizer import run as tokenizer
 
     if (out / mindrecord.MANIFEST).exists():
         return read_json(out / mindrecord.MANIFEST)
@@ -115,7 +116,7 @@ def raw_token_set(rdir: Path, out: Path, seed: int) -> dict:
 
 
 def train(cfg, corpus: dict, out_dir: Path, stage: str, log: Path, init_from: str | None = None) -> dict:
-    from pipeline.pretrain import build_job, stage_result
+    from pipeline.tasks.pretrain import build_job, stage_result
 
     job = build_job(cfg, corpus, out_dir, stage=stage, init_from=init_from)
     with open(log, "ab") as fh:
@@ -175,10 +176,10 @@ def _losses(summary: dict) -> dict:
 
 
 def run(args) -> dict:
-    from pipeline import corpus as chain
     from pipeline.config import config_from_dict
     from pipeline.io import read_json
-    from pipeline.pretrain import find_eval_sets
+    from pipeline.tasks import corpus as chain
+    from pipeline.tasks.pretrain import find_eval_sets
 
     work = args.work
     log = work / "ablation.log"
@@ -267,7 +268,7 @@ def _metrics(out_dir: Path) -> list[dict]:
 
 def write_plots(res: dict, out_dir: Path) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.svgplot import bar_chart, line_chart
+    from pipeline.report.svgplot import bar_chart, line_chart
 
     runs = res["runs"]
     doms = [d for d in runs["curated"]["eval"] if runs["raw"]["eval"].get(d) is not None]

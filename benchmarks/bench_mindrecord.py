@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_tokenize import RESULTS, corpus_tokens, machine  # noqa: E402
 
-from pipeline import mindrecord  # noqa: E402
+from pipeline.sink import mindrecord  # noqa: E402
 
 DEBUG_MODEL_TOKENS_PER_S = 2000.0
 

@@ -35,7 +35,7 @@ NOTES = {
         "positive at Jaccard ≥ 0.8 and predicted positive when both documents end in one cluster."),
     "datasketch": (
         "Plain datasketch is what most in-house scripts use. Both tools hash the same shingles (mindloom's "
-        "`pipeline/minhash/shingles.py`, loaded alone in the datasketch venv), so the ratio is the hashing engine "
+        "`pipeline/dedup/minhash/shingles.py`, loaded alone in the datasketch venv), so the ratio is the hashing engine "
         "alone, and the signatures of the first documents are compared bit for bit."),
     "tokenize": (
         "`tokenizer.encode_texts`: this process plus N−1 spawned children, chunks dealt dynamically, outputs "

@@ -284,7 +284,7 @@ def w_datasketch(a: dict) -> dict:
 
 def w_mindloom(a: dict) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.minhash import MinhashConfig, SignatureEngine
+    from pipeline.dedup.minhash import MinhashConfig, SignatureEngine
 
     texts = json.loads(Path(a["texts"]).read_text(encoding="utf-8"))
     eng = SignatureEngine(MinhashConfig(shingle_kind="word", domain_shingles=[], scheme="affine32"))

@@ -66,7 +66,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def execute_complete(self, context: Any, event: dict, external_id: dict | None = None) -> dict:
         """Back from the triggerer: copy the stage's metrics into this log, then succeed or fail like the sync path."""
-        from pipeline.pretrain import read_metrics
+        from pipeline.tasks.pretrain import read_metrics
 
         rows, _ = read_metrics(event["out_dir"])
         for r in rows:
@@ -85,7 +85,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def _out_dir(self, context: Any) -> Path:
         from pipeline.form import config_from_params
-        from pipeline.pretrain import stage_dir
+        from pipeline.tasks.pretrain import stage_dir
 
         cfg = config_from_params(dict(context["params"]))
         return stage_dir(cfg.data_root, context["run_id"], self.stage)
@@ -93,7 +93,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
     def submit_job(self, context: Any) -> dict:
         from pipeline.form import config_from_params
         from pipeline.io import write_json
-        from pipeline.pretrain import build_job, launch_argv, launch_env, record_launch
+        from pipeline.tasks.pretrain import build_job, launch_argv, launch_env, record_launch
 
         cfg = config_from_params(dict(context["params"]))
         out_dir = self._out_dir(context)
@@ -113,7 +113,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         return {"out_dir": str(out_dir), "pid": self._proc.pid, "log": str(log_path)}
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
-        from pipeline.pretrain import job_state
+        from pipeline.tasks.pretrain import job_state
 
         return job_state(external_id["out_dir"], external_id.get("pid"))["state"]
 
@@ -125,7 +125,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def poll_until_complete(self, external_id: Any, context: Any) -> dict:
         """Stream metrics into the log until the job ends; raise with the job's own error when it fails."""
-        from pipeline.pretrain import job_state, read_metrics
+        from pipeline.tasks.pretrain import job_state, read_metrics
 
         out_dir = external_id["out_dir"]
         while True:
@@ -144,7 +144,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
             time.sleep(self.poll_interval)
 
     def get_job_result(self, external_id: Any, context: Any) -> dict:
-        from pipeline.pretrain import stage_result
+        from pipeline.tasks.pretrain import stage_result
 
         return stage_result(external_id["out_dir"])
 

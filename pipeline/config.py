@@ -25,9 +25,9 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 if TYPE_CHECKING:
-    from pipeline.minhash.config import MinhashConfig
+    from pipeline.dedup.minhash.config import MinhashConfig
 
-from pipeline.filters.params import PARAMS, PiiConfig, QualityChainConfig, default_chains
+from pipeline.quality.filters.params import PARAMS, PiiConfig, QualityChainConfig, default_chains
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
 
@@ -58,7 +58,7 @@ class SourceConfig:
     text_field: str = _f("text", desc="JSONL field / Parquet column holding the document text.")
     id_field: str = _f("id", desc="JSONL field / Parquet column with the source's own id, kept in meta "
                                   "(empty: none).")
-    options: dict = _f(factory=dict, desc="Reader options (pipeline/readers/<reader>.py: <Reader>Options), "
+    options: dict = _f(factory=dict, desc="Reader options (pipeline/ingest/readers/<reader>.py: <Reader>Options), "
                                           "checked strictly.")
     fs_options: dict = _f(factory=dict, desc="Object-store filesystem options (e.g. endpoint_override, region for "
                                              "s3://); credentials come from the environment, never from here.")
@@ -66,7 +66,7 @@ class SourceConfig:
                             "(the code reader always sets it); empty: detect.")
 
     def __post_init__(self) -> None:
-        from pipeline.readers import reader_options
+        from pipeline.ingest.readers import reader_options
 
         reader_options(self.reader, self.options, f"source {self.name or self.domain!r} ({self.reader}) options")
 
@@ -94,7 +94,7 @@ class DedupConfig:
 class QualityConfig:
     """Quality filtering: per-domain chains of published rule sets; scores kept as columns, removals audited.
 
-    The filters, their parameters, published defaults and sources are in ``pipeline/filters/params.py``.  A
+    The filters, their parameters, published defaults and sources are in ``pipeline/quality/filters/params.py``.  A
     domain's parameters are the published defaults, then ``min_words`` (gopher_quality), then its chain's
     ``overrides``.
     """
@@ -370,7 +370,7 @@ class MindloomConfig:
 
 def _late_types() -> dict[str, type]:
     """Config classes that live beside their stage and import this module (so cannot be imported at its top)."""
-    from pipeline.minhash.config import MinhashConfig
+    from pipeline.dedup.minhash.config import MinhashConfig
 
     return {"MinhashConfig": MinhashConfig}
 
@@ -446,7 +446,7 @@ def _build(cls: type, data: Any, where: str) -> Any:
 
 
 def _check_cross_fields(cfg: MindloomConfig) -> None:
-    from pipeline.minhash.config import check_config as check_minhash
+    from pipeline.dedup.minhash.config import check_config as check_minhash
 
     check_minhash(cfg.minhash)
     names = {s.domain for s in cfg.sources}

@@ -32,7 +32,7 @@ def pack_bytes(docs: list[str], seq_len: int) -> np.ndarray:
 def write_mindrecord(rows: np.ndarray, out_dir: str, name: str = "corpus", shards: int = 2) -> list[str]:
     """Write rows as ``out_dir/<name>-0000i-of-0000N.mindrecord`` (+ ``.db``, + ``manifest.json``), column
     ``input_ids`` int32, rows dealt round-robin like the corpus packer; returns the data files."""
-    from .repack import write_rows
+    from pipeline.train.repack import write_rows
 
     m = write_rows(list(rows), out_dir, shards, name=name)
     return [os.path.join(out_dir, s["file"]) for s in m["shards"]]

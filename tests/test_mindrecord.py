@@ -14,10 +14,11 @@ import pytest
 from conftest import prose_records, stdlib_records
 from test_tokenizer import SMALL, write_quality_shards
 
-from pipeline import mindrecord, mixture, tokenizer, validation
 from pipeline.config import MixtureConfig
 from pipeline.io import read_json, read_parquet, write_json
-from pipeline.mindrecord import ShardError
+from pipeline.sink import mindrecord, mixture, validation
+from pipeline.sink.mindrecord import ShardError
+from pipeline.tokenizer import run as tokenizer
 
 SEQ = 63
 MIX = MixtureConfig(weights={"code": 0.5, "prose": 0.5}, val_min_docs=2)

@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from pipeline.train.bytes_data import write_mindrecord  # noqa: E402
+from bytes_data import write_mindrecord  # noqa: E402
+
 from pipeline.train.data import DataPosition, TokenBatches  # noqa: E402
 
 N_ROWS, WIDTH, SEED = 37, 5, 11

@@ -35,7 +35,7 @@ def test_capability_table_is_complete_and_cpu_rows_are_measured():
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     pytest.importorskip("mindspore")
-    from pipeline.train.bytes_data import pack_bytes, stdlib_text, write_mindrecord
+    from bytes_data import pack_bytes, stdlib_text, write_mindrecord
 
     d = tmp_path_factory.mktemp("fp16")
     write_mindrecord(pack_bytes(stdlib_text("argparse"), SEQ)[:200], str(d), shards=2)
@@ -46,7 +46,8 @@ def test_fp16_dynamic_loss_scaling_skips_overflowing_steps(small, tmp_path):
     """Initial scale 2^24: the fp16 backward overflows, so the first steps are skipped while the scale halves;
     once it fits, updates apply. Skipped steps change neither weights nor the LR schedule (the optimizer's
     global_step counts applied updates only)."""
-    from pipeline.train.bytes_data import BYTE_VOCAB
+    from bytes_data import BYTE_VOCAB
+
     from pipeline.train.checkpoint import load_file
     from pipeline.train.optim import lr_at
     from pipeline.train.trainer import run_training

@@ -17,7 +17,8 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from pipeline.train.bytes_data import BYTE_VOCAB, pack_bytes, stdlib_text, write_mindrecord  # noqa: E402
+from bytes_data import BYTE_VOCAB, pack_bytes, stdlib_text, write_mindrecord  # noqa: E402
+
 from pipeline.train.job import TrainJob  # noqa: E402
 
 SEQ = 32
@@ -203,7 +204,7 @@ def test_gradient_accumulation_equals_the_big_batch(data, tmp_path, reference):
 def test_resume_after_sigkill(data, tmp_path, reference):
     """A hard kill (no exception handler runs) after step 8 with the last checkpoint at 6: status stays RUNNING, the
     orchestrator sees LOST, metrics rows 7-8 are rewritten by the resumed run, and every step matches."""
-    from pipeline.pretrain import job_state
+    from pipeline.tasks.pretrain import job_state
 
     _, _, ref = reference
     out = tmp_path / "kill"

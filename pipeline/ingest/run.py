@@ -30,12 +30,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from pipeline.config import ConfigError, MindloomConfig, SourceConfig
+from pipeline.ingest.langid import language_columns
+from pipeline.ingest.normalize import doc_id, normalize_text, text_hash
+from pipeline.ingest.readers import FileRef, RawRecord, Reader, ReadError, Rejection, make_reader
+from pipeline.ingest.readers.base import snippet_of
+from pipeline.ingest.readers.storage import Storage, _oserror_reason
 from pipeline.io import atomic_path, completed, count_removed, new_stats, write_marker, write_stats
-from pipeline.langid import language_columns
-from pipeline.normalize import doc_id, normalize_text, text_hash
-from pipeline.readers import FileRef, RawRecord, Reader, ReadError, Rejection, make_reader
-from pipeline.readers.base import snippet_of
-from pipeline.readers.storage import Storage, _oserror_reason
 
 log = logging.getLogger(__name__)
 
@@ -253,7 +253,7 @@ def _results(items: Iterator, workers: int, init_args: tuple) -> Iterator[tuple]
     # forkserver: workers fork from a clean server process (no inherited pyarrow threads, unlike fork) that
     # preloads this module instead of the caller's __main__ (the Airflow task runner, a test, a CLI script).
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["pipeline.ingest"])
+    ctx.set_forkserver_preload(["pipeline.ingest.run"])
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=init_args) as pool:
         window: deque = deque()
         try:

@@ -7,12 +7,12 @@ Inputs and outputs of :func:`run_quality_shard` (``<rdir>`` is the run folder)::
                                                 plus one q_<filter>_<score> column per score
     <rdir>/quality/scores/<shard>.parquet       every input document's scores, reason and detail, and the
                                                 scoring signature per domain (schema metadata)
-    <rdir>/removed/quality/...                  per-reason samples and counts (pipeline/filters/audit.py)
+    <rdir>/removed/quality/...                  per-reason samples and counts (pipeline/quality/filters/audit.py)
     <rdir>/stats/quality/<shard>.json           in = kept + removed by reason, plus chars, est. tokens, PII counts
 
 ``reuse_scores=True`` takes the decisions from the stored scores instead of recomputing them (after checking they
 are still valid), so re-tuned thresholds are applied in a fraction of the time; the output is byte-identical to a
-full recompute with the same config.  Filters, parameters and sources: ``pipeline/filters/``.
+full recompute with the same config.  Filters, parameters and sources: ``pipeline/quality/filters/``.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import QualityConfig
-from pipeline.filters.audit import quality_report, render_quality_report, write_removed
-from pipeline.filters.basic import LANG_COLUMNS
-from pipeline.filters.chain import (
+from pipeline.io import completed, count_removed, new_stats, read_parquet, write_marker, write_parquet, write_stats
+from pipeline.quality.filters.audit import quality_report, render_quality_report, write_removed
+from pipeline.quality.filters.basic import LANG_COLUMNS
+from pipeline.quality.filters.chain import (
     SIGNATURE_KEY,
     Chain,
     QualityError,
@@ -35,9 +36,8 @@ from pipeline.filters.chain import (
     reapply_decisions,
     signatures_of,
 )
-from pipeline.filters.pii import PiiMasker
-from pipeline.filters.text import Doc, approx_tokens, cjk_char_count
-from pipeline.io import completed, count_removed, new_stats, read_parquet, write_marker, write_parquet, write_stats
+from pipeline.quality.filters.pii import PiiMasker
+from pipeline.quality.filters.text import Doc, approx_tokens, cjk_char_count
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def _check_language_columns(chains: dict[str, Chain], table: Any, input_stage: s
             msg = (f"domain {domain!r} runs the 'language' filter but {input_stage}/{shard}.parquet has no "
                    f"{'/'.join(missing)} column: language ID has not run before quality")
             if f.p.on_missing == "error":
-                raise QualityError(f"quality/{shard}: {msg}; run language ID at ingest (pipeline/langid.py) or "
+                raise QualityError(f"quality/{shard}: {msg}; run language ID at ingest (pipeline/ingest/langid.py) or "
                                    "set the chain's overrides.language.on_missing: keep")
             warnings.append(f"{msg}; language filter NOT applied to {table.num_rows} documents (on_missing: keep)")
             log.warning("quality/%s: %s", shard, warnings[-1])

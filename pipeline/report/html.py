@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from pipeline.io import atomic_path, read_json
-from pipeline.svgplot import bar_chart, line_chart
+from pipeline.report.svgplot import bar_chart, line_chart
 
 CSS = """body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -50,7 +50,7 @@ def corpus_section(run_dir: Path) -> str:
              f"<code>{summary.get('config_sha256', '')[:12]}</code> · tokenizer "
              f"<code>{summary.get('tokenizer_sha256', '')[:12]}</code></p>"]
     rows, removals = [], {}
-    from pipeline.summary import STAGES
+    from pipeline.report.summary import STAGES
 
     order = [st for st in STAGES if st in stats] + sorted(set(stats) - set(STAGES))
     for stage, per_domain in ((st, stats[st]) for st in order):
@@ -87,7 +87,7 @@ def corpus_section(run_dir: Path) -> str:
 
 def quality_section(run_dir: Path) -> str:
     """Per domain and rule: documents and estimated tokens removed, with one example snippet each."""
-    from pipeline.filters.audit import quality_report
+    from pipeline.quality.filters.audit import quality_report
 
     if not (run_dir / "stats" / "quality").exists():
         return ""

@@ -242,7 +242,7 @@ def write_mindrecord(rdir: Path, shards: list[str], *, seq_len: int, shard_num: 
                      domain_field: bool = True, boundaries: bool = False, workers: int = 1) -> dict:
     """Pack every tokenized shard and write ``mindrecord/`` with its manifest; return the manifest.
 
-    With ``mixture`` the per-document decisions of :func:`pipeline.mixture.plan_mixture` apply (``copies``
+    With ``mixture`` the per-document decisions of :func:`pipeline.sink.mixture.plan_mixture` apply (``copies``
     per document: 0 for held-out and downsampled documents, more than 1 for upsampled ones); without it every
     document goes in once.
     """
@@ -387,10 +387,10 @@ def _read_in_child(mr_dir: Path, ranks: int, mem_limit_mb: int, timeout_s: float
         lim = mem_limit_mb << 20
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
 
-    repo = str(Path(__file__).resolve().parent.parent)
+    repo = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "MALLOC_ARENA_MAX": "2", "GLOG_v": "3",
            "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "pipeline.mindrecord", "read", str(mr_dir), str(ranks)]
+    cmd = [sys.executable, "-m", "pipeline.sink.mindrecord", "read", str(mr_dir), str(ranks)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env, timeout=timeout_s)
         out, err, rc = proc.stdout, proc.stderr, proc.returncode
@@ -479,5 +479,5 @@ if __name__ == "__main__":
     import sys
 
     if len(sys.argv) != 4 or sys.argv[1] != "read":
-        sys.exit("usage: python -m pipeline.mindrecord read DIR RANKS")
+        sys.exit("usage: python -m pipeline.sink.mindrecord read DIR RANKS")
     sys.exit(_reader_main(sys.argv[2], int(sys.argv[3])))

@@ -3,7 +3,7 @@
 Sits after tokenization, so budgets are exact token counts (or characters with ``unit: chars``).  One global
 task, :func:`plan_mixture`, streams the small columns of every ``tokenize/<shard>.parquet`` three times:
 
-1. held-out validation candidates per domain (:mod:`pipeline.validation`);
+1. held-out validation candidates per domain (:mod:`pipeline.sink.validation`);
 2. decontamination of the candidates against the training documents, and per domain a histogram of training
    sizes over ``BUCKETS`` buckets of ``mix_key(seed, domain, doc_id)``;
 3. the decisions: ``mixture/<shard>.parquet`` (doc_id, split, copies) aligned row by row with the tokenized
@@ -39,7 +39,7 @@ from pipeline.io import (
     write_parquet,
     write_stats,
 )
-from pipeline.validation import HELDOUT_FILE, HeldoutSelector, resolve_heldout, unit_key
+from pipeline.sink.validation import HELDOUT_FILE, HeldoutSelector, resolve_heldout, unit_key
 
 BUCKETS = 1 << 16
 COLUMNS = ["doc_id", "domain", "n_tokens", "n_chars", "n_bytes", "text_hash"]

@@ -111,14 +111,14 @@ def write_validation(rdir: Path, *, seq_len: int, add_bos: bool, eos_id: int, bo
                      boundaries: bool = False) -> dict:
     """Write ``mindrecord_val/<domain>/`` (one MindRecord set per domain) and ``mindrecord_val/manifest.json``.
 
-    Needs :func:`pipeline.mixture.plan_mixture` to have written ``mixture/heldout.parquet``.  Returns the
+    Needs :func:`pipeline.sink.mixture.plan_mixture` to have written ``mixture/heldout.parquet``.  Returns the
     top-level manifest: per domain its folder, documents, rows and tokens.
     """
     import numpy as np
     import pyarrow.compute as pc
 
-    from pipeline import mindrecord
     from pipeline.io import read_json, read_parquet, write_json
+    from pipeline.sink import mindrecord
 
     final = rdir / VAL_DIR
     if (final / mindrecord.MANIFEST).exists():

@@ -11,11 +11,15 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline import exact_dedup, ingest, mindrecord, mixture, quality, tokenizer, validation
 from pipeline.config import MindloomConfig, config_from_dict
+from pipeline.dedup import exact as exact_dedup
 from pipeline.form import config_from_params
+from pipeline.ingest import run as ingest
 from pipeline.io import read_json, run_dir, write_json
-from pipeline.report import write_report
+from pipeline.quality import run as quality
+from pipeline.report.html import write_report
+from pipeline.sink import mindrecord, mixture, validation
+from pipeline.tokenizer import run as tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +87,7 @@ def exact_dedup_shard(spec: dict) -> dict:
 
 def minhash_signatures(spec: dict) -> dict:
     """Near dedup, stage 1 (per shard): MinHash signatures of the exact-deduplicated documents."""
-    from pipeline import minhash
+    from pipeline.dedup import minhash
 
     return minhash.run_signatures_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash,
                                         input_stage="exact_dedup")
@@ -91,7 +95,7 @@ def minhash_signatures(spec: dict) -> dict:
 
 def minhash_bands(specs: list[dict]) -> list[dict]:
     """Near dedup: record the stage-1 layout (checked by stage 4); return one spec per band for stage 2."""
-    from pipeline import minhash
+    from pipeline.dedup import minhash
 
     rdir, shards = _run_of(specs)
     cfg = load_run_config(rdir)
@@ -100,7 +104,7 @@ def minhash_bands(specs: list[dict]) -> list[dict]:
 
 def minhash_band(band_spec: dict) -> dict:
     """Near dedup, stage 2 (per band): sort and merge the band's bucket keys into candidate pairs."""
-    from pipeline import minhash
+    from pipeline.dedup import minhash
 
     rdir = Path(band_spec["run_dir"])
     return minhash.run_band(rdir, band_spec["band"], load_run_config(rdir).minhash)
@@ -108,7 +112,7 @@ def minhash_band(band_spec: dict) -> dict:
 
 def minhash_clusters(specs: list[dict]) -> dict:
     """Near dedup, stage 3: union-find over (checked) candidate pairs; survivors chosen by the configured rule."""
-    from pipeline import minhash
+    from pipeline.dedup import minhash
 
     rdir, _ = _run_of(specs)
     return minhash.run_clusters(rdir, load_run_config(rdir).minhash)
@@ -116,13 +120,13 @@ def minhash_clusters(specs: list[dict]) -> dict:
 
 def minhash_removal(spec: dict) -> dict:
     """Near dedup, stage 4 (per shard): drop the non-survivors; verifies the stage-1 manifest first."""
-    from pipeline import minhash
+    from pipeline.dedup import minhash
 
     return minhash.run_removal_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash)
 
 
 def minhash_report(specs: list[dict]) -> dict:
-    from pipeline import minhash
+    from pipeline.dedup import minhash
 
     rdir, _ = _run_of(specs)
     return minhash.write_report(rdir, load_run_config(rdir).minhash)
@@ -223,7 +227,7 @@ def publish(specs: list[dict]) -> dict:
     summary = manifest_summary(Path(rdir), manifest)
     summary["stats"] = collect_stats(rdir)
     if cfg.minhash.enabled:     # later refreshes can deduplicate against what this run shipped
-        from pipeline import minhash
+        from pipeline.dedup import minhash
 
         summary["dedup_release"] = minhash.add_release(rdir, cfg.minhash, cfg.data_root, release=rdir.name,
                                                        kept_stage="quality")

@@ -127,7 +127,7 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
 def launch_argv(job_path: str | Path, workers: int | None = None, *, master_port: int = 8118,
                 argv: list[str] | None = None) -> list[str]:
     """The command that runs a job: one process, or one-host ``msrun`` with one worker per rank (``workers``
-    defaults to the job's ``world_size``); a multi-node ``argv`` from ``pipeline.launcher`` is checked and passed
+    defaults to the job's ``world_size``); a multi-node ``argv`` from ``pipeline.train.launcher`` is checked and passed
     through."""
     from pipeline.train.launch import train_command
 
@@ -220,9 +220,9 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
     The shards are checked against their manifest (sha256 of every file) before any training starts, because
     MindRecord itself cannot detect corrupt rows.
     """
-    from pipeline import corpus as corpus_mod
-    from pipeline import mindrecord
     from pipeline.form import config_from_params
+    from pipeline.sink import mindrecord
+    from pipeline.tasks import corpus as corpus_mod
 
     cfg = cfg or config_from_params(params)
     if params.get("corpus_manifest"):
@@ -238,7 +238,7 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
 def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dict | None = None) -> dict:
     """Write ``report.json`` and ``report.html`` for the training run; return the compact metrics for XCom."""
     from pipeline.form import config_from_params
-    from pipeline.report import write_report as write_html
+    from pipeline.report.html import write_report as write_html
 
     cfg = config_from_params(params)
     run_root = Path(cfg.data_root) / "train" / safe_run_id(run_id)

@@ -37,7 +37,7 @@ from pipeline.io import (
     write_parquet,
     write_stats,
 )
-from pipeline.validation import heldout_key
+from pipeline.sink.validation import heldout_key
 
 log = logging.getLogger(__name__)
 

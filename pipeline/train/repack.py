@@ -10,7 +10,7 @@ own rows instead of requiring a corpus packed at that length.
 * Anything else is refused (``TrainJob.seq_len``): a non-integer ratio would straddle rows arbitrarily.
 
 "Consecutive" must mean consecutive in the packed token stream, or a long row would glue unrelated text. The
-corpus packer (``pipeline/mindrecord.py``) deals stream rows round-robin over its shard files and lists the files in
+corpus packer (``pipeline/sink/mindrecord.py``) deals stream rows round-robin over its shard files and lists the files in
 ``manifest.json``; :func:`stream_rows` undoes that interleave and checks the result against the manifest's
 ``rows_sha256`` (reported as ``contiguous_verified``). A folder without such a manifest is read file by file in name
 order (``contiguous_verified: false``).
@@ -162,7 +162,7 @@ def write_rows(rows: Iterable[np.ndarray], out_dir: str, shards: int, extra: dic
                name: str = "rows") -> dict:
     """Write rows dealt round-robin to ``shards`` single-shard files + ``manifest.json`` (mindloom layout: one
     ``FileWriter`` per file, because a multi-shard ``FileWriter`` assigns rows to files nondeterministically; sha256
-    of every data and index file, so ``pipeline.mindrecord.verify`` checks these sets like the corpus)."""
+    of every data and index file, so ``pipeline.sink.mindrecord.verify`` checks these sets like the corpus)."""
     from mindspore.mindrecord import FileWriter
 
     os.makedirs(out_dir, exist_ok=True)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.minhash.buckets import run_band
-from pipeline.minhash.clusters import run_clusters
-from pipeline.minhash.config import (
+from pipeline.dedup.minhash.buckets import run_band
+from pipeline.dedup.minhash.clusters import run_clusters
+from pipeline.dedup.minhash.config import (
     PRESETS,
     REASON_NEAR_DUP,
     REASON_PREVIOUS,
@@ -31,11 +31,11 @@ from pipeline.minhash.config import (
     minhash_config_from_dict,
     s_curve,
 )
-from pipeline.minhash.index import DedupIndex, add_release
-from pipeline.minhash.layout import MinhashError, write_manifest
-from pipeline.minhash.removal import run_removal_shard
-from pipeline.minhash.report import write_report
-from pipeline.minhash.signatures import SignatureEngine, run_signatures_shard, to_minhash
+from pipeline.dedup.minhash.index import DedupIndex, add_release
+from pipeline.dedup.minhash.layout import MinhashError, write_manifest
+from pipeline.dedup.minhash.removal import run_removal_shard
+from pipeline.dedup.minhash.report import write_report
+from pipeline.dedup.minhash.signatures import SignatureEngine, run_signatures_shard, to_minhash
 
 
 def build_manifest(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data_root: str | Path,

@@ -7,7 +7,7 @@ for connected components, and linear even for the huge buckets that boilerplate 
 quadratic).  When the band's keys do not fit ``memory_mb`` they are processed in 2^p key-range partitions (the top
 p bits of the key), each read, sorted and merged on its own; documents of one bucket always share a partition.
 
-With a dedup index (earlier releases, :mod:`pipeline.minhash.index`), each key is also looked up in the release's
+With a dedup index (earlier releases, :mod:`pipeline.dedup.minhash.index`), each key is also looked up in the release's
 sorted key file of this band; a hit adds the edge (document, index node) whose node id has the top bit set.
 """
 
@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.dedup.minhash.config import MinhashConfig, check_config
+from pipeline.dedup.minhash.index import DedupIndex
+from pipeline.dedup.minhash.layout import MinhashError, band_column, band_path, read_manifest, signature_path
 from pipeline.io import atomic_path, completed, write_marker
-from pipeline.minhash.config import MinhashConfig, check_config
-from pipeline.minhash.index import DedupIndex
-from pipeline.minhash.layout import MinhashError, band_column, band_path, read_manifest, signature_path
 
 log = logging.getLogger(__name__)
 

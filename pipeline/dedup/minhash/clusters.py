@@ -7,7 +7,7 @@ time.  Union-find runs on compact ids of the documents that have at least one su
 hooking (each root hooks onto the smallest root it touches) and pointer jumping, so the component label is its
 smallest global id whatever the edge order — deterministic.
 
-Which member of a component survives is decided by :mod:`pipeline.minhash.survivors` (``survivor_order``); a
+Which member of a component survives is decided by :mod:`pipeline.dedup.minhash.survivors` (``survivor_order``); a
 component that contains a document of an earlier release keeps that one, since it has already shipped.
 """
 
@@ -20,11 +20,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.io import completed, read_json, write_json, write_marker, write_parquet
-from pipeline.minhash import survivors
-from pipeline.minhash.config import REASON_NEAR_DUP, REASON_PREVIOUS, MinhashConfig, check_config
-from pipeline.minhash.index import DedupIndex
-from pipeline.minhash.layout import (
+from pipeline.dedup.minhash import survivors
+from pipeline.dedup.minhash.config import REASON_NEAR_DUP, REASON_PREVIOUS, MinhashConfig, check_config
+from pipeline.dedup.minhash.index import DedupIndex
+from pipeline.dedup.minhash.layout import (
     band_path,
     clusters_summary_path,
     decisions_path,
@@ -33,7 +32,8 @@ from pipeline.minhash.layout import (
     read_manifest,
     stage_dir,
 )
-from pipeline.minhash.verify import ShingleStore, estimated_jaccard, is_index
+from pipeline.dedup.minhash.verify import ShingleStore, estimated_jaccard, is_index
+from pipeline.io import completed, read_json, write_json, write_marker, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -147,7 +147,7 @@ def run_clusters(rdir: Path, cfg: MinhashConfig) -> dict:
     for band in range(cfg.bands):
         info = completed(band_path(rdir, band))
         if info is None or info.get("config") != cfg.digest():
-            from pipeline.minhash.layout import MinhashError
+            from pipeline.dedup.minhash.layout import MinhashError
 
             raise MinhashError(f"{band_path(rdir, band)}: stage 2 output missing or stale; run band {band}")
         band_stats.append(info["stats"])

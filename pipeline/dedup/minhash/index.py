@@ -29,9 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.io import atomic_path, read_json, write_json
-from pipeline.minhash.config import MinhashConfig, check_config
-from pipeline.minhash.layout import (
+from pipeline.dedup.minhash.config import MinhashConfig, check_config
+from pipeline.dedup.minhash.layout import (
     MinhashError,
     band_column,
     index_node,
@@ -39,6 +38,7 @@ from pipeline.minhash.layout import (
     read_rows,
     signature_path,
 )
+from pipeline.io import atomic_path, read_json, write_json
 
 log = logging.getLogger(__name__)
 

@@ -4,8 +4,8 @@ Why compiled: datasketch's default hash is SHA-1 of each shingle, and a Python-l
 building the shingle string) costs more than everything else in the signature step together.  Here a batch of
 documents is one byte buffer; each shingle is a slice of the normalized buffer, hashed by an in-kernel SHA-1 and
 folded into the signature without ever becoming a Python object.  The results are identical to
-:mod:`pipeline.minhash.shingles` + ``hashlib`` + datasketch's permutations (tested), so the numpy engine in
-:mod:`pipeline.minhash.signatures` is a drop-in fallback where numba is not installed.
+:mod:`pipeline.dedup.minhash.shingles` + ``hashlib`` + datasketch's permutations (tested), so the numpy engine in
+:mod:`pipeline.dedup.minhash.signatures` is a drop-in fallback where numba is not installed.
 
 All arithmetic is done in uint64 with explicit masks: numba widens uint32 operands, and mixing uint64 with Python
 int literals would silently become float64, hence the ``_U*`` constants.

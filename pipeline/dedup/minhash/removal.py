@@ -13,9 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.io import completed, count_removed, new_stats, read_parquet, write_marker, write_parquet, write_stats
-from pipeline.minhash.config import MinhashConfig, check_config
-from pipeline.minhash.layout import (
+from pipeline.dedup.minhash.config import MinhashConfig, check_config
+from pipeline.dedup.minhash.layout import (
     MinhashError,
     clusters_summary_path,
     decisions_path,
@@ -25,6 +24,7 @@ from pipeline.minhash.layout import (
     shard_entry,
     verify_input,
 )
+from pipeline.io import completed, count_removed, new_stats, read_parquet, write_marker, write_parquet, write_stats
 
 log = logging.getLogger(__name__)
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.dedup.minhash.config import MinhashConfig, check_config, curve_threshold, s_curve
+from pipeline.dedup.minhash.layout import clusters_summary_path, decisions_path, input_path, read_manifest, report_path
 from pipeline.io import read_json, write_json
-from pipeline.minhash.config import MinhashConfig, check_config, curve_threshold, s_curve
-from pipeline.minhash.layout import clusters_summary_path, decisions_path, input_path, read_manifest, report_path
 
 _MAX_WORDS = 4000
 _CONTEXT = 6

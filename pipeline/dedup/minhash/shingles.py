@@ -1,7 +1,7 @@
 """Shingles: the exact strings a document's MinHash signature is computed over.
 
 One normalization, three ways to cut tokens, all defined with Python's own ``re`` character classes so that the
-compiled engine (:mod:`pipeline.minhash.kernels`) reproduces them byte for byte (it reads the same classes from
+compiled engine (:mod:`pipeline.dedup.minhash.kernels`) reproduces them byte for byte (it reads the same classes from
 :func:`char_classes`, built from ``re`` itself):
 
 * normalization: ``str.lower()`` (``lowercase``), then every run of decimal digits (``\\d+``) becomes ``0``

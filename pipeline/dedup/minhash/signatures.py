@@ -1,6 +1,6 @@
 """Stage 1: datasketch-compatible MinHash signatures and LSH band keys, one task per shard.
 
-For the same shingles (:mod:`pipeline.minhash.shingles`), seed, ``num_perm`` and scheme, a row of
+For the same shingles (:mod:`pipeline.dedup.minhash.shingles`), seed, ``num_perm`` and scheme, a row of
 :func:`compute_signatures` equals ``datasketch.MinHash(num_perm, seed, scheme=...)`` updated with the UTF-8 shingles
 — ``hashvalues`` exactly, so :func:`to_minhash` hands our signatures to datasketch's ``LeanMinHash`` and LSH
 classes.  The permutation parameters come from the same ``np.random.RandomState(seed)`` draws as datasketch's;
@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.dedup.minhash import shingles as sh
+from pipeline.dedup.minhash.config import MinhashConfig, check_config
+from pipeline.dedup.minhash.layout import MinhashError, band_column, input_path, signature_path
 from pipeline.io import completed, sha256_file, write_marker, write_parquet
-from pipeline.minhash import shingles as sh
-from pipeline.minhash.config import MinhashConfig, check_config
-from pipeline.minhash.layout import MinhashError, band_column, input_path, signature_path
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +127,7 @@ class SignatureEngine:
         """
         modes, ngrams = doc_kinds(texts, domain, self.cfg)
         if self.engine == "numba":
-            from pipeline.minhash import kernels
+            from pipeline.dedup.minhash import kernels
 
             cls = sh.char_classes()
             parts, counts = [], []
@@ -148,7 +148,7 @@ class SignatureEngine:
 
     # ---------------------------------------------------------------------------------------------------------
     def _numba(self, texts, modes, ngrams):
-        from pipeline.minhash import kernels
+        from pipeline.dedup.minhash import kernels
 
         src, offsets = _concat(texts, self.cfg.lowercase)
         sig = np.empty((len(texts), self.cfg.num_perm), np.uint64)

@@ -22,10 +22,10 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.minhash.config import REASON_NEAR_DUP, REASON_PREVIOUS, MinhashConfig
-from pipeline.minhash.index import DedupIndex
-from pipeline.minhash.layout import gid_to_shard, read_rows, signature_path, split_index_node
-from pipeline.minhash.verify import is_index
+from pipeline.dedup.minhash.config import REASON_NEAR_DUP, REASON_PREVIOUS, MinhashConfig
+from pipeline.dedup.minhash.index import DedupIndex
+from pipeline.dedup.minhash.layout import gid_to_shard, read_rows, signature_path, split_index_node
+from pipeline.dedup.minhash.verify import is_index
 
 FIELDS = ("doc_id", "domain", "source", "n_chars", "score")
 

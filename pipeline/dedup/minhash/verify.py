@@ -17,9 +17,9 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.minhash.config import MinhashConfig
-from pipeline.minhash.index import DedupIndex
-from pipeline.minhash.layout import (
+from pipeline.dedup.minhash.config import MinhashConfig
+from pipeline.dedup.minhash.index import DedupIndex
+from pipeline.dedup.minhash.layout import (
     INDEX_BIT,
     MinhashError,
     gid_to_shard,
@@ -28,7 +28,7 @@ from pipeline.minhash.layout import (
     signature_path,
     split_index_node,
 )
-from pipeline.minhash.signatures import SignatureEngine
+from pipeline.dedup.minhash.signatures import SignatureEngine
 
 
 class ShingleStore:
@@ -79,7 +79,7 @@ class ShingleStore:
 
 def _intersections(values: np.ndarray, offs: np.ndarray, ia: np.ndarray, ib: np.ndarray) -> np.ndarray:
     try:
-        from pipeline.minhash import kernels
+        from pipeline.dedup.minhash import kernels
     except ImportError:          # numba missing: numpy per pair (slower, same result)
         out = np.empty(len(ia), np.int64)
         for i, (x, y) in enumerate(zip(ia, ib, strict=True)):

@@ -1,4 +1,4 @@
-"""Readers: one small class per input format, all with the interface of :class:`pipeline.readers.base.Reader`.
+"""Readers: one small class per input format, all with the interface of :class:`pipeline.ingest.readers.base.Reader`.
 
 ``READERS`` maps the ``reader`` name of a source in the config to its class; :func:`make_reader` builds one from
 a :class:`pipeline.config.SourceConfig`.
@@ -6,13 +6,13 @@ a :class:`pipeline.config.SourceConfig`.
 
 from __future__ import annotations
 
-from pipeline.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, options_from_dict
-from pipeline.readers.code import CodeReader
-from pipeline.readers.html import HtmlReader
-from pipeline.readers.jsonl import JsonlReader
-from pipeline.readers.parquet import ParquetReader
-from pipeline.readers.text import TextReader
-from pipeline.readers.warc import WarcReader
+from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, options_from_dict
+from pipeline.ingest.readers.code import CodeReader
+from pipeline.ingest.readers.html import HtmlReader
+from pipeline.ingest.readers.jsonl import JsonlReader
+from pipeline.ingest.readers.parquet import ParquetReader
+from pipeline.ingest.readers.text import TextReader
+from pipeline.ingest.readers.warc import WarcReader
 
 READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (JsonlReader, ParquetReader, TextReader, HtmlReader,
                                                              WarcReader, CodeReader)}

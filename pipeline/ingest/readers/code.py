@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipeline.config import _f
-from pipeline.normalize import DecodeError, decode_bytes
-from pipeline.readers.base import FileRef, ParsedDoc, RawRecord, Reader, Rejection
+from pipeline.ingest.normalize import DecodeError, decode_bytes
+from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, Rejection
 
 LANGUAGE_BY_SUFFIX = {
     ".py": "python", ".pyi": "python", ".pyx": "cython", ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp",

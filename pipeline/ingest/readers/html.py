@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipeline.config import _f
-from pipeline.normalize import DecodeError, decode_bytes
-from pipeline.readers.base import FileRef, ParsedDoc, RawRecord, Reader, Rejection
-from pipeline.readers.text import read_whole
+from pipeline.ingest.normalize import DecodeError, decode_bytes
+from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, Rejection
+from pipeline.ingest.readers.text import read_whole
 
 EXTRACTORS = ("resiliparse", "trafilatura")
 _META_CHARSET = re.compile(rb"""<meta[^>]+charset\s*=\s*["']?\s*([A-Za-z0-9_.:-]+)""", re.IGNORECASE)
@@ -65,7 +65,7 @@ class HtmlReader(Reader):
     Options = HtmlOptions
 
     def accepts(self, rel: str) -> bool:
-        from pipeline.readers.storage import strip_compression
+        from pipeline.ingest.readers.storage import strip_compression
 
         return strip_compression(rel.lower()).endswith(tuple(s.lower() for s in self.opts.suffixes))
 

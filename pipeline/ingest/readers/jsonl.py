@@ -16,8 +16,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipeline.config import _f
-from pipeline.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
-from pipeline.readers.storage import compression_of
+from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
+from pipeline.ingest.readers.storage import compression_of
 
 
 @dataclass

@@ -12,8 +12,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipeline.config import _f
-from pipeline.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection
-from pipeline.readers.jsonl import doc_from_record
+from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection
+from pipeline.ingest.readers.jsonl import doc_from_record
 
 
 @dataclass

@@ -24,7 +24,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeline.readers.base import FileRef, ReadError
+from pipeline.ingest.readers.base import FileRef, ReadError
 
 GLOB_CHARS = "*?["
 _COMPRESSED = (".gz", ".bz2", ".zst", ".zstd")

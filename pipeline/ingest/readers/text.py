@@ -1,6 +1,6 @@
 """Plain-text files (books, papers, dumps): one document per file, or several split on a separator.
 
-Files may be compressed (.gz, .bz2, .zst).  Bytes are decoded with :func:`pipeline.normalize.decode_bytes` (BOM,
+Files may be compressed (.gz, .bz2, .zst).  Bytes are decoded with :func:`pipeline.ingest.normalize.decode_bytes` (BOM,
 UTF-8, then charset detection) unless ``encoding`` forces one; binary files found in a text folder are rejected as
 ``binary_file``.  Long documents are kept whole: the only cap is ``ingest.max_record_bytes`` per file.
 """
@@ -11,8 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipeline.config import _f
-from pipeline.normalize import DecodeError, decode_bytes
-from pipeline.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
+from pipeline.ingest.normalize import DecodeError, decode_bytes
+from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
 
 
 @dataclass

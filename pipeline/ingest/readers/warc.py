@@ -21,9 +21,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipeline.config import _f
-from pipeline.normalize import DecodeError
-from pipeline.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
-from pipeline.readers.html import EXTRACTORS, extract
+from pipeline.ingest.normalize import DecodeError
+from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
+from pipeline.ingest.readers.html import EXTRACTORS, extract
 
 _STATUS = re.compile(r"HTTP/\d(?:\.\d)? +([1-5]\d\d)(?: .*)?")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")

@@ -3,7 +3,7 @@
 Modules: ``text`` (shared measurements, CJK-aware words), ``params`` (parameters, published defaults, sources),
 ``base`` (the interface), ``gopher``, ``c4`` (C4 + FineWeb), ``basic`` (code, length, language), ``pii`` (masking),
 ``chain`` (per-domain chains, stored-score re-application) and ``audit`` (removed samples and the report).
-The stage entry point is :func:`pipeline.quality.run_quality_shard`.
+The stage entry point is :func:`pipeline.quality.run.run_quality_shard`.
 
 This package must not import :mod:`pipeline.config` at module level: the config imports ``params`` from here.
 """

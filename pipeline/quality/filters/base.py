@@ -1,10 +1,10 @@
 """The filter interface: score first, decide later.
 
-A filter turns a :class:`~pipeline.filters.text.Doc` into named scores (``score``) and turns scores into a drop
+A filter turns a :class:`~pipeline.quality.filters.text.Doc` into named scores (``score``) and turns scores into a drop
 reason (``decide``).  ``decide`` sees only the scores and the parameters, never the text: that is what lets a run
 store the scores as Parquet columns and re-apply changed thresholds to them later without reading a document again.
 Scores must therefore not depend on thresholds; parameters that do change scores are marked ``scoring`` in
-:mod:`pipeline.filters.params` and are fingerprinted next to the stored scores.
+:mod:`pipeline.quality.filters.params` and are fingerprinted next to the stored scores.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from __future__ import annotations
 import operator
 from typing import Any, ClassVar
 
-from pipeline.filters.text import Doc
+from pipeline.quality.filters.text import Doc
 
 Scores = dict[str, Any]
 Drop = tuple[str, str]          # (reason, human-readable detail such as "n_words=12 < min_words=50")

@@ -13,9 +13,9 @@ from __future__ import annotations
 import json
 from functools import lru_cache
 
-from pipeline.filters.base import Drop, Filter, Scores
-from pipeline.filters.params import CodeParams, LanguageParams, LengthParams
-from pipeline.filters.text import Doc, approx_tokens
+from pipeline.quality.filters.base import Drop, Filter, Scores
+from pipeline.quality.filters.params import CodeParams, LanguageParams, LengthParams
+from pipeline.quality.filters.text import Doc, approx_tokens
 
 
 class CodeQuality(Filter):

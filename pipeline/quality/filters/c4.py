@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import re
 
-from pipeline.filters.base import Drop, Filter, Scores
-from pipeline.filters.gopher import _duplicates
-from pipeline.filters.params import C4Params, FineWebParams
-from pipeline.filters.text import SENTENCE_TERMINALS, Doc, count_sentences, has_cjk, split_words
+from pipeline.quality.filters.base import Drop, Filter, Scores
+from pipeline.quality.filters.gopher import _duplicates
+from pipeline.quality.filters.params import C4Params, FineWebParams
+from pipeline.quality.filters.text import SENTENCE_TERMINALS, Doc, count_sentences, has_cjk, split_words
 
 CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 # datatrove END_PUNCTUATION plus the CJK full stop, exclamation and question marks and closing CJK quotes.

@@ -15,12 +15,12 @@ import dataclasses
 import json
 from typing import Any
 
-from pipeline.filters.base import Drop, Filter
-from pipeline.filters.basic import CodeQuality, Language, Length
-from pipeline.filters.c4 import C4Quality, FineWebQuality
-from pipeline.filters.gopher import GopherQuality, GopherRepetition
-from pipeline.filters.params import scoring_fields
-from pipeline.filters.text import Doc
+from pipeline.quality.filters.base import Drop, Filter
+from pipeline.quality.filters.basic import CodeQuality, Language, Length
+from pipeline.quality.filters.c4 import C4Quality, FineWebQuality
+from pipeline.quality.filters.gopher import GopherQuality, GopherRepetition
+from pipeline.quality.filters.params import scoring_fields
+from pipeline.quality.filters.text import Doc
 
 FILTER_CLASSES: dict[str, type[Filter]] = {
     c.name: c for c in (Language, Length, GopherRepetition, GopherQuality, C4Quality, FineWebQuality, CodeQuality)}

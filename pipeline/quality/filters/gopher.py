@@ -1,7 +1,7 @@
 """Gopher quality and Gopher repetition rules (Rae et al. 2021, App. A), as datatrove 0.10.1 implements them.
 
 Rule order and reason names are datatrove's, so drop counts compare one to one.  Differences, all deliberate:
-words come from :func:`pipeline.filters.text.split_words` (no spaCy), an empty document is a reason instead of a
+words come from :func:`pipeline.quality.filters.text.split_words` (no spaCy), an empty document is a reason instead of a
 ZeroDivisionError, n-grams are compared as word tuples (datatrove joins words without a separator, so "ab"+"c"
 equals "a"+"bc"), and CJK documents use per-character words, the FineWeb-2 Mandarin stop words and no
 mean-word-length rule (a per-character mean is always about 1).
@@ -12,9 +12,9 @@ from __future__ import annotations
 import re
 from itertools import accumulate
 
-from pipeline.filters.base import Drop, Filter, Scores
-from pipeline.filters.params import GopherQualityParams, GopherRepetitionParams
-from pipeline.filters.text import Doc, has_letter, is_symbol_token
+from pipeline.quality.filters.base import Drop, Filter, Scores
+from pipeline.quality.filters.params import GopherQualityParams, GopherRepetitionParams
+from pipeline.quality.filters.text import Doc, has_letter, is_symbol_token
 
 BULLETS = ("•", "-")
 

@@ -2,7 +2,7 @@
 
 Conventions (the same as datatrove's): a threshold of 0 switches its rule off.  Fields marked ``scoring`` change
 the *scores* a filter computes (word lists, line-cleaning switches); every other field is a threshold applied to
-stored scores, so changing it needs no recompute (:func:`pipeline.filters.chain.reapply_decisions`).
+stored scores, so changing it needs no recompute (:func:`pipeline.quality.filters.chain.reapply_decisions`).
 
 The field metadata has the same keys as :mod:`pipeline.config` (``desc``, ``choices``, ``ge``, ``le``) so the strict
 config loader validates these dataclasses too; this module must not import :mod:`pipeline.config` (it is imported
