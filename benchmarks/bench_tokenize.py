@@ -31,7 +31,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline.config import TokenizerConfig  # noqa: E402
+from pipeline.tokenizer.config import TokenizerConfig  # noqa: E402
 from pipeline.tokenizer import run as tokenizer  # noqa: E402
 
 CACHE = REPO / ".cache" / "bench"

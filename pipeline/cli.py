@@ -20,7 +20,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import load_config
+from pipeline.configkit import ConfigError
 from pipeline.form import PARAM_FIELDS
 
 

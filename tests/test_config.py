@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
+from pipeline.config import DEFAULT_CONFIG, load_config
+from pipeline.configkit import ConfigError
 from pipeline.form import PARAM_FIELDS, config_from_params, param_specs
 
 

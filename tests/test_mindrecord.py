@@ -14,9 +14,9 @@ import pytest
 from conftest import prose_records, stdlib_records
 from test_tokenizer import SMALL, write_quality_shards
 
-from pipeline.config import MixtureConfig
 from pipeline.io import read_json, read_parquet, write_json
 from pipeline.sink import mindrecord, mixture, validation
+from pipeline.sink.config import MixtureConfig
 from pipeline.sink.mindrecord import ShardError
 from pipeline.tokenizer import run as tokenizer
 

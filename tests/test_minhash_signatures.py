@@ -11,7 +11,7 @@ from datasketch import MinHash, MinHashLSH
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import ConfigError
+from pipeline.configkit import ConfigError
 from pipeline.dedup.minhash import MinhashConfig, ShingleRule, SignatureEngine, check_config, minhash_config_from_dict
 from pipeline.dedup.minhash import shingles as sh
 from pipeline.dedup.minhash.config import PRESETS, candidate_probability, curve_threshold

@@ -10,9 +10,11 @@ import pyarrow as pa
 import pytest
 from conftest import prose_records
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, QualityConfig, config_from_dict, load_config
+from pipeline.config import DEFAULT_CONFIG, config_from_dict, load_config
+from pipeline.configkit import ConfigError
 from pipeline.ingest.normalize import text_hash
 from pipeline.io import read_json, read_parquet, write_parquet
+from pipeline.quality.config import QualityConfig
 from pipeline.quality.filters.chain import QualityError
 from pipeline.quality.run import (
     quality_report,

@@ -16,7 +16,8 @@ import pytest
 import zstandard
 from conftest import SHARED_CORPORA, stdlib_records, write_jsonl
 
-from pipeline.config import ConfigError, config_from_dict
+from pipeline.config import config_from_dict
+from pipeline.configkit import ConfigError
 from pipeline.ingest.normalize import doc_id, normalize_text
 from pipeline.ingest.run import plan_ingest, run_ingest_shard
 

@@ -10,7 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from pipeline.config import ConfigError, config_from_dict
+from pipeline.config import config_from_dict
+from pipeline.configkit import ConfigError
 
 SEQ = 32
 

@@ -29,7 +29,9 @@ from collections import Counter, deque
 from collections.abc import Iterator
 from pathlib import Path
 
-from pipeline.config import ConfigError, MindloomConfig, SourceConfig
+from pipeline.config import MindloomConfig
+from pipeline.configkit import ConfigError
+from pipeline.ingest.config import SourceConfig
 from pipeline.ingest.langid import language_columns
 from pipeline.ingest.normalize import doc_id, normalize_text, text_hash
 from pipeline.ingest.readers import FileRef, RawRecord, Reader, ReadError, Rejection, make_reader
@@ -184,7 +186,7 @@ _WORKER: dict = {}
 
 
 def _init_worker(src: dict, max_record_bytes: int, max_doc_chars: int, domain: str) -> None:
-    from pipeline.config import _build
+    from pipeline.configkit import _build
 
     source = _build(SourceConfig, src, "source")
     reader = make_reader(source, max_record_bytes)

@@ -24,8 +24,8 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import QualityConfig
 from pipeline.io import completed, count_removed, new_stats, read_parquet, write_marker, write_parquet, write_stats
+from pipeline.quality.config import QualityConfig
 from pipeline.quality.filters.audit import quality_report, render_quality_report, write_removed
 from pipeline.quality.filters.basic import LANG_COLUMNS
 from pipeline.quality.filters.chain import (

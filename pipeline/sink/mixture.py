@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pipeline.config import ConfigError, MixtureConfig
+from pipeline.configkit import ConfigError
 from pipeline.io import (
     completed,
     count_removed,
@@ -39,6 +39,7 @@ from pipeline.io import (
     write_parquet,
     write_stats,
 )
+from pipeline.sink.config import MixtureConfig
 from pipeline.sink.validation import HELDOUT_FILE, HeldoutSelector, resolve_heldout, unit_key
 
 BUCKETS = 1 << 16

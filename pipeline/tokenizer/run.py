@@ -26,7 +26,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_context
 from pathlib import Path
 
-from pipeline.config import ConfigError, TokenizerConfig
+from pipeline.configkit import ConfigError
 from pipeline.io import (
     atomic_path,
     completed,
@@ -38,6 +38,7 @@ from pipeline.io import (
     write_stats,
 )
 from pipeline.sink.validation import heldout_key
+from pipeline.tokenizer.config import TokenizerConfig
 
 log = logging.getLogger(__name__)
 

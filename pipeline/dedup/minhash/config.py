@@ -16,10 +16,10 @@ Shingle kinds are chosen per domain (``domain_shingles``; ``auto`` picks charact
 two documents shingled differently (a code file and a web page) can never match: by design, their shingles mean
 different things.
 
-:class:`MinhashConfig` uses the ``_f`` field metadata of :mod:`pipeline.config`, so it can be nested into
+:class:`MinhashConfig` uses the ``_f`` field metadata of :mod:`pipeline.configkit`, so it can be nested into
 ``MindloomConfig`` as ``minhash:`` and loaded by the same strict loader.  Rules the generic loader cannot express
 (criteria lists, per-domain shingle rules, bands × rows) are checked by :func:`check_config`, which raises
-:class:`~pipeline.config.ConfigError` naming the dotted field.
+:class:`~pipeline.configkit.ConfigError` naming the dotted field.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ import hashlib
 import json
 from dataclasses import dataclass
 
-from pipeline.config import ConfigError, _f
+from pipeline.configkit import ConfigError, _f
 
 SHINGLE_KINDS = ("auto", "word", "char", "code")
 SCHEMES = ("affine32", "legacy", "affine64")
@@ -193,7 +193,7 @@ def check_config(cfg: MinhashConfig, where: str = "minhash") -> MinhashConfig:
 
 
 def minhash_config_from_dict(data: dict | None) -> MinhashConfig:
-    """Strictly build a MinhashConfig from plain data (the same loader as pipeline.config) and check it."""
-    from pipeline.config import _build
+    """Strictly build a MinhashConfig from plain data (the same loader as pipeline.configkit) and check it."""
+    from pipeline.configkit import _build
 
     return check_config(_build(MinhashConfig, data or {}, "minhash"))

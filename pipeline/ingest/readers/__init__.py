@@ -1,7 +1,7 @@
 """Readers: one small class per input format, all with the interface of :class:`pipeline.ingest.readers.base.Reader`.
 
 ``READERS`` maps the ``reader`` name of a source in the config to its class; :func:`make_reader` builds one from
-a :class:`pipeline.config.SourceConfig`.
+a :class:`pipeline.ingest.config.SourceConfig`.
 """
 
 from __future__ import annotations

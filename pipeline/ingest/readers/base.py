@@ -125,10 +125,10 @@ class Reader:
 
 def options_from_dict(cls: type, data: dict, where: str) -> Any:
     """Strictly build a reader's Options dataclass (unknown keys and wrong types raise ConfigError)."""
-    from pipeline.config import _build
+    from pipeline.configkit import _build
 
     if not dataclasses.is_dataclass(cls):
-        from pipeline.config import ConfigError
+        from pipeline.configkit import ConfigError
 
         if data:
             raise ConfigError(f"{where}: this reader takes no options, got {sorted(data)}")

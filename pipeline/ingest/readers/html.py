@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeline.config import _f
+from pipeline.configkit import _f
 from pipeline.ingest.normalize import DecodeError, decode_bytes
 from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, Rejection
 from pipeline.ingest.readers.text import read_whole

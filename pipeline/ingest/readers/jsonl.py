@@ -15,7 +15,7 @@ import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeline.config import _f
+from pipeline.configkit import _f
 from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
 from pipeline.ingest.readers.storage import compression_of
 

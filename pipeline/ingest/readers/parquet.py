@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeline.config import _f
+from pipeline.configkit import _f
 from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection
 from pipeline.ingest.readers.jsonl import doc_from_record
 

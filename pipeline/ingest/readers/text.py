@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeline.config import _f
+from pipeline.configkit import _f
 from pipeline.ingest.normalize import DecodeError, decode_bytes
 from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
 

@@ -20,7 +20,7 @@ import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from pipeline.config import _f
+from pipeline.configkit import _f
 from pipeline.ingest.normalize import DecodeError
 from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
 from pipeline.ingest.readers.html import EXTRACTORS, extract

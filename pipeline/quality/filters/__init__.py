@@ -5,5 +5,5 @@ Modules: ``text`` (shared measurements, CJK-aware words), ``params`` (parameters
 ``chain`` (per-domain chains, stored-score re-application) and ``audit`` (removed samples and the report).
 The stage entry point is :func:`pipeline.quality.run.run_quality_shard`.
 
-This package must not import :mod:`pipeline.config` at module level: the config imports ``params`` from here.
+The stage's settings (``QualityConfig``) are in :mod:`pipeline.quality.config`, which imports ``params`` from here.
 """

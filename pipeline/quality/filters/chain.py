@@ -38,7 +38,7 @@ class Chain:
 
     @classmethod
     def build(cls, q: Any, domain: str) -> Chain:
-        """The chain of ``domain`` from a :class:`pipeline.config.QualityConfig`."""
+        """The chain of ``domain`` from a :class:`pipeline.quality.config.QualityConfig`."""
         chain = q.chain(domain)
         if chain is None:
             raise QualityError(f"no quality chain for domain {domain!r}: add one to quality.chains, or a '*' chain")

@@ -4,9 +4,9 @@ Conventions (the same as datatrove's): a threshold of 0 switches its rule off.  
 the *scores* a filter computes (word lists, line-cleaning switches); every other field is a threshold applied to
 stored scores, so changing it needs no recompute (:func:`pipeline.quality.filters.chain.reapply_decisions`).
 
-The field metadata has the same keys as :mod:`pipeline.config` (``desc``, ``choices``, ``ge``, ``le``) so the strict
-config loader validates these dataclasses too; this module must not import :mod:`pipeline.config` (it is imported
-by it).
+The field metadata has the same keys as :mod:`pipeline.configkit` (``desc``, ``choices``, ``ge``, ``le``) so the
+strict config loader validates these dataclasses too; :mod:`pipeline.quality.config` nests them into
+``QualityConfig``.
 
 Sources (versions read: datatrove 0.10.1; see ``/work/shared/notes/data-pipeline-anchors.md`` §3):
   GOPHER  Rae et al. 2021 (Gopher) App. A, Table A1 = datatrove GopherQualityFilter / GopherRepetitionFilter
