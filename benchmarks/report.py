@@ -8,6 +8,8 @@ own sections.
 
 from __future__ import annotations
 
+from common import table
+
 NOTES = {
     "ingest": (
         "mindloom `ingest` does more than a datatrove reader: normalization, language ID, hashing, zstd Parquet, "
@@ -106,12 +108,6 @@ def _met(m: dict) -> str:
     return {True: "yes", False: "**no**", None: "–"}[m["met"]]
 
 
-def table(headers: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join("–" if c is None else str(c) for c in r) + " |" for r in rows]
-    return out
-
-
 def metric_rows(metrics: list[dict], with_topic_issue: bool) -> list[list]:
     rows = []
     for m in metrics:
@@ -199,9 +195,9 @@ def render_detail(name: str, rec: dict) -> list[str]:
 
         return scaling.markdown(rec["results"].get("scaling.json", {}))
     if name == "ablation":
-        import ablation
+        import ablation_report
 
-        return ablation.markdown(rec["results"].get("ablation.json", {}))
+        return ablation_report.markdown(rec["results"].get("ablation.json", {}))
     return []
 
 

@@ -229,7 +229,7 @@ def run(scales: list[int], base_mb: float, corpus: Path, work: Path) -> dict:
 
 
 def metrics(res: dict) -> list[dict]:
-    from topics import metric
+    from common import metric
 
     if not res.get("runs"):
         return []
@@ -252,7 +252,7 @@ def metrics(res: dict) -> list[dict]:
 def markdown(res: dict) -> list[str]:
     if not res.get("runs"):
         return []
-    from report import table
+    from common import table
 
     runs = res["runs"]
     stages = list(runs[-1]["stages"])

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.dedup.minhash import survivors
+import pipeline.dedup.minhash.survivors as survivors
 from pipeline.dedup.minhash.config import REASON_NEAR_DUP, REASON_PREVIOUS, MinhashConfig, check_config
 from pipeline.dedup.minhash.index import DedupIndex
 from pipeline.dedup.minhash.layout import (

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.dedup.minhash import shingles as sh
+import pipeline.dedup.minhash.shingles as sh
 from pipeline.dedup.minhash.config import MinhashConfig, check_config
 from pipeline.dedup.minhash.layout import MinhashError, band_column, input_path, signature_path
 from pipeline.io import completed, sha256_file, write_marker, write_parquet
@@ -127,7 +127,7 @@ class SignatureEngine:
         """
         modes, ngrams = doc_kinds(texts, domain, self.cfg)
         if self.engine == "numba":
-            from pipeline.dedup.minhash import kernels
+            import pipeline.dedup.minhash.kernels as kernels
 
             cls = sh.char_classes()
             parts, counts = [], []
@@ -148,7 +148,7 @@ class SignatureEngine:
 
     # ---------------------------------------------------------------------------------------------------------
     def _numba(self, texts, modes, ngrams):
-        from pipeline.dedup.minhash import kernels
+        import pipeline.dedup.minhash.kernels as kernels
 
         src, offsets = _concat(texts, self.cfg.lowercase)
         sig = np.empty((len(texts), self.cfg.num_perm), np.uint64)

@@ -79,7 +79,7 @@ class ShingleStore:
 
 def _intersections(values: np.ndarray, offs: np.ndarray, ia: np.ndarray, ib: np.ndarray) -> np.ndarray:
     try:
-        from pipeline.dedup.minhash import kernels
+        import pipeline.dedup.minhash.kernels as kernels
     except ImportError:          # numba missing: numpy per pair (slower, same result)
         out = np.empty(len(ia), np.int64)
         for i, (x, y) in enumerate(zip(ia, ib, strict=True)):
