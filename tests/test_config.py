@@ -50,3 +50,20 @@ def test_params_map_onto_config_fields():
 def test_config_digest_is_stable_and_sensitive():
     assert load_config(DEFAULT_CONFIG).digest() == load_config(DEFAULT_CONFIG).digest()
     assert load_config(DEFAULT_CONFIG).digest() != load_config(DEFAULT_CONFIG, {"seed": 99}).digest()
+
+
+def test_train_job_defaults_come_from_the_train_config():
+    """One default per field: a TrainJob built without the config trains with train.*'s defaults, and
+    ``batch_size`` means the global batch everywhere (the job's per-rank share is ``micro_batch``)."""
+    import dataclasses
+
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.job import TrainJob
+
+    recipe = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    job = TrainJob(stage="s", data_dir="d", out_dir="o")
+    shared = [f.name for f in dataclasses.fields(TrainJob) if f.name in recipe]
+    assert {"lr", "warmup_steps", "checkpoint_every", "steps", "min_lr"} <= set(shared)
+    assert {n: getattr(job, n) for n in shared} == {n: recipe[n] for n in shared}
+    assert not hasattr(job, "batch_size") and job.micro_batch == recipe["batch_size"]
+    assert job.model == {"preset": recipe["preset"]}

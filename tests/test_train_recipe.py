@@ -53,7 +53,7 @@ def test_fp16_dynamic_loss_scaling_skips_overflowing_steps(small, tmp_path):
     from pipeline.train.trainer import run_training
 
     out = tmp_path / "fp16"
-    job = TrainJob(stage="fp16", data_dir=small, out_dir=str(out), steps=16, batch_size=8, lr=3e-3, min_lr=3e-4,
+    job = TrainJob(stage="fp16", data_dir=small, out_dir=str(out), steps=16, micro_batch=8, lr=3e-3, min_lr=3e-4,
                    warmup_steps=3, seed=7, precision="fp16", loss_scale=2.0 ** 24, loss_scale_window=1000,
                    checkpoint_every=16, model={"preset": "debug", "vocab_size": BYTE_VOCAB, "dim": 64, "n_layers": 2,
                                                "n_heads": 4, "n_kv_heads": 2, "max_seq_len": SEQ})

@@ -110,7 +110,7 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
                 raise  # nothing of its own to resume either
     job = TrainJob(stage=stage, data_dir=corpus["mindrecord_dir"], out_dir=str(out_dir), model=model,
                    init_from=init_from, init_mode=init_mode if init_from else "weights", steps=st["steps"],
-                   batch_size=st["batch_size"] // per_rank, grad_accum=st["grad_accum"], world_size=st["workers"],
+                   micro_batch=st["batch_size"] // per_rank, grad_accum=st["grad_accum"], world_size=st["workers"],
                    seq_len=seq_len if seq_len != corpus_seq else 0, lr=st["lr"], min_lr=st["min_lr"],
                    warmup_steps=st["warmup_steps"], weight_decay=st["weight_decay"], grad_clip=st["grad_clip"],
                    precision=st["precision"], loss_scale=st["loss_scale"], loss_scale_window=st["loss_scale_window"],
