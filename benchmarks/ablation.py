@@ -76,7 +76,7 @@ def raw_token_set(rdir: Path, out: Path, seed: int) -> dict:
     import pyarrow.parquet as pq
 
     from pipeline.io import read_json
-    from pipeline.sink import mindrecord
+    from pipeline.sink import mindrecord, packing
     from pipeline.tokenizer import run as tokenizer
 
     if (out / mindrecord.MANIFEST).exists():
@@ -95,7 +95,7 @@ def raw_token_set(rdir: Path, out: Path, seed: int) -> dict:
     info = read_json(rdir / "tokenizer" / "spm.model.done")["info"]
     flat, lens = tokenizer.encode_texts(info["model"], [r["text"] for r in keep], workers=os.cpu_count() or 1)
     ids = [r["doc_id"] for r in keep]
-    idx, keys = mindrecord.order_keys(seed, ids, np.ones(len(ids), np.int64))
+    idx, keys = packing.order_keys(seed, ids, np.ones(len(ids), np.int64))
     order = idx[np.argsort(keys, kind="stable")]
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)

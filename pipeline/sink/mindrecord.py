@@ -1,26 +1,17 @@
-"""Packing into ``seq_len + 1`` rows and the MindRecord sink, with a manifest that stands in for checksums.
+"""MindRecord token sets of the corpus and validation split, and their verification against the manifest.
 
-Packing: documents in a seeded order (a hash of seed, doc id and copy number, so it mixes domains, spreads the
-repeats of an upsampled document apart and never depends on a process RNG) are concatenated with EOS after each
-one (BOS before each when configured) and cut into rows of exactly ``seq_len + 1`` tokens, the mindformers
-pretraining convention (the model shifts inside).  Remainder policy: the tail that does not fill a row is dropped
-and counted as ``dropped_tail_tokens`` (``remainder="drop"``, mindformers), or padded with ``pad_id`` to one last
-row (``remainder="pad"``, used for validation so every held-out token is scored; the trainer must then ignore
-``pad_id`` labels).  Documents are never split across the drop: only the stream's last partial row goes.
+:func:`write_mindrecord` orders every tokenized document (with the mixture's copies) and :func:`write_token_set`
+packs them (:mod:`pipeline.sink.packing`) and writes the shards through the one writer
+(:mod:`pipeline.sink.writer`), into a temporary folder that is renamed into place.
 
 Row schema: ``input_ids`` int32 ``[seq_len + 1]``; optionally ``domain_id`` int32 (index into the manifest's
 ``domains``: the domain of the row's first token; an index field, so ``MindPage`` can list rows per domain) and
 ``segment_starts`` int32 ``[-1]`` (positions where a document begins inside the row, 0 always listed: tokens attend
 only within ``[starts[i], starts[i+1])`` when a long-context stage resets attention at document boundaries).
 
-MindRecord: ``FileWriter(shard_num=N)`` assigns rows to shard files nondeterministically (measured: the same 11
-rows split 5/6 in one run and 6/5 in the next), so each shard file is written by its own single-shard
-``FileWriter`` (optionally in parallel processes) with rows dealt round-robin.  That keeps reruns byte-identical
-and the per-shard sample counts known.  Files are written into a temporary folder that is renamed into place, made
-world-readable (the writer creates them 0600), and listed with sha256, row counts and a content hash of the decoded
-rows in ``manifest.json``.  MindRecord itself has no checksums (zeroed or bit-flipped row data reads back silently
-wrong), so :func:`verify` checks file hashes first and then re-reads every row through ``MindDataset`` in a
-memory-limited child process, because a damaged shard has made the reader allocate 23 GB.
+MindRecord itself has no checksums (zeroed or bit-flipped row data reads back silently wrong), so :func:`verify`
+checks file hashes first and then re-reads every row through ``MindDataset`` in a memory-limited child process,
+because a damaged shard has made the reader allocate 23 GB.
 """
 
 from __future__ import annotations
@@ -33,11 +24,18 @@ from multiprocessing import get_context
 from pathlib import Path
 
 from pipeline.io import read_json, read_parquet, sha256_file, write_json
+from pipeline.sink.packing import order_keys, pack
+from pipeline.sink.writer import (
+    COLUMN,
+    DOMAIN_COLUMN,
+    MANIFEST,
+    STARTS_COLUMN,
+    row_digest,
+    set_manifest,
+    shard_names,
+    write_shard,
+)
 
-COLUMN = "input_ids"
-DOMAIN_COLUMN = "domain_id"
-STARTS_COLUMN = "segment_starts"
-MANIFEST = "manifest.json"
 FILE_PAD = -100          # pad value when the tokenizer has no pad piece (the trainer's default ignored label)
 
 
@@ -45,132 +43,7 @@ class ShardError(RuntimeError):
     """A MindRecord shard does not match its manifest or cannot be read; the message names the file."""
 
 
-# ------------------------------------------------------------------------------------------------ packing
-
-
-def order_keys(seed: int, doc_ids: list[str], copies) -> tuple:
-    """(document index, uint64 sort key) for every copy of every document: sorting by key gives the order."""
-    import numpy as np
-
-    idx, keys = [], []
-    for i, (did, c) in enumerate(zip(doc_ids, copies, strict=True)):
-        for k in range(int(c)):
-            idx.append(i)
-            keys.append(int.from_bytes(hashlib.blake2b(f"pack\x00{seed}\x00{did}\x00{k}".encode(),
-                                                       digest_size=8).digest(), "big"))
-    return np.asarray(idx, np.int64), np.asarray(keys, np.uint64)
-
-
-def pack(flat, starts, lens, dom, order, *, seq_len: int, eos_id: int, bos_id: int | None, pad_id: int,
-         remainder: str = "drop", boundaries: bool = False) -> dict:
-    """Concatenate documents ``order`` (indices into ``starts``/``lens``/``dom``) and cut ``seq_len + 1`` rows.
-
-    ``flat`` holds every document's tokens back to back.  Returns rows int32 ``[n, seq_len + 1]``, the domain index
-    of each row's first token, per-row segment starts (when ``boundaries``), token counts per domain index in
-    the rows, and the tail dropped or padded.
-    """
-    import numpy as np
-
-    width = seq_len + 1
-    pre = 0 if bos_id is None else 1
-    n = lens[order].astype(np.int64)
-    src = starts[order].astype(np.int64)
-    seg = n + 1 + pre
-    seg_start = np.cumsum(seg) - seg
-    total = int(seg.sum())
-    stream = np.empty(total, np.int32)
-    if pre:
-        stream[seg_start] = bos_id
-    stream[seg_start + pre + n] = eos_id
-    n_tok = int(n.sum())
-    if n_tok:
-        before = np.cumsum(n) - n
-        ramp = np.arange(n_tok, dtype=np.int64)
-        stream[np.repeat(seg_start + pre - before, n) + ramp] = flat[np.repeat(src - before, n) + ramp]
-    owner = np.repeat(dom[order].astype(np.int32), seg)
-    n_rows, tail = divmod(total, width)
-    padded = dropped = 0
-    if tail and remainder == "pad":
-        padded = width - tail
-        stream = np.concatenate([stream, np.full(padded, pad_id, np.int32)])
-        owner = np.concatenate([owner, np.full(padded, -1, np.int32)])
-        n_rows += 1
-    else:
-        dropped = tail
-    used = n_rows * width
-    rows = stream[:used].reshape(n_rows, width)
-    real = owner[:used]
-    counts = np.bincount(real[real >= 0], minlength=int(dom.max()) + 1 if len(dom) else 0)
-    out = {"rows": rows, "row_domain": owner[:used:width].copy() if n_rows else np.zeros(0, np.int32),
-           "tokens_per_domain": counts, "dropped_tail_tokens": int(dropped), "padded_tokens": int(padded),
-           "row_starts": None}
-    if boundaries:
-        s = seg_start[seg_start < used]
-        row_of = s // width
-        cuts = np.searchsorted(row_of, np.arange(n_rows + 1))
-        out["row_starts"] = [_with_zero((s[cuts[r]:cuts[r + 1]] - r * width).astype(np.int32))
-                             for r in range(n_rows)]
-    return out
-
-
-def _with_zero(pos):
-    import numpy as np
-
-    return pos if len(pos) and pos[0] == 0 else np.concatenate([np.zeros(1, np.int32), pos])
-
-
 # ------------------------------------------------------------------------------------------------ writing
-
-
-def schema(seq_len: int, domain_field: bool, boundaries: bool) -> dict:
-    out = {COLUMN: {"type": "int32", "shape": [seq_len + 1]}}
-    if domain_field:
-        out[DOMAIN_COLUMN] = {"type": "int32"}
-    if boundaries:
-        out[STARTS_COLUMN] = {"type": "int32", "shape": [-1]}
-    return out
-
-
-def row_digest(ids, dom, starts) -> bytes:
-    """What the manifest's ``content_sha256`` hashes per row: exactly the fields as written (and read back)."""
-    import numpy as np
-
-    parts = [np.ascontiguousarray(ids, np.int32).tobytes()]
-    if dom is not None:
-        parts.append(np.int32(dom).tobytes())
-    if starts is not None:
-        parts.append(np.int32(len(starts)).tobytes() + np.ascontiguousarray(starts, np.int32).tobytes())
-    return b"".join(parts)
-
-
-def _write_shard(path: str, seq_len: int, rows, row_domain, row_starts) -> str:
-    """Write one single-shard MindRecord file (+ .db); return the sha256 of its decoded content."""
-    from mindspore.mindrecord import FileWriter
-
-    sch = schema(seq_len, row_domain is not None, row_starts is not None)
-    writer = FileWriter(file_name=path, shard_num=1, overwrite=True)
-    writer.set_page_size(1 << 22)   # default 32 MiB pages make tiny shards look 32 MB large (sparse files)
-    writer.set_header_size(1 << 20)
-    writer.add_schema(sch, "mindloom pretraining tokens")
-    if row_domain is not None:
-        writer.add_index([DOMAIN_COLUMN])
-    content = hashlib.sha256()
-    for start in range(0, len(rows), 1000):
-        batch = []
-        for i in range(start, min(start + 1000, len(rows))):
-            rec = {COLUMN: rows[i]}
-            dom = starts = None
-            if row_domain is not None:
-                rec[DOMAIN_COLUMN] = dom = int(row_domain[i])
-            if row_starts is not None:
-                rec[STARTS_COLUMN] = starts = row_starts[i]
-            content.update(row_digest(rows[i], dom, starts))
-            batch.append(rec)
-        writer.write_raw_data(batch)
-    writer.commit()
-    for f in (path, path + ".db"):
-        os.chmod(f, 0o644)
-    return content.hexdigest()
 
 
 def write_token_set(out_dir: Path, doc_domains: list[str], doc_tokens: list, *, seq_len: int, shard_num: int,
@@ -202,36 +75,24 @@ def write_token_set(out_dir: Path, doc_domains: list[str], doc_tokens: list, *, 
         raise ValueError(f"pack.shard_num: {shard_num} shards need at least as many rows of {seq_len + 1} tokens, "
                          f"but {name} packs into {len(rows)}")
     out_dir.mkdir(parents=True, exist_ok=True)
-    jobs = []
-    for s in range(shard_num):
-        fname = f"{name}-{s:05d}-of-{shard_num:05d}.mindrecord"
-        jobs.append((fname, (str(out_dir / fname), seq_len, rows[s::shard_num],
-                             packed["row_domain"][s::shard_num] if domain_field else None,
-                             packed["row_starts"][s::shard_num] if boundaries else None)))
+    jobs = [(str(out_dir / fname), seq_len, rows[s::shard_num],
+             packed["row_domain"][s::shard_num] if domain_field else None,
+             packed["row_starts"][s::shard_num] if boundaries else None)
+            for s, fname in enumerate(shard_names(name, shard_num))]
     if workers > 1 and shard_num > 1:
         with ProcessPoolExecutor(min(workers, shard_num), mp_context=get_context("spawn")) as pool:
-            contents = list(pool.map(_write_shard, *zip(*(args for _, args in jobs), strict=True)))
+            files = list(pool.map(write_shard, *zip(*jobs, strict=True)))
     else:
-        contents = [_write_shard(*args) for _, args in jobs]
-    files = []
-    for (fname, args), content in zip(jobs, contents, strict=True):
-        path = out_dir / fname
-        files.append({"file": fname, "samples": int(len(args[2])), "sha256": sha256_file(path),
-                      "db_sha256": sha256_file(str(path) + ".db"), "bytes": path.stat().st_size,
-                      "content_sha256": content})
+        files = [write_shard(*args) for args in jobs]
     per_domain = {d: int(packed["tokens_per_domain"][i]) if i < len(packed["tokens_per_domain"]) else 0
                   for d, i in index.items()}
-    fields = [COLUMN] + ([DOMAIN_COLUMN] if domain_field else []) + ([STARTS_COLUMN] if boundaries else [])
-    manifest = {
-        "format": "mindrecord", "column": COLUMN, "dtype": "int32", "seq_len": seq_len, "row_length": seq_len + 1,
-        "fields": fields, "index_fields": [DOMAIN_COLUMN] if domain_field else [], "domains": domains,
-        "samples": int(len(rows)), "tokens": int(rows.size), "tokens_per_domain": per_domain,
+    manifest = set_manifest(files, seq_len=seq_len, domain_field=domain_field, boundaries=boundaries,
+                            rows_sha256=hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest(), extra={
+        "domains": domains, "tokens_per_domain": per_domain,
         "token_share": {d: n / max(sum(per_domain.values()), 1) for d, n in per_domain.items()},
         "remainder": remainder, "dropped_tail_tokens": packed["dropped_tail_tokens"],
-        "padded_tokens": packed["padded_tokens"], "documents": int(len(order)), "shards": files,
-        "eos_id": eos_id, "bos_id": bos_id, "pad_id": pad,
-        "rows_sha256": hashlib.sha256(np.ascontiguousarray(rows).tobytes()).hexdigest(), **(extra or {}),
-    }
+        "padded_tokens": packed["padded_tokens"], "documents": int(len(order)),
+        "eos_id": eos_id, "bos_id": bos_id, "pad_id": pad, **(extra or {})})
     write_json(out_dir / MANIFEST, manifest)
     return manifest
 
