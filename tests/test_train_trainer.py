@@ -102,7 +102,7 @@ def test_loss_decreases_and_outputs_are_written(data, tmp_path):
 @pytest.fixture(scope="module")
 def crashed(data, tmp_path_factory):
     """A run that raised right after step 6 (checkpoints at 3 and 6); tests resume copies of it."""
-    from pipeline.train.trainer import SimulatedCrash
+    from pipeline.train.testing_hooks import SimulatedCrash
 
     out = tmp_path_factory.mktemp("crashed") / "run"
     job = _job(data, out, checkpoint_every=3, fail_at_step=6)

@@ -25,7 +25,6 @@ import json
 import logging
 import math
 import os
-import signal
 import time
 
 import mindspore as ms
@@ -35,6 +34,7 @@ from mindspore import Tensor
 from pipeline.io import write_json
 
 from . import checkpoint as ckpt
+from . import testing_hooks
 from .data import DataPosition, TokenBatches
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
@@ -46,10 +46,6 @@ from .repack import stage_data
 log = logging.getLogger("mindloom.train")
 
 _THREADS_SET = False
-
-
-class SimulatedCrash(RuntimeError):
-    """Raised by ``fail_at_step`` (tests of the resume path)."""
 
 
 def _setup_context(job: TrainJob) -> None:
@@ -216,10 +212,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> 
                 status.write("RUNNING", step, out["loss"])
                 log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
                          out["grad_norm"], out["loss_scale"], tok_s)
-            if job.fail_at_step is not None and step == job.fail_at_step:
-                if job.fail_mode == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup at all, like an OOM kill or a lost node
-                raise SimulatedCrash(f"fail_at_step={step}: simulated crash after checkpoint")
+            testing_hooks.after_step(job, step)  # fail_at_step: tests of the resume path
             t_data = time.time()
         if step < job.steps:
             raise RuntimeError(f"data ended after step {step} of {job.steps}")
