@@ -28,7 +28,6 @@ def _f(default: Any = dataclasses.MISSING, *, desc: str = "", choices: tuple | N
     return field(default=default, metadata=meta)
 
 
-
 def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
