@@ -4,7 +4,7 @@ base context, with and without it.
 
     .venv/bin/python benchmarks/ablation.py [--steps 300] [--long-steps 50] [--quick]     (make ablation)
 
-1. The corpus chain (``pipeline.corpus.run_all``, configs/default.yaml, sources = ``../shared/corpora``, else the
+1. The corpus chain (``pipeline.tasks.corpus.run_all``, configs/default.yaml, sources = ``../shared/corpora``, else the
    demo corpus) writes (b): exact + MinHash dedup, quality chains, natural proportions, and the held-out validation
    sets ``<run>/mindrecord_val/<domain>/`` (5 % of each domain's surviving documents, at least 8).
 2. (a) is built from the chain's own ingest output — every document, no dedup, no filters, natural proportions —
@@ -12,7 +12,7 @@ base context, with and without it.
    the near-duplicates MinHash clustered with them: without that, (a) would train on copies of the evaluation
    text and its held-out loss would measure leakage, not data quality.
 3. Both train from the same initial weights with the same recipe and token budget (``--steps`` × 8 rows × 128
-   tokens), through ``pipeline.pretrain.build_job`` + ``python -m pipeline.train``; the stage's own evaluation
+   tokens), through ``pipeline.tasks.pretrain.build_job`` + ``python -m pipeline.train``; the stage's own evaluation
    scores the same held-out tokens of each domain.
 4. Long context (on (b)): from (b)'s checkpoint, four variants scored at 4 × 128 = 512 tokens (and at 128):
    plain RoPE without further training; NTK-scaled RoPE without training; the ``long_context`` stage (512-token
@@ -31,7 +31,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import math
 import os
 import shutil
 import subprocess
@@ -41,6 +40,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from ablation_report import markdown  # noqa: E402
 from common import REPO, RESULTS_DIR, PeakSampler, machine, source_corpus  # noqa: E402
 
 BASE_SEQ, LONG_FACTOR, BATCH = 128, 4, 8
@@ -75,8 +75,9 @@ def raw_token_set(rdir: Path, out: Path, seed: int) -> dict:
     import numpy as np
     import pyarrow.parquet as pq
 
-    from pipeline import mindrecord, tokenizer
     from pipeline.io import read_json
+    from pipeline.sink import mindrecord, packing
+    from pipeline.tokenizer import run as tokenizer
 
     if (out / mindrecord.MANIFEST).exists():
         return read_json(out / mindrecord.MANIFEST)
@@ -94,7 +95,7 @@ def raw_token_set(rdir: Path, out: Path, seed: int) -> dict:
     info = read_json(rdir / "tokenizer" / "spm.model.done")["info"]
     flat, lens = tokenizer.encode_texts(info["model"], [r["text"] for r in keep], workers=os.cpu_count() or 1)
     ids = [r["doc_id"] for r in keep]
-    idx, keys = mindrecord.order_keys(seed, ids, np.ones(len(ids), np.int64))
+    idx, keys = packing.order_keys(seed, ids, np.ones(len(ids), np.int64))
     order = idx[np.argsort(keys, kind="stable")]
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -115,7 +116,7 @@ def raw_token_set(rdir: Path, out: Path, seed: int) -> dict:
 
 
 def train(cfg, corpus: dict, out_dir: Path, stage: str, log: Path, init_from: str | None = None) -> dict:
-    from pipeline.pretrain import build_job, stage_result
+    from pipeline.tasks.pretrain import build_job, stage_result
 
     job = build_job(cfg, corpus, out_dir, stage=stage, init_from=init_from)
     with open(log, "ab") as fh:
@@ -175,10 +176,10 @@ def _losses(summary: dict) -> dict:
 
 
 def run(args) -> dict:
-    from pipeline import corpus as chain
     from pipeline.config import config_from_dict
     from pipeline.io import read_json
-    from pipeline.pretrain import find_eval_sets
+    from pipeline.tasks import corpus as chain
+    from pipeline.tasks.pretrain import find_eval_sets
 
     work = args.work
     log = work / "ablation.log"
@@ -267,7 +268,7 @@ def _metrics(out_dir: Path) -> list[dict]:
 
 def write_plots(res: dict, out_dir: Path) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.svgplot import bar_chart, line_chart
+    from pipeline.report.svgplot import bar_chart, line_chart
 
     runs = res["runs"]
     doms = [d for d in runs["curated"]["eval"] if runs["raw"]["eval"].get(d) is not None]
@@ -289,86 +290,6 @@ def _smooth(curve: list, k: int = 10) -> list[tuple[float, float]]:
         window = [c[1] for c in curve[max(0, i - k + 1): i + 1]]
         out.append((curve[i][0], sum(window) / len(window)))
     return out
-
-
-# ------------------------------------------------------------------------------------------------------------
-# results.json / BENCHMARKS.md
-
-
-def metrics(res: dict) -> list[dict]:
-    from topics import metric
-
-    if not res.get("runs"):
-        return []
-    a, b = res["runs"]["raw"]["eval"], res["runs"]["curated"]["eval"]
-    tok = f"{res['budget']['tokens']:,} training tokens each"
-    out = [metric("ablation", f"loss_delta_{d}", "nats", [b[d] - a[d]], headline=d == "all",
-                  compared=f"(a) raw ingested corpus, {tok}",
-                  note="held-out loss of (b) minus (a): negative = mindloom's data trains the better model")
-           for d in b if a.get(d) is not None and b[d] is not None]
-    lc = res.get("long_context", {})
-    names = list(lc)
-    if len(names) == 4:
-        at = str(res["budget"]["long_seq_len"])
-        base, stage, ctrl = (lc[names[i]]["loss"][at]["all"] for i in (0, 2, 3))
-        out.append(metric("ablation", "long_context_gain_at_4x", "nats", [base - stage], headline=True,
-                          compared="same checkpoint without the stage, plain RoPE",
-                          note="loss at 4× context without the stage minus with it: positive = the stage helps"))
-        out.append(metric("ablation", "long_context_gain_vs_control", "nats", [ctrl - stage],
-                          compared="the same extra tokens at base context"))
-    return out
-
-
-def markdown(res: dict) -> list[str]:
-    from report import table
-
-    if not res.get("runs"):
-        return []
-    a, b = res["runs"]["raw"], res["runs"]["curated"]
-    bud = res["budget"]
-    sets = res.get("eval_sets", {})
-    ex = res["data"]["raw"].get("excluded") or {}
-    out = [f"Budget: {bud['steps']} steps × {bud['rows_per_step']} rows × {bud['seq_len']} tokens = "
-           f"{bud['tokens']:,} tokens per model (debug preset), the same initial weights and recipe; evaluation: the "
-           f"first {bud['eval_tokens_per_domain']:,} tokens of each domain's held-out set (fewer where the set is "
-           f"smaller). (a) has {res['data']['raw']['tokens']:,} tokens after excluding {ex.get('heldout')} held-out "
-           f"documents, {ex.get('near_duplicates_of_heldout')} near-duplicates of them (MinHash clusters) and every "
-           f"document sharing a text hash with those ({ex.get('all_with_their_text_hashes')} documents in all); (b) "
-           f"has {res['data']['curated']['tokens']:,} tokens. Both are larger than the budget, so neither repeats "
-           "data.", ""]
-    rows = []
-    for d in b["eval"]:
-        la, lb = a["eval"].get(d), b["eval"][d]
-        win = "–" if la is None or lb is None else ("(b) mindloom" if lb < la else "(a) raw" if la < lb else "tie")
-        docs = sum(v.get("documents", 0) for v in sets.values()) if d == "all" else sets.get(d, {}).get("documents")
-        rows.append([d, docs,
-                     _f(res["data"]["raw"]["token_share"].get(d)), _f(res["data"]["curated"]["token_share"].get(d)),
-                     _f(la, 3), _f(lb, 3), _f(None if la is None or lb is None else lb - la, 3), win])
-    out += table(["Domain", "Held-out docs", "(a) token share", "(b) token share", "(a) raw loss", "(b) mindloom loss",
-                  "(b) − (a)", "Lower loss"], rows)
-    out += ["", f"Training loss: (a) {a['first_loss']:.3f} → {a['final_loss']:.3f}, (b) {b['first_loss']:.3f} → "
-            f"{b['final_loss']:.3f} (each on its own data, so not comparable with each other).", ""]
-    lc = res.get("long_context", {})
-    if lc:
-        lens = sorted({int(k) for v in lc.values() for k in v["loss"]})
-        out += ["Long context, all held-out tokens pooled (and the `long` and `books` domains), loss at each "
-                "context length:", ""]
-        hdr = [f"{col} @{n}" for n in lens for col in ("all", "long", "books")]
-        out += table(["Variant", "Extra steps", *hdr],
-                     [[name, v["extra_steps"], *[_f(v["loss"][str(n)].get(col), 3) for n in lens
-                                                 for col in ("all", "long", "books")]] for name, v in lc.items()])
-    if res.get("plots"):
-        out += ["", *[f"![ablation {k}]({p})" for k, p in res["plots"].items()]]
-    t = res.get("timings", {})
-    out += ["", "Timings (s): " + ", ".join(f"{k.removesuffix('_s')} {v}" for k, v in t.items()
-                                            if k != "chain_reused")
-            + (" (chain output and raw set reused from an earlier run with the same data settings)."
-               if t.get("chain_reused") else ".")]
-    return out
-
-
-def _f(v, digits: int = 4) -> str:
-    return "–" if v is None or (isinstance(v, float) and math.isnan(v)) else f"{v:.{digits}f}"
 
 
 def main() -> int:

@@ -60,9 +60,9 @@ def _time_filters(texts: list[str], run_one) -> dict:
 
 def worker_mindloom(texts: list[str]) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.filters.chain import FILTER_CLASSES, Chain
-    from pipeline.filters.params import PARAMS
-    from pipeline.filters.text import Doc
+    from pipeline.quality.filters.chain import FILTER_CLASSES, Chain
+    from pipeline.quality.filters.params import PARAMS
+    from pipeline.quality.filters.text import Doc
 
     filters = {n: Chain("bench", [FILTER_CLASSES[n](PARAMS[n]())]) for n in FILTERS}
     filters["chain"] = Chain("bench", [f for n in ("gopher_repetition", "gopher_quality", "c4", "fineweb")
@@ -119,7 +119,7 @@ def _ensure_venv() -> Path:
 def _documents(mb: float) -> list[tuple[str, str, str]]:
     """(domain, id, normalized text), round-robin over the domains until ``mb`` MB of text."""
     sys.path.insert(0, str(REPO))
-    from pipeline.normalize import normalize_text
+    from pipeline.ingest.normalize import normalize_text
 
     pools = {d: [json.loads(x) for x in (CORPUS / f"{d}.jsonl").read_text(encoding="utf-8").splitlines()]
              for d in DOMAINS}

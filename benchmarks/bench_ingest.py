@@ -8,7 +8,7 @@ Input: ``../shared/corpora`` — its seven JSONL files (33.2 MB, 3,881 docs) and
 (506 response records).  Every case runs in a fresh process, one after the other, on the same files:
 
 * mindloom ``reader only``: the reader's framing + parsing (the part comparable to a datatrove reader alone);
-* mindloom ``ingest``: :func:`pipeline.ingest.run_ingest_shard` end to end — parse, normalize, language ID,
+* mindloom ``ingest``: :func:`pipeline.ingest.run.run_ingest_shard` end to end — parse, normalize, language ID,
   hashing, Parquet + rejects + stats — with ``ingest.workers`` 1 and 2;
 * datatrove 0.10.1 (its own venv, ``.cache/bench-venvs/datatrove``): ``JsonlReader`` / ``WarcReader`` alone, and
   ``reader → [Trafilatura(favour_precision) →] JsonlWriter`` (uncompressed; its ParquetWriter refuses the corpus's
@@ -45,8 +45,8 @@ import json, sys, time
 sys.path.insert(0, {repo!r})
 from pathlib import Path
 from pipeline.config import config_from_dict
-from pipeline.ingest import plan_ingest, run_ingest_shard, make_reader, _records
-from pipeline.readers.storage import Storage
+from pipeline.ingest.run import plan_ingest, run_ingest_shard, make_reader, _records
+from pipeline.ingest.readers.storage import Storage
 src = {{"domain": "bench", "reader": {reader!r}, "paths": [{folder!r}], "options": {options!r}}}
 cfg = config_from_dict({{"data_root": {out!r}, "sources": [src],
                         "ingest": {{"workers": {workers}, "docs_per_shard": 10**9}}}})
@@ -198,7 +198,7 @@ def bag_f1(pred: str, ref: str) -> tuple[float, float, float]:
 
 def extractors() -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.readers.html import extract
+    from pipeline.ingest.readers.html import extract
 
     pages = sorted(p for p in (CORPORA / "web_html").rglob("*") if p.is_file())
     data = [(p.relative_to(CORPORA / "web_html").parts[0], p.read_bytes()) for p in pages]

@@ -35,7 +35,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from bench_tokenize import RESULTS, corpus_tokens, machine  # noqa: E402
 
-from pipeline import mindrecord  # noqa: E402
+from pipeline.sink import mindrecord, packing  # noqa: E402
 
 DEBUG_MODEL_TOKENS_PER_S = 2000.0
 
@@ -91,7 +91,7 @@ def bench_seq_len(tokens: dict, seq_len: int, repeats: int, work: Path) -> dict:
     domains = sorted(set(tokens["domains"]))
     dom = np.asarray([domains.index(d) for d in tokens["domains"]], np.int32)
     starts = np.cumsum(lens) - lens
-    rows = mindrecord.pack(flat, starts, lens, dom, np.arange(len(lens)), seq_len=seq_len, eos_id=2, bos_id=None,
+    rows = packing.pack(flat, starts, lens, dom, np.arange(len(lens)), seq_len=seq_len, eos_id=2, bos_id=None,
                            pad_id=3)["rows"]
     mb = rows.nbytes / 1e6
     raw = work / "rows.bin"

@@ -10,7 +10,7 @@ repeated (min / median / max are reported; ratios use medians) because other job
 1. Signature throughput, 112 permutations (14 × 8), word 5-grams, one core: mindloom's engine (datasketch-exact
    SHA-1 signatures) vs datatrove's ``MinhashDedupSignature`` (get_shingles + get_signature; its default xxhash,
    with its default spaCy tokenizer and with a whitespace tokenizer) vs rensa ``RMinHash`` fed with mindloom's
-   Python shingles (``pipeline.minhash.shingles.shingles``).  Documents: the shared corpus, round-robin over
+   Python shingles (``pipeline.dedup.minhash.shingles.shingles``).  Documents: the shared corpus, round-robin over
    domains up to ``--sig-mb``.
 2. Four-stage wall time on the whole corpus as Parquet shards, one process each, sequential tasks: mindloom
    (signatures → bands → clusters → removal) vs datatrove's four steps with LocalPipelineExecutor(workers=1).
@@ -68,7 +68,7 @@ def _texts(path: str) -> list[str]:
 
 def w_sig_ours(a: dict) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.minhash import MinhashConfig, SignatureEngine
+    from pipeline.dedup.minhash import MinhashConfig, SignatureEngine
 
     texts = _texts(a["texts"])
     eng = SignatureEngine(MinhashConfig(shingle_kind="word", domain_shingles=[]), a.get("engine"))
@@ -126,7 +126,7 @@ def w_sig_datatrove(a: dict) -> dict:
 def w_stages_ours(a: dict) -> dict:
     t0 = time.perf_counter()
     sys.path.insert(0, str(REPO))
-    from pipeline.minhash import (
+    from pipeline.dedup.minhash import (
         MinhashConfig,
         build_manifest,
         run_band,
@@ -193,7 +193,7 @@ def w_stages_datatrove(a: dict) -> dict:
 
 def w_clusters_ours(a: dict) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.minhash import MinhashConfig, run_clusters
+    from pipeline.dedup.minhash import MinhashConfig, run_clusters
 
     base = _rss_mb("VmRSS")
     t = time.perf_counter()
@@ -373,7 +373,7 @@ def bench_cluster_memory(records, scales: list[int]) -> dict:
     sys.path.insert(0, str(REPO))
     import shutil
 
-    from pipeline.minhash import MinhashConfig, build_manifest, run_band, run_signatures_shard
+    from pipeline.dedup.minhash import MinhashConfig, build_manifest, run_band, run_signatures_shard
 
     out = []
     replicas = {0: records}
@@ -400,7 +400,7 @@ def bench_cluster_memory(records, scales: list[int]) -> dict:
 
 def _edit_to(words: list[str], target: float, vocab: list[str], rng) -> tuple[list[str], float]:
     """Random substitutions / deletions / insertions until the word-5-gram Jaccard drops to ``target``."""
-    from pipeline.minhash.shingles import shingles
+    from pipeline.dedup.minhash.shingles import shingles
 
     base = set(shingles(" ".join(words), "word", 5))
     cur = list(words)
@@ -428,8 +428,8 @@ def bench_quality(records, pairs: int, tmp: Path) -> dict:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from pipeline.dedup.minhash import MinhashConfig, run_minhash
     from pipeline.io import write_marker, write_parquet
-    from pipeline.minhash import MinhashConfig, run_minhash
 
     rng = random.Random(1234)
     bases = []

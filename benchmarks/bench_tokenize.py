@@ -31,8 +31,8 @@ import numpy as np
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from pipeline import tokenizer  # noqa: E402
-from pipeline.config import TokenizerConfig  # noqa: E402
+from pipeline.tokenizer import run as tokenizer  # noqa: E402
+from pipeline.tokenizer.config import TokenizerConfig  # noqa: E402
 
 CACHE = REPO / ".cache" / "bench"
 RESULTS = REPO / "benchmarks" / "results"

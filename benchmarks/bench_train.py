@@ -46,7 +46,7 @@ def _job(steps: int):
     from pipeline.train.job import TrainJob
 
     return TrainJob(stage="bench", data_dir="-", out_dir="-", model={"preset": "debug", **MODEL}, steps=steps,
-                    batch_size=BATCH, lr=3e-4, min_lr=3e-5, warmup_steps=2)
+                    micro_batch=BATCH, lr=3e-4, min_lr=3e-5, warmup_steps=2)
 
 
 # ---- throughput -------------------------------------------------------------------------------------------------
@@ -185,7 +185,7 @@ def memory_child(recompute: bool, threads: int, steps: int) -> dict:
     ms.set_device("CPU")
     threads_num(threads)
     job = TrainJob(stage="m", data_dir="-", out_dir="-", model={"preset": "debug", **MEM_MODEL, "recompute": recompute},
-                   steps=steps + 1, batch_size=4, warmup_steps=1)
+                   steps=steps + 1, micro_batch=4, warmup_steps=1)
     cfg = job.model_config()
     ms.set_seed(0)
     net = Transformer(cfg)

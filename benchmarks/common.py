@@ -334,3 +334,33 @@ def tiny_corpus(out: Path, src: Path, per_domain_bytes: int = 150_000, warc_reco
                 if n >= warc_records:
                     break
     return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# results.json entries and Markdown tables (used by topics, scaling, ablation and report alike)
+
+ISSUE = {"ingest": 3, "filters": 4, "minhash": 5, "datasketch": 5, "tokenize": 6, "mindrecord": 6, "train": 7,
+         "scaling": 10, "ablation": 10}
+
+
+def metric(topic: str, name: str, unit: str, values: list, *, compared: str | None = None, target: float | None = None,
+           op: str = ">=", issue: int | None = None, note: str = "", headline: bool = False) -> dict:
+    """One results.json entry; ``met`` compares the median with the target (None when there is no target)."""
+    s = spread([v for v in values if v is not None])
+    met = None
+    if target is not None and s["median"] is not None:
+        met = {">=": s["median"] >= target, "<": s["median"] < target, "<=": s["median"] <= target}[op]
+    sym = {">=": "≥", "<": "<", "<=": "≤"}[op]
+    return {"name": f"{topic}.{name}", "topic": topic, "unit": unit, "median": s["median"], "min": s["min"],
+            "max": s["max"], "runs": s["runs"], "compared": compared,
+            "target": None if target is None else (f"{sym} {100 * target:g} %" if unit == "share" else
+                                                   f"{sym} {target:g}{'×' if unit == '×' else ''}"),
+            "target_value": target, "target_op": op if target is not None else None,
+            "issue": issue if issue is not None else ISSUE[topic], "met": met, "note": note,
+            "headline": headline or target is not None}
+
+
+def table(headers: list[str], rows: list[list]) -> list[str]:
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join("–" if c is None else str(c) for c in r) + " |" for r in rows]
+    return out

@@ -8,6 +8,8 @@ own sections.
 
 from __future__ import annotations
 
+from common import table
+
 NOTES = {
     "ingest": (
         "mindloom `ingest` does more than a datatrove reader: normalization, language ID, hashing, zstd Parquet, "
@@ -35,7 +37,7 @@ NOTES = {
         "positive at Jaccard ≥ 0.8 and predicted positive when both documents end in one cluster."),
     "datasketch": (
         "Plain datasketch is what most in-house scripts use. Both tools hash the same shingles (mindloom's "
-        "`pipeline/minhash/shingles.py`, loaded alone in the datasketch venv), so the ratio is the hashing engine "
+        "`pipeline/dedup/minhash/shingles.py`, loaded alone in the datasketch venv), so the ratio is the hashing engine "
         "alone, and the signatures of the first documents are compared bit for bit."),
     "tokenize": (
         "`tokenizer.encode_texts`: this process plus N−1 spawned children, chunks dealt dynamically, outputs "
@@ -104,12 +106,6 @@ def fmt(v, unit: str) -> str:
 
 def _met(m: dict) -> str:
     return {True: "yes", False: "**no**", None: "–"}[m["met"]]
-
-
-def table(headers: list[str], rows: list[list]) -> list[str]:
-    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    out += ["| " + " | ".join("–" if c is None else str(c) for c in r) + " |" for r in rows]
-    return out
 
 
 def metric_rows(metrics: list[dict], with_topic_issue: bool) -> list[list]:
@@ -199,9 +195,9 @@ def render_detail(name: str, rec: dict) -> list[str]:
 
         return scaling.markdown(rec["results"].get("scaling.json", {}))
     if name == "ablation":
-        import ablation
+        import ablation_report
 
-        return ablation.markdown(rec["results"].get("ablation.json", {}))
+        return ablation_report.markdown(rec["results"].get("ablation.json", {}))
     return []
 
 

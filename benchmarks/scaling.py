@@ -1,4 +1,4 @@
-"""The whole data chain (``pipeline.corpus.run_all``) at 1×, 2×, 4×, 8× of a corpus: cost-growth exponent and
+"""The whole data chain (``pipeline.tasks.corpus.run_all``) at 1×, 2×, 4×, 8× of a corpus: cost-growth exponent and
 peak memory per stage.
 
     .venv/bin/python benchmarks/scaling.py [--scales 1,2,4,8] [--base-mb 4] [--quick]
@@ -16,7 +16,7 @@ five).  Scale k adds k − 1 copies of it with controlled edits, decided per (do
 
 Every copy gets a new id.  Each scale runs in a fresh process with the default config (configs/default.yaml:
 quality chains, tokenizer, packing, mixture, validation split) over those files; every function of
-``pipeline.corpus`` that ``run_all`` calls is timed, with the peak resident memory of the process and its children
+``pipeline.tasks.corpus`` that ``run_all`` calls is timed, with the peak resident memory of the process and its children
 while it runs (sampled, plus the exact high-water mark of the process, reset per stage).  Memory a stage leaves
 allocated in the process is part of the next stage's baseline, as in ``mindloom corpus``; the table shows the RSS at
 the start of each stage too.  Documents per stage come from the stage stats files.
@@ -132,9 +132,9 @@ def worker(cfg_path: str, run_id: str, out_path: str) -> None:
     sys.path.insert(0, str(REPO))
     import inspect
 
-    from pipeline import corpus
     from pipeline.config import config_from_dict
     from pipeline.io import read_json
+    from pipeline.tasks import corpus
 
     stages: dict[str, dict] = {}
     depth = [0]
@@ -229,7 +229,7 @@ def run(scales: list[int], base_mb: float, corpus: Path, work: Path) -> dict:
 
 
 def metrics(res: dict) -> list[dict]:
-    from topics import metric
+    from common import metric
 
     if not res.get("runs"):
         return []
@@ -252,7 +252,7 @@ def metrics(res: dict) -> list[dict]:
 def markdown(res: dict) -> list[str]:
     if not res.get("runs"):
         return []
-    from report import table
+    from common import table
 
     runs = res["runs"]
     stages = list(runs[-1]["stages"])
@@ -260,7 +260,7 @@ def markdown(res: dict) -> list[str]:
                     f"replaced, expected word-5-gram Jaccard {_jaccard(m['substitution_rate']):.2f})"
                     for m in res["edit_mix"])
     out = [f"Corpus `{res['corpus']}`, 1× = {res['base_mb']} MB; copies: {mix}. One fresh process per scale running "
-           "`pipeline.corpus.run_all` with `configs/default.yaml` (sources replaced).", ""]
+           "`pipeline.tasks.corpus.run_all` with `configs/default.yaml` (sources replaced).", ""]
     out += table(["Scale", "Input MB", "Docs", "Chain s", "CPU s", "MB/s", "Peak RSS MB", "Planted exact copies",
                   "Removed by exact dedup", "Docs after quality", "Tokens"],
                  [[f"{r['scale']}×", r["input_mb"], r["docs"], r["wall_s"], r.get("cpu_s"),

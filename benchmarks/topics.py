@@ -21,27 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import REPO, loglog_slope, spread
-
-ISSUE = {"ingest": 3, "filters": 4, "minhash": 5, "datasketch": 5, "tokenize": 6, "mindrecord": 6, "train": 7,
-         "scaling": 10, "ablation": 10}
-
-
-def metric(topic: str, name: str, unit: str, values: list, *, compared: str | None = None, target: float | None = None,
-           op: str = ">=", issue: int | None = None, note: str = "", headline: bool = False) -> dict:
-    """One results.json entry; ``met`` compares the median with the target (None when there is no target)."""
-    s = spread([v for v in values if v is not None])
-    met = None
-    if target is not None and s["median"] is not None:
-        met = {">=": s["median"] >= target, "<": s["median"] < target, "<=": s["median"] <= target}[op]
-    sym = {">=": "≥", "<": "<", "<=": "≤"}[op]
-    return {"name": f"{topic}.{name}", "topic": topic, "unit": unit, "median": s["median"], "min": s["min"],
-            "max": s["max"], "runs": s["runs"], "compared": compared,
-            "target": None if target is None else (f"{sym} {100 * target:g} %" if unit == "share" else
-                                                   f"{sym} {target:g}{'×' if unit == '×' else ''}"),
-            "target_value": target, "target_op": op if target is not None else None,
-            "issue": issue if issue is not None else ISSUE[topic], "met": met, "note": note,
-            "headline": headline or target is not None}
+from common import REPO, loglog_slope, metric, spread
 
 
 def _ratios(ours: list[float], theirs: list[float], higher_is_better: bool = True) -> list[float]:
@@ -284,7 +264,7 @@ def w_datasketch(a: dict) -> dict:
 
 def w_mindloom(a: dict) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.minhash import MinhashConfig, SignatureEngine
+    from pipeline.dedup.minhash import MinhashConfig, SignatureEngine
 
     texts = json.loads(Path(a["texts"]).read_text(encoding="utf-8"))
     eng = SignatureEngine(MinhashConfig(shingle_kind="word", domain_shingles=[], scheme="affine32"))

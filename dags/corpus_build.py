@@ -3,7 +3,7 @@
 ``corpus_build`` is triggered by hand (UI form or REST); ``corpus_refresh`` is the same chain on a cron schedule
 (``MINDLOOM_REFRESH_SCHEDULE``, default Sundays 03:00 UTC, no catch-up) and is the one to backfill.
 
-Wiring only: every task body is one call into ``pipeline.corpus``.  Per-shard stages are mapped over the shard
+Wiring only: every task body is one call into ``pipeline.tasks.corpus``.  Per-shard stages are mapped over the shard
 list planned at run time; outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs
 have no logical date).  The last task publishes the MindRecord set as the ``mindloom_corpus`` Asset, which
 schedules the ``pretrain`` DAG.
@@ -31,7 +31,7 @@ def corpus_chain():
     """The task graph shared by both DAGs."""
     @task
     def plan(params=None, run_id=None) -> list[dict]:
-        from pipeline.corpus import prepare_run
+        from pipeline.tasks.corpus import prepare_run
 
         return prepare_run(dict(params), run_id, config_path())
 
@@ -41,7 +41,7 @@ def corpus_chain():
     def ingest_group():
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def ingest_shard(spec: dict) -> dict:
-            from pipeline.corpus import ingest_shard as run
+            from pipeline.tasks.corpus import ingest_shard as run
 
             _label(spec["shard"])
             return run(spec)
@@ -52,27 +52,27 @@ def corpus_chain():
     def clean_group():
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def exact_hash(spec: dict) -> dict:
-            from pipeline.corpus import exact_hash_shard
+            from pipeline.tasks.corpus import exact_hash_shard
 
             _label(spec["shard"])
             return exact_hash_shard(spec)
 
         @task
         def partitions(specs: list[dict]) -> list[int]:
-            from pipeline.corpus import exact_partitions
+            from pipeline.tasks.corpus import exact_partitions
 
             return exact_partitions(specs)
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def exact_partition(specs: list[dict], partition: int) -> dict:
-            from pipeline.corpus import exact_partition as run
+            from pipeline.tasks.corpus import exact_partition as run
 
             _label(f"partition-{partition:03d}")
             return run(specs, partition)
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def exact_dedup(spec: dict) -> dict:
-            from pipeline.corpus import exact_dedup_shard
+            from pipeline.tasks.corpus import exact_dedup_shard
 
             _label(spec["shard"])
             return exact_dedup_shard(spec)
@@ -89,40 +89,40 @@ def corpus_chain():
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def signatures(spec: dict) -> dict:
-            from pipeline.corpus import minhash_signatures
+            from pipeline.tasks.corpus import minhash_signatures
 
             _label(spec["shard"])
             return minhash_signatures(spec)
 
         @task
         def bands(specs: list[dict]) -> list[dict]:
-            from pipeline.corpus import minhash_bands
+            from pipeline.tasks.corpus import minhash_bands
 
             return minhash_bands(specs)
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def band(band_spec: dict) -> dict:
-            from pipeline.corpus import minhash_band
+            from pipeline.tasks.corpus import minhash_band
 
             _label(f"band-{band_spec['band']:03d}")
             return minhash_band(band_spec)
 
         @task(multiple_outputs=False)
         def clusters(specs: list[dict]) -> dict:
-            from pipeline.corpus import minhash_clusters
+            from pipeline.tasks.corpus import minhash_clusters
 
             return minhash_clusters(specs)
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def removal(spec: dict) -> dict:
-            from pipeline.corpus import minhash_removal
+            from pipeline.tasks.corpus import minhash_removal
 
             _label(spec["shard"])
             return minhash_removal(spec)
 
         @task(multiple_outputs=False)
         def dedup_report(specs: list[dict]) -> dict:
-            from pipeline.corpus import minhash_report
+            from pipeline.tasks.corpus import minhash_report
 
             return minhash_report(specs)
 
@@ -137,7 +137,7 @@ def corpus_chain():
     def filter_group():
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def quality_filter(spec: dict) -> dict:
-            from pipeline.corpus import quality_shard
+            from pipeline.tasks.corpus import quality_shard
 
             _label(spec["shard"])
             return quality_shard(spec)
@@ -148,13 +148,13 @@ def corpus_chain():
     def tokenize_group():
         @task(multiple_outputs=False)
         def train_tokenizer(specs: list[dict]) -> dict:
-            from pipeline.corpus import train_tokenizer as run
+            from pipeline.tasks.corpus import train_tokenizer as run
 
             return run(specs)
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
         def encode(spec: dict) -> dict:
-            from pipeline.corpus import tokenize_shard
+            from pipeline.tasks.corpus import tokenize_shard
 
             _label(spec["shard"])
             return tokenize_shard(spec)
@@ -168,19 +168,19 @@ def corpus_chain():
     def sink_group():
         @task(multiple_outputs=False)
         def plan_mixture(specs: list[dict]) -> dict:
-            from pipeline.corpus import plan_mixture as run
+            from pipeline.tasks.corpus import plan_mixture as run
 
             return run(specs)
 
         @task(multiple_outputs=False)
         def write_mindrecord(specs: list[dict]) -> dict:
-            from pipeline.corpus import write_mindrecord as run
+            from pipeline.tasks.corpus import write_mindrecord as run
 
             return run(specs)
 
         @task(multiple_outputs=False)
         def write_validation(specs: list[dict]) -> dict:
-            from pipeline.corpus import write_validation as run
+            from pipeline.tasks.corpus import write_validation as run
 
             return run(specs)
 
@@ -191,7 +191,7 @@ def corpus_chain():
 
     @task(outlets=[CORPUS], multiple_outputs=False)
     def publish(specs: list[dict], outlet_events=None) -> dict:
-        from pipeline.corpus import publish as run
+        from pipeline.tasks.corpus import publish as run
 
         summary = run(specs)
         outlet_events[CORPUS].extra = summary

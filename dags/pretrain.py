@@ -24,7 +24,7 @@ from operators.params import config_path, corpus_asset, fail_step_template, pret
 from operators.routing import data_task_kwargs, train_task_kwargs
 from operators.training import TrainingStageOperator
 from pipeline.config import load_config
-from pipeline.pretrain import stage_names
+from pipeline.tasks.pretrain import stage_names
 
 CORPUS = corpus_asset()
 STAGES = stage_names(load_config(config_path()))      # train.stages of the deployment's config, in order
@@ -56,7 +56,7 @@ else:
 def pretrain():
     @task(multiple_outputs=False)
     def resolve_corpus(params=None, triggering_asset_events=None) -> dict:
-        from pipeline.pretrain import resolve_corpus as run
+        from pipeline.tasks.pretrain import resolve_corpus as run
 
         events = [e.extra for evs in (triggering_asset_events or {}).values() for e in evs]
         return run(dict(params), events)
@@ -64,13 +64,13 @@ def pretrain():
     @task(multiple_outputs=False)
     def evaluate(stage: str, params=None, run_id=None) -> dict:
         """Held-out loss and perplexity per domain, measured by the stage job right after its last step."""
-        from pipeline.pretrain import stage_eval_for_run
+        from pipeline.tasks.pretrain import stage_eval_for_run
 
         return stage_eval_for_run(dict(params), run_id, stage)
 
     @task(multiple_outputs=False)
     def report(stages: dict, corpus: dict, params=None, run_id=None) -> dict:
-        from pipeline.pretrain import write_report
+        from pipeline.tasks.pretrain import write_report
 
         return write_report(dict(params), run_id, stages, corpus)
 

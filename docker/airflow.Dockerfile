@@ -51,7 +51,7 @@ COPY --chown=50000:0 configs /opt/mindloom/configs
 COPY --chown=50000:0 docker/airflow_init.py /opt/mindloom/docker/airflow_init.py
 RUN pip install --no-deps --editable /opt/mindloom \
  && pip check \
- && python -c "import pipeline.corpus, operators.routing, airflow.providers.celery, pyarrow, datasketch, sentencepiece"
+ && python -c "import pipeline.tasks.corpus, operators.routing, airflow.providers.celery, pyarrow, datasketch, sentencepiece"
 
 WORKDIR /opt/airflow
 

@@ -1,6 +1,6 @@
 # syntax=docker/dockerfile:1
 # mindloom training image: MindSpore 2.10.0 + mindloom, entrypoint = validated multi-node msrun
-# (`python -m pipeline.launcher`, see pipeline/launcher.py).  One container per node; every node runs the same
+# (`python -m pipeline.train.launcher`, see pipeline/train/launcher.py).  One container per node; every node runs the same
 # image tag.  Build from the repository root:
 #
 #   docker build -f docker/train.Dockerfile -t mindloom-train:<git-sha> .
@@ -62,7 +62,7 @@ COPY configs /opt/mindloom/configs
 COPY docker/train-entrypoint.sh /opt/mindloom/docker/train-entrypoint.sh
 RUN pip install --no-cache-dir --no-deps --editable /opt/mindloom \
  && pip check \
- && python -c "import mindspore, pipeline.train.trainer, pipeline.launcher, shutil; assert shutil.which('msrun')"
+ && python -c "import mindspore, pipeline.train.trainer, pipeline.train.launcher, shutil; assert shutil.which('msrun')"
 
 USER 50000:0
 WORKDIR /home/mindloom

@@ -11,7 +11,7 @@ import html
 import urllib.parse
 from pathlib import Path
 
-from pipeline.report import CSS
+from pipeline.report.html import CSS
 
 EXTRA_CSS = ".bad{color:#a00}.warn{color:#a60}td{text-align:left}"
 

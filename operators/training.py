@@ -93,7 +93,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def _prepare_try(self, context: Any) -> None:
         """Re-train a cleared succeeded stage from its start, or announce the resume or reconnect of this try."""
-        from pipeline.pretrain import archive_stage, job_state, resume_point
+        from pipeline.tasks.pretrain import archive_stage, job_state, resume_point
 
         out_dir = self._out_dir(context)
         store = context.get("task_state_store")
@@ -135,7 +135,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def _stream_metrics(self, out_dir: str | Path, since: float) -> None:
         """Log the rows the current job wrote (``time >= since``) past the last step already logged."""
-        from pipeline.pretrain import read_metrics
+        from pipeline.tasks.pretrain import read_metrics
 
         path = Path(out_dir) / "metrics.jsonl"
         inode = path.stat().st_ino if path.exists() else None
@@ -156,7 +156,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def _out_dir(self, context: Any) -> Path:
         from pipeline.form import config_from_params
-        from pipeline.pretrain import stage_dir
+        from pipeline.tasks.pretrain import stage_dir
 
         cfg = config_from_params(dict(context["params"]))
         return stage_dir(cfg.data_root, context["run_id"], self.stage)
@@ -164,7 +164,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
     def submit_job(self, context: Any) -> dict:
         from pipeline.form import config_from_params
         from pipeline.io import write_json
-        from pipeline.pretrain import build_job, launch_argv, launch_env, record_launch
+        from pipeline.tasks.pretrain import build_job, launch_argv, launch_env, record_launch
 
         cfg = config_from_params(dict(context["params"]))
         out_dir = self._out_dir(context)
@@ -185,7 +185,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         return {"out_dir": str(out_dir), "pid": self._proc.pid, "log": str(log_path)}
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
-        from pipeline.pretrain import job_state
+        from pipeline.tasks.pretrain import job_state
 
         return job_state(external_id["out_dir"], external_id.get("pid"))["state"]
 
@@ -197,7 +197,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def poll_until_complete(self, external_id: Any, context: Any) -> dict:
         """Stream metrics into the log until the job ends; raise with the job's own error when it fails."""
-        from pipeline.pretrain import job_state
+        from pipeline.tasks.pretrain import job_state
 
         out_dir = external_id["out_dir"]
         since = self._launch_time(out_dir)
@@ -215,7 +215,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
             time.sleep(self.poll_interval)
 
     def get_job_result(self, external_id: Any, context: Any) -> dict:
-        from pipeline.pretrain import stage_result
+        from pipeline.tasks.pretrain import stage_result
 
         return stage_result(external_id["out_dir"])
 

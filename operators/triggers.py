@@ -24,7 +24,7 @@ class TrainingJobTrigger(BaseTrigger):
                 {"out_dir": self.out_dir, "pid": self.pid, "poll_interval": self.poll_interval})
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from pipeline.pretrain import TERMINAL, job_state
+        from pipeline.tasks.pretrain import TERMINAL, job_state
 
         while True:
             status = await asyncio.to_thread(job_state, self.out_dir, self.pid)   # file I/O off the event loop

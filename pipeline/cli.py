@@ -20,7 +20,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from pipeline.config import ConfigError, load_config
+from pipeline.config import load_config
+from pipeline.configkit import ConfigError
 from pipeline.form import PARAM_FIELDS
 
 
@@ -42,8 +43,8 @@ def _run_id(given: str | None) -> str:
 
 
 def cmd_corpus(args) -> int:
-    from pipeline.corpus import run_all
     from pipeline.io import write_json
+    from pipeline.tasks.corpus import run_all
 
     cfg = load_config(args.config, _overrides(args.set))
     summary = run_all(cfg, _run_id(args.run_id))
@@ -57,7 +58,7 @@ def cmd_train(args) -> int:
     stages of one run share ``--run-id`` (a later stage starts from the previous stage's final checkpoint)."""
     from tqdm import tqdm
 
-    from pipeline.pretrain import (
+    from pipeline.tasks.pretrain import (
         build_job,
         job_state,
         launch_argv,
@@ -120,7 +121,7 @@ def cmd_train(args) -> int:
 
 
 def cmd_verify(args) -> int:
-    from pipeline.mindrecord import verify
+    from pipeline.sink.mindrecord import verify
 
     print(json.dumps(verify(args.dir, full_read=True, num_shards=args.ranks), indent=1))
     return 0
@@ -134,7 +135,7 @@ def cmd_demo_corpus(args) -> int:
 
 
 def cmd_summary(args) -> int:
-    from pipeline.summary import render_summary
+    from pipeline.report.summary import render_summary
 
     print(render_summary(load_config(args.config).data_root))
     return 0
@@ -173,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
-    from pipeline.ingest import IngestError
-    from pipeline.mindrecord import ShardError
+    from pipeline.ingest.run import IngestError
+    from pipeline.sink.mindrecord import ShardError
 
     try:
         return args.fn(args)

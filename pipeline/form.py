@@ -13,7 +13,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from pipeline.config import MindloomConfig, _hints, load_config
+from pipeline.config import MindloomConfig, load_config
+from pipeline.configkit import _hints
 
 #: Param name → dotted config field.  The DAG builds one ``Param`` per entry from :func:`param_specs`.
 PARAM_FIELDS: dict[str, str] = {

@@ -21,7 +21,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 import common  # noqa: E402
 import report  # noqa: E402
 import scaling  # noqa: E402
-from topics import metric  # noqa: E402
+from common import metric  # noqa: E402
 
 KEYS = {"name", "topic", "unit", "median", "min", "max", "runs", "compared", "target", "target_value", "target_op",
         "issue", "met", "note", "headline"}

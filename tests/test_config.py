@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, load_config
+from pipeline.config import DEFAULT_CONFIG, load_config
+from pipeline.configkit import ConfigError
 from pipeline.form import PARAM_FIELDS, config_from_params, param_specs
 
 
@@ -86,3 +87,20 @@ def test_the_run_status_page_escapes_every_value(tmp_path):
     assert "<script>" not in page and "<img" not in page and "<b>run" not in page
     assert "FAILED at step 9: Boom: &lt;script&gt;" in page and "my &lt;b&gt;run&lt;/b&gt;" in page
     assert "/dags/pretrain/runs/%3Cimg%20src%3Dx%3E/tasks/train_main?try_number=2" in page
+
+
+def test_train_job_defaults_come_from_the_train_config():
+    """One default per field: a TrainJob built without the config trains with train.*'s defaults, and
+    ``batch_size`` means the global batch everywhere (the job's per-rank share is ``micro_batch``)."""
+    import dataclasses
+
+    from pipeline.train.config import TrainConfig
+    from pipeline.train.job import TrainJob
+
+    recipe = {f.name: f.default for f in dataclasses.fields(TrainConfig) if f.default is not dataclasses.MISSING}
+    job = TrainJob(stage="s", data_dir="d", out_dir="o")
+    shared = [f.name for f in dataclasses.fields(TrainJob) if f.name in recipe]
+    assert {"lr", "warmup_steps", "checkpoint_every", "steps", "min_lr"} <= set(shared)
+    assert {n: getattr(job, n) for n in shared} == {n: recipe[n] for n in shared}
+    assert not hasattr(job, "batch_size") and job.micro_batch == recipe["batch_size"]
+    assert job.model == {"preset": recipe["preset"]}

@@ -66,7 +66,7 @@ def test_dag_files_parse_quickly(dagbag, tmp_path):
 def test_pretrain_has_a_task_and_an_evaluation_per_stage(dagbag):
     from operators.params import config_path
     from pipeline.config import load_config
-    from pipeline.pretrain import stage_names
+    from pipeline.tasks.pretrain import stage_names
 
     stages = stage_names(load_config(config_path()))
     ids = set(dagbag.get_dag("pretrain").task_ids)

@@ -9,9 +9,9 @@ import pyarrow.parquet as pq
 import pytest
 from conftest import prose_records, stdlib_records, write_jsonl
 
-from pipeline import exact_dedup
 from pipeline.config import config_from_dict
-from pipeline.ingest import plan_ingest, run_ingest_shard
+from pipeline.dedup import exact as exact_dedup
+from pipeline.ingest.run import plan_ingest, run_ingest_shard
 from pipeline.io import read_json
 
 

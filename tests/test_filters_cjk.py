@@ -8,11 +8,11 @@ public domain, from fortunes-zh) and a paragraph of the Debian New Maintainers' 
 from __future__ import annotations
 
 from pipeline.config import DEFAULT_CONFIG, load_config
-from pipeline.filters.c4 import C4Quality, FineWebQuality
-from pipeline.filters.chain import Chain
-from pipeline.filters.gopher import GopherQuality, GopherRepetition
-from pipeline.filters.params import C4Params, FineWebParams, GopherQualityParams, GopherRepetitionParams
-from pipeline.filters.text import Doc
+from pipeline.quality.filters.c4 import C4Quality, FineWebQuality
+from pipeline.quality.filters.chain import Chain
+from pipeline.quality.filters.gopher import GopherQuality, GopherRepetition
+from pipeline.quality.filters.params import C4Params, FineWebParams, GopherQualityParams, GopherRepetitionParams
+from pipeline.quality.filters.text import Doc
 
 POEM = ("《感遇・其一》\n作者：张九龄\n兰叶春葳蕤，桂华秋皎洁。\n欣欣此生意，自尔为佳节。\n"
         "谁知林栖者，闻风坐相悦。\n草木有本心，何求美人折？")

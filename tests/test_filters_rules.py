@@ -11,10 +11,10 @@ import json
 
 import pytest
 
-from pipeline.filters.basic import CodeQuality, Language, Length, language_matches
-from pipeline.filters.c4 import C4Quality, FineWebQuality
-from pipeline.filters.gopher import GopherQuality, GopherRepetition
-from pipeline.filters.params import (
+from pipeline.quality.filters.basic import CodeQuality, Language, Length, language_matches
+from pipeline.quality.filters.c4 import C4Quality, FineWebQuality
+from pipeline.quality.filters.gopher import GopherQuality, GopherRepetition
+from pipeline.quality.filters.params import (
     C4Params,
     CodeParams,
     FineWebParams,
@@ -23,7 +23,7 @@ from pipeline.filters.params import (
     LanguageParams,
     LengthParams,
 )
-from pipeline.filters.text import Doc, approx_tokens, count_sentences, split_words
+from pipeline.quality.filters.text import Doc, approx_tokens, count_sentences, split_words
 
 # Jane Austen, Emma (1815), first sentence: public domain.
 EMMA = ("Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition, seemed to unite "
@@ -295,7 +295,7 @@ def test_sentence_counting():
 # -- PII ------------------------------------------------------------------------------------------------------------
 
 def test_pii_masking_and_what_it_leaves_alone():
-    from pipeline.filters.pii import EMAIL_REPLACEMENTS, IP_REPLACEMENTS, PHONE_REPLACEMENTS, PiiMasker
+    from pipeline.quality.filters.pii import EMAIL_REPLACEMENTS, IP_REPLACEMENTS, PHONE_REPLACEMENTS, PiiMasker
 
     text, counts = PiiMasker().mask("Mail john.doe@gmail.com, ping 8.8.8.8, call +1 (415) 555-2671 or 13812345678.")
     assert counts == {"email": 1, "ip": 1, "phone": 2}
@@ -353,7 +353,7 @@ def _reference_ngram_chars(words: list[str], cjk: list[bool]) -> dict[str, int]:
 def test_vectorised_ngram_counts_equal_the_plain_loops_on_real_text():
     from conftest import prose_records, stdlib_records
 
-    from pipeline.filters.gopher import ngram_chars
+    from pipeline.quality.filters.gopher import ngram_chars
 
     poem = "《感遇・其一》\n作者：张九龄\n兰叶春葳蕤，桂华秋皎洁。\n欣欣此生意，自尔为佳节。"
     texts = [r["text"] for r in prose_records(10) + stdlib_records(4)] + [poem * 3, EMMA * 4, "a b", "", "x"]

@@ -21,9 +21,9 @@ import pytest
 import zstandard
 from conftest import SHARED_CORPORA, prose_records, stdlib_records, write_jsonl
 
-from pipeline import exact_dedup
 from pipeline.config import config_from_dict
-from pipeline.ingest import plan_ingest, run_ingest_shard
+from pipeline.dedup import exact as exact_dedup
+from pipeline.ingest.run import plan_ingest, run_ingest_shard
 from pipeline.io import read_json
 
 
@@ -111,7 +111,7 @@ def test_every_shard_accounts_for_every_document(tmp_path):
 
 
 def test_output_is_identical_with_a_process_pool_and_on_rerun(tmp_path, monkeypatch):
-    import pipeline.ingest as ingest_mod
+    import pipeline.ingest.run as ingest_mod
 
     sources = build_inputs(tmp_path / "in")
     rdir1, specs, _ = run_all(tmp_path / "serial", sources)

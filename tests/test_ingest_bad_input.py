@@ -17,7 +17,7 @@ import zstandard
 from conftest import REPO, prose_records, stdlib_records, write_jsonl
 
 from pipeline.config import config_from_dict
-from pipeline.ingest import IngestError, plan_ingest, run_ingest_shard
+from pipeline.ingest.run import IngestError, plan_ingest, run_ingest_shard
 
 
 def run(tmp: pathlib.Path, sources: list[dict], **opts) -> dict:
@@ -218,7 +218,7 @@ UNREADABLE_CHILD = """
 import json, pathlib, sys
 sys.path.insert(0, {repo!r})
 from pipeline.config import config_from_dict
-from pipeline.ingest import plan_ingest, run_ingest_shard
+from pipeline.ingest.run import plan_ingest, run_ingest_shard
 cfg = config_from_dict({cfg!r})
 print(json.dumps([run_ingest_shard(cfg, pathlib.Path({rdir!r}), s) for s in plan_ingest(cfg)]))
 """

@@ -9,7 +9,7 @@ import json
 import pytest
 from conftest import SHARED_CORPORA
 
-from pipeline.normalize import DecodeError, binary_reason, decode_bytes, doc_id, normalize_text, text_hash
+from pipeline.ingest.normalize import DecodeError, binary_reason, decode_bytes, doc_id, normalize_text, text_hash
 
 
 def test_normalize_text_exact():

@@ -9,7 +9,7 @@ import socket
 import pytest
 from conftest import SHARED_CORPORA, prose_records, stdlib_records
 
-from pipeline.langid import identify, language_columns
+from pipeline.ingest.langid import identify, language_columns
 
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.launcher import (
+from pipeline.train.launcher import (
     MSRUN_OWNED_VARS,
     ClusterLayout,
     LaunchError,
@@ -148,7 +148,7 @@ def test_layout_from_env_errors_name_the_variable():
 def test_entrypoint_dry_run_and_error():
     env = {"PATH": "/usr/bin:/bin", "MINDLOOM_NODES": "2", "MINDLOOM_DEVICES_PER_NODE": "8",
            "MINDLOOM_MASTER_ADDR": "10.20.0.11", "JOB_COMPLETION_INDEX": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "pipeline.launcher", "--dry-run", "--job", "/shared/run1/job.json"]
+    cmd = [sys.executable, "-m", "pipeline.train.launcher", "--dry-run", "--job", "/shared/run1/job.json"]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)

@@ -14,10 +14,11 @@ import pytest
 from conftest import prose_records, stdlib_records
 from test_tokenizer import SMALL, write_quality_shards
 
-from pipeline import mindrecord, mixture, tokenizer, validation
-from pipeline.config import MixtureConfig
 from pipeline.io import read_json, read_parquet, write_json
-from pipeline.mindrecord import ShardError
+from pipeline.sink import mindrecord, mixture, packing, validation
+from pipeline.sink.config import MixtureConfig
+from pipeline.sink.mindrecord import ShardError
+from pipeline.tokenizer import run as tokenizer
 
 SEQ = 63
 MIX = MixtureConfig(weights={"code": 0.5, "prose": 0.5}, val_min_docs=2)
@@ -73,12 +74,12 @@ def test_pack_cuts_exact_rows_with_eos_bos_padding_and_boundaries():
     docs = [np.array(t, np.int32) for t in ([5, 6, 7], [8], [9, 10, 11, 12])]
     lens = np.array([3, 1, 4])
     flat, starts, dom = np.concatenate(docs), np.array([0, 3, 4]), np.array([0, 1, 0], np.int32)
-    p = mindrecord.pack(flat, starts, lens, dom, np.arange(3), seq_len=3, eos_id=2, bos_id=None, pad_id=3,
+    p = packing.pack(flat, starts, lens, dom, np.arange(3), seq_len=3, eos_id=2, bos_id=None, pad_id=3,
                         boundaries=True)
     assert p["rows"].tolist() == [[5, 6, 7, 2], [8, 2, 9, 10]] and p["dropped_tail_tokens"] == 3
     assert p["row_domain"].tolist() == [0, 1] and p["tokens_per_domain"].tolist() == [6, 2]
     assert [s.tolist() for s in p["row_starts"]] == [[0], [0, 2]]
-    p = mindrecord.pack(flat, starts, lens, dom, np.array([2, 0]), seq_len=3, eos_id=2, bos_id=1, pad_id=3,
+    p = packing.pack(flat, starts, lens, dom, np.array([2, 0]), seq_len=3, eos_id=2, bos_id=1, pad_id=3,
                         remainder="pad", boundaries=True)
     assert p["rows"].tolist() == [[1, 9, 10, 11], [12, 2, 1, 5], [6, 7, 2, 3]] and p["padded_tokens"] == 1
     assert [s.tolist() for s in p["row_starts"]] == [[0], [0, 2], [0]]
@@ -239,3 +240,16 @@ def test_verify_command_exit_codes(run, damaged, capsys):
     (mr / name).write_bytes(b"")
     assert main(["verify", str(mr)]) == 2
     assert name in capsys.readouterr().err
+
+
+def test_test_sets_and_repacks_use_the_sink_writer_and_manifest(tmp_path):
+    """One writer, one manifest format: a set written by ``write_rows`` (test data, long-context re-packs) is
+    verified like the corpus, decoded rows included."""
+    from bytes_data import pack_bytes, stdlib_text, write_mindrecord
+
+    rows = pack_bytes(stdlib_text("json.decoder"), 63)
+    write_mindrecord(rows, str(tmp_path / "set"), shards=2)
+    manifest = json.loads((tmp_path / "set" / "manifest.json").read_text())
+    assert manifest["fields"] == ["input_ids"] and manifest["row_length"] == 64
+    assert all(s["content_sha256"] for s in manifest["shards"])
+    assert mindrecord.verify(tmp_path / "set", num_shards=2)["read"] == len(rows)

@@ -18,8 +18,8 @@ import pytest
 from conftest import SHARED_CORPORA
 from test_minhash_pipeline import write_shard
 
-from pipeline.minhash import MinhashConfig, SignatureEngine, run_minhash
-from pipeline.minhash.layout import decisions_path, edges_path
+from pipeline.dedup.minhash import MinhashConfig, SignatureEngine, run_minhash
+from pipeline.dedup.minhash.layout import decisions_path, edges_path
 
 DOMAINS = ("web", "code", "long", "academic")
 

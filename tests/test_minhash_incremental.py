@@ -8,8 +8,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 from test_minhash_pipeline import real_words, removed, write_shard
 
-from pipeline.minhash import REASON_NEAR_DUP, REASON_PREVIOUS, DedupIndex, MinhashConfig, add_release, run_minhash
-from pipeline.minhash.layout import output_path
+from pipeline.dedup.minhash import (
+    REASON_NEAR_DUP,
+    REASON_PREVIOUS,
+    DedupIndex,
+    MinhashConfig,
+    add_release,
+    run_minhash,
+)
+from pipeline.dedup.minhash.layout import output_path
 
 
 def _win(w, start, n=900):

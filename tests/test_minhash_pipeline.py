@@ -12,8 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.io import read_json, sha256_file, write_marker, write_parquet
-from pipeline.minhash import (
+from pipeline.dedup.minhash import (
     REASON_NEAR_DUP,
     MinhashConfig,
     MinhashError,
@@ -26,7 +25,8 @@ from pipeline.minhash import (
     run_removal_shard,
     run_signatures_shard,
 )
-from pipeline.minhash.layout import decisions_path, edges_path, output_path, report_path
+from pipeline.dedup.minhash.layout import decisions_path, edges_path, output_path, report_path
+from pipeline.io import read_json, sha256_file, write_marker, write_parquet
 
 
 def real_words() -> list[str]:
@@ -249,7 +249,7 @@ def test_missing_stage_outputs_fail_clearly(tmp_path):
 
 
 def test_read_rows_reads_only_needed_row_groups_in_order(tmp_path):
-    from pipeline.minhash.layout import read_rows
+    from pipeline.dedup.minhash.layout import read_rows
 
     path = tmp_path / "t.parquet"
     pq.write_table(pa.table({"x": np.arange(5000), "y": [str(i) for i in range(5000)]}), path, row_group_size=700)
@@ -278,7 +278,7 @@ def test_empty_shard_and_unshingleable_docs_are_accounted(tmp_path):
 def test_char_class_table_is_pythons_re():
     import re
 
-    from pipeline.minhash.shingles import char_classes
+    from pipeline.dedup.minhash.shingles import char_classes
 
     table = char_classes()
     rng = random.Random(0)

@@ -11,11 +11,11 @@ from datasketch import MinHash, MinHashLSH
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from pipeline.config import ConfigError
-from pipeline.minhash import MinhashConfig, ShingleRule, SignatureEngine, check_config, minhash_config_from_dict
-from pipeline.minhash import shingles as sh
-from pipeline.minhash.config import PRESETS, candidate_probability, curve_threshold
-from pipeline.minhash.signatures import band_keys, doc_kinds, numba_available, permutations, to_minhash
+from pipeline.configkit import ConfigError
+from pipeline.dedup.minhash import MinhashConfig, ShingleRule, SignatureEngine, check_config, minhash_config_from_dict
+from pipeline.dedup.minhash import shingles as sh
+from pipeline.dedup.minhash.config import PRESETS, candidate_probability, curve_threshold
+from pipeline.dedup.minhash.signatures import band_keys, doc_kinds, numba_available, permutations, to_minhash
 
 ENGINES = ["numpy"] + (["numba"] if numba_available() else [])
 STDLIB = pathlib.Path(sysconfig.get_paths()["stdlib"])

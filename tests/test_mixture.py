@@ -9,10 +9,13 @@ import pytest
 from conftest import prose_records, stdlib_records
 from test_tokenizer import SMALL, shared_records, write_quality_shards
 
-from pipeline import mixture, tokenizer
-from pipeline.config import ConfigError, MixtureConfig, TokenizerConfig
+from pipeline.configkit import ConfigError
 from pipeline.io import read_json, read_parquet
-from pipeline.validation import heldout_count, heldout_key
+from pipeline.sink import mixture
+from pipeline.sink.config import MixtureConfig
+from pipeline.sink.validation import heldout_count, heldout_key
+from pipeline.tokenizer import run as tokenizer
+from pipeline.tokenizer.config import TokenizerConfig
 
 
 def tokenized_run(rdir, records, tc=SMALL, seed=3, per_shard=25):

@@ -13,10 +13,10 @@ import pytest
 from conftest import SHARED_CORPORA
 
 from pipeline.config import DEFAULT_CONFIG, load_config
-from pipeline.filters.chain import Chain
-from pipeline.filters.gopher import GopherQuality
-from pipeline.filters.text import Doc, cjk_char_count
-from pipeline.normalize import normalize_text
+from pipeline.ingest.normalize import normalize_text
+from pipeline.quality.filters.chain import Chain
+from pipeline.quality.filters.gopher import GopherQuality
+from pipeline.quality.filters.text import Doc, cjk_char_count
 
 pytestmark = pytest.mark.corpus
 

@@ -10,11 +10,19 @@ import pyarrow as pa
 import pytest
 from conftest import prose_records
 
-from pipeline.config import DEFAULT_CONFIG, ConfigError, QualityConfig, config_from_dict, load_config
-from pipeline.filters.chain import QualityError
+from pipeline.config import DEFAULT_CONFIG, config_from_dict, load_config
+from pipeline.configkit import ConfigError
+from pipeline.ingest.normalize import text_hash
 from pipeline.io import read_json, read_parquet, write_parquet
-from pipeline.normalize import text_hash
-from pipeline.quality import quality_report, reapply_decisions, render_quality_report, run_quality_shard, scores_path
+from pipeline.quality.config import QualityConfig
+from pipeline.quality.filters.chain import QualityError
+from pipeline.quality.run import (
+    quality_report,
+    reapply_decisions,
+    render_quality_report,
+    run_quality_shard,
+    scores_path,
+)
 
 # Jane Austen, Emma (1815), ch. 1 (public domain): too short for Gopher's 50 words.
 EMMA = ("Emma Woodhouse, handsome, clever, and rich, with a comfortable home and happy disposition, seemed to unite "

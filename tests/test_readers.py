@@ -16,9 +16,10 @@ import pytest
 import zstandard
 from conftest import SHARED_CORPORA, stdlib_records, write_jsonl
 
-from pipeline.config import ConfigError, config_from_dict
-from pipeline.ingest import plan_ingest, run_ingest_shard
-from pipeline.normalize import doc_id, normalize_text
+from pipeline.config import config_from_dict
+from pipeline.configkit import ConfigError
+from pipeline.ingest.normalize import doc_id, normalize_text
+from pipeline.ingest.run import plan_ingest, run_ingest_shard
 
 corpus = pytest.mark.skipif(not SHARED_CORPORA.exists(), reason="../shared/corpora is absent")
 

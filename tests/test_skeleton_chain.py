@@ -11,8 +11,8 @@ import pytest
 from conftest import tiny_config
 
 from pipeline.config import load_config
-from pipeline.corpus import collect_stats, run_all
 from pipeline.io import read_json, read_parquet
+from pipeline.tasks.corpus import collect_stats, run_all
 
 
 @pytest.fixture(scope="module")

@@ -14,10 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import SHARED_CORPORA, prose_records, stdlib_records
 
-from pipeline import tokenizer
-from pipeline.config import ConfigError, TokenizerConfig
+from pipeline.configkit import ConfigError
 from pipeline.io import read_json, read_parquet, write_parquet
-from pipeline.validation import heldout_key
+from pipeline.sink.validation import heldout_key
+from pipeline.tokenizer import run as tokenizer
+from pipeline.tokenizer.config import TokenizerConfig
 
 
 def write_quality_shards(rdir: Path, records: dict[str, list[dict]], per_shard: int = 25) -> list[str]:

@@ -11,7 +11,8 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from pipeline.train.bytes_data import write_mindrecord  # noqa: E402
+from bytes_data import write_mindrecord  # noqa: E402
+
 from pipeline.train.data import DataPosition, TokenBatches  # noqa: E402
 
 N_ROWS, WIDTH, SEED = 37, 5, 11
@@ -74,13 +75,13 @@ def test_changed_global_batch_is_refused_naming_the_field():
     from pipeline.train.job import TrainJob
     from pipeline.train.trainer import _check_same_layout
 
-    job = TrainJob(stage="s", data_dir="d", out_dir="o", batch_size=4, grad_accum=1)
+    job = TrainJob(stage="s", data_dir="d", out_dir="o", micro_batch=4, grad_accum=1)
     meta = {"global_batch": 8, "micro_batch": 4, "grad_accum": 1, "world_size": 2, "seq_len": 32,
             **DataPosition(0, 16, 16).to_meta()}
     _check_same_layout(job, meta, world=2, seq_len=32, what="ckpt")  # same global batch: fine
-    _check_same_layout(job.__class__(**{**job.to_dict(), "batch_size": 2, "grad_accum": 2}), meta, world=2,
+    _check_same_layout(job.__class__(**{**job.to_dict(), "micro_batch": 2, "grad_accum": 2}), meta, world=2,
                        seq_len=32, what="ckpt")  # other split, same global batch: fine
-    with pytest.raises(ValueError, match=r"TrainJob\.batch_size: ckpt was written with global batch 8 .* this run "
+    with pytest.raises(ValueError, match=r"TrainJob\.micro_batch: ckpt was written with global batch 8 .* this run "
                                          r"has 12"):
         _check_same_layout(job, meta, world=3, seq_len=32, what="ckpt")
     with pytest.raises(ValueError, match=r"TrainJob\.seq_len"):

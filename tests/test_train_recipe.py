@@ -35,7 +35,7 @@ def test_capability_table_is_complete_and_cpu_rows_are_measured():
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     pytest.importorskip("mindspore")
-    from pipeline.train.bytes_data import pack_bytes, stdlib_text, write_mindrecord
+    from bytes_data import pack_bytes, stdlib_text, write_mindrecord
 
     d = tmp_path_factory.mktemp("fp16")
     write_mindrecord(pack_bytes(stdlib_text("argparse"), SEQ)[:200], str(d), shards=2)
@@ -46,13 +46,14 @@ def test_fp16_dynamic_loss_scaling_skips_overflowing_steps(small, tmp_path):
     """Initial scale 2^24: the fp16 backward overflows, so the first steps are skipped while the scale halves;
     once it fits, updates apply. Skipped steps change neither weights nor the LR schedule (the optimizer's
     global_step counts applied updates only)."""
-    from pipeline.train.bytes_data import BYTE_VOCAB
+    from bytes_data import BYTE_VOCAB
+
     from pipeline.train.checkpoint import load_file
     from pipeline.train.optim import lr_at
     from pipeline.train.trainer import run_training
 
     out = tmp_path / "fp16"
-    job = TrainJob(stage="fp16", data_dir=small, out_dir=str(out), steps=16, batch_size=8, lr=3e-3, min_lr=3e-4,
+    job = TrainJob(stage="fp16", data_dir=small, out_dir=str(out), steps=16, micro_batch=8, lr=3e-3, min_lr=3e-4,
                    warmup_steps=3, seed=7, precision="fp16", loss_scale=2.0 ** 24, loss_scale_window=1000,
                    checkpoint_every=16, model={"preset": "debug", "vocab_size": BYTE_VOCAB, "dim": 64, "n_layers": 2,
                                                "n_heads": 4, "n_kv_heads": 2, "max_seq_len": SEQ})

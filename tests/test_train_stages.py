@@ -1,5 +1,5 @@
 """Named stages: config validation, re-packing to another context length, per-domain evaluation, and the chain
-warmup -> main (continue) -> long_context (4x seq_len, NTK RoPE) through ``pipeline.pretrain.build_job``."""
+warmup -> main (continue) -> long_context (4x seq_len, NTK RoPE) through ``pipeline.tasks.pretrain.build_job``."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import os
 import numpy as np
 import pytest
 
-from pipeline.config import ConfigError, config_from_dict
+from pipeline.config import config_from_dict
+from pipeline.configkit import ConfigError
 
 SEQ = 32
 
@@ -103,7 +104,7 @@ def test_stream_order_and_repack_are_contiguous_and_reused(tmp_path):
 
 
 def test_find_eval_sets(tmp_path):
-    from pipeline.pretrain import find_eval_sets
+    from pipeline.tasks.pretrain import find_eval_sets
 
     run = tmp_path / "run"
     for dom in ("code", "zh"):
@@ -167,7 +168,7 @@ def test_evaluate_pools_exact_token_sums(monkeypatch):
 def corpus(tmp_path_factory):
     """A byte-level 'published corpus': training rows + per-domain validation sets, like the corpus DAG's."""
     pytest.importorskip("mindspore")
-    from pipeline.train.bytes_data import BYTE_VOCAB, pack_bytes, stdlib_text, write_mindrecord
+    from bytes_data import BYTE_VOCAB, pack_bytes, stdlib_text, write_mindrecord
 
     run = tmp_path_factory.mktemp("corpus_run")
     write_mindrecord(pack_bytes(stdlib_text("argparse"), SEQ)[:400], str(run / "mindrecord"), shards=2)
@@ -179,7 +180,7 @@ def corpus(tmp_path_factory):
 
 
 def test_stage_chain_warmup_main_long_context(tmp_path, corpus):
-    from pipeline.pretrain import build_job, stage_dir
+    from pipeline.tasks.pretrain import build_job, stage_dir
     from pipeline.train.checkpoint import load_file
     from pipeline.train.job import TrainJob
     from pipeline.train.trainer import run_training

@@ -17,7 +17,8 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from pipeline.train.bytes_data import BYTE_VOCAB, pack_bytes, stdlib_text, write_mindrecord  # noqa: E402
+from bytes_data import BYTE_VOCAB, pack_bytes, stdlib_text, write_mindrecord  # noqa: E402
+
 from pipeline.train.job import TrainJob  # noqa: E402
 
 SEQ = 32
@@ -38,7 +39,7 @@ def data(tmp_path_factory):
 
 
 def _job(data, out, **kw) -> TrainJob:
-    base = dict(stage="test", data_dir=str(data / "small"), out_dir=str(out), model=TINY, steps=10, batch_size=8,
+    base = dict(stage="test", data_dir=str(data / "small"), out_dir=str(out), model=TINY, steps=10, micro_batch=8,
                 lr=3e-3, min_lr=3e-4, warmup_steps=3, checkpoint_every=5, keep_checkpoints=3, log_every=5, seed=7)
     base.update(kw)
     return TrainJob(**base)
@@ -101,7 +102,7 @@ def test_loss_decreases_and_outputs_are_written(data, tmp_path):
 @pytest.fixture(scope="module")
 def crashed(data, tmp_path_factory):
     """A run that raised right after step 6 (checkpoints at 3 and 6); tests resume copies of it."""
-    from pipeline.train.trainer import SimulatedCrash
+    from pipeline.train.testing_hooks import SimulatedCrash
 
     out = tmp_path_factory.mktemp("crashed") / "run"
     job = _job(data, out, checkpoint_every=3, fail_at_step=6)
@@ -190,7 +191,7 @@ def test_gradient_accumulation_equals_the_big_batch(data, tmp_path, reference):
     """2 micro-batches of 4 rows == 1 batch of 8 rows (same rows, same update) over all 10 steps."""
     _, _, ref = reference
     out = tmp_path / "accum"
-    s = _train(_job(data, out, batch_size=4, grad_accum=2))
+    s = _train(_job(data, out, micro_batch=4, grad_accum=2))
     assert s["global_batch"] == 8 and s["tokens"] == 10 * 8 * SEQ
     m = _metrics(out)
     for step in range(1, 11):
@@ -203,7 +204,7 @@ def test_gradient_accumulation_equals_the_big_batch(data, tmp_path, reference):
 def test_resume_after_sigkill(data, tmp_path, reference):
     """A hard kill (no exception handler runs) after step 8 with the last checkpoint at 6: status stays RUNNING, the
     orchestrator sees LOST, metrics rows 7-8 are rewritten by the resumed run, and every step matches."""
-    from pipeline.pretrain import job_state
+    from pipeline.tasks.pretrain import job_state
 
     _, _, ref = reference
     out = tmp_path / "kill"
@@ -258,7 +259,7 @@ def test_msrun_data_parallel_equals_single_process(data, tmp_path):
         s_.bind(("127.0.0.1", 0))
         port = s_.getsockname()[1]
     big = str(data / "big")
-    dp = _job(data, tmp_path / "dp", data_dir=big, steps=6, batch_size=4, checkpoint_every=3, world_size=2,
+    dp = _job(data, tmp_path / "dp", data_dir=big, steps=6, micro_batch=4, checkpoint_every=3, world_size=2,
               eval_data={"code": str(data / "small")}, eval_tokens=4 * SEQ)
     dp.to_json(tmp_path / "dp.json")
     cmd = train_command(str(tmp_path / "dp.json"), workers=2, log_dir=str(tmp_path / "msrun_log"), master_port=port,
@@ -272,7 +273,7 @@ def test_msrun_data_parallel_equals_single_process(data, tmp_path):
     assert ranks[0]["params_sha256"] == ranks[1]["params_sha256"]  # bit-identical weights on both ranks
     assert s["eval"]["per_domain"]["code"]["tokens"] == 4 * SEQ
     single = tmp_path / "single"
-    _train(_job(data, single, data_dir=big, steps=6, batch_size=8, checkpoint_every=3))
+    _train(_job(data, single, data_dir=big, steps=6, micro_batch=8, checkpoint_every=3))
     a, b = _metrics(tmp_path / "dp"), _metrics(single)
     for step in range(1, 7):  # same global batch of rows; only the float summation order differs
         assert a[step]["loss"] == pytest.approx(b[step]["loss"], abs=1e-4), step

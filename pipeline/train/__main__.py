@@ -34,7 +34,9 @@ def main(argv: list[str] | None = None) -> int:
     log = logging.getLogger("mindloom.train")
     signal.signal(signal.SIGTERM, _on_sigterm)
 
-    from .job import TrainJob, write_json_atomic  # no MindSpore import yet: job errors are reported fast
+    from pipeline.io import write_json  # no MindSpore import yet: job errors are reported fast
+
+    from .job import TrainJob
 
     job = None
     try:
@@ -49,10 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         msg = f"{type(e).__name__}: {e}"
         log.debug("training failed", exc_info=True)
         if job is None:
-            _status_without_job(args.job, msg, write_json_atomic)
+            _status_without_job(args.job, msg, write_json)
         # run_training already wrote FAILED for errors inside it; this covers errors before it started
         elif not _status_failed(job.out_dir):
-            write_json_atomic(os.path.join(job.out_dir, "status.json"), {
+            write_json(os.path.join(job.out_dir, "status.json"), {
                 "state": "FAILED", "step": 0, "pid": os.getpid(), "loss": None, "error": msg, "stage": job.stage,
                 "updated_at": time.time()})
         print(f"mindloom.train: error: {msg}", file=sys.stderr)
@@ -70,13 +72,13 @@ def _status_failed(out_dir: str) -> bool:
         return False
 
 
-def _status_without_job(job_path: str, msg: str, write_json_atomic) -> None:
+def _status_without_job(job_path: str, msg: str, write_json) -> None:
     """The job file itself is bad: still record FAILED when its out_dir can be read from the raw JSON."""
     try:
         with open(job_path, encoding="utf-8") as f:
             out_dir = json.load(f)["out_dir"]
         if isinstance(out_dir, str) and out_dir:
-            write_json_atomic(os.path.join(out_dir, "status.json"), {
+            write_json(os.path.join(out_dir, "status.json"), {
                 "state": "FAILED", "step": 0, "pid": os.getpid(), "loss": None, "error": msg,
                 "updated_at": time.time()})
     except Exception:  # noqa: BLE001 - nothing more we can record

@@ -22,12 +22,13 @@ pretraining uses none); the data order needs no RNG state at all (a pure functio
 from __future__ import annotations
 
 import glob
-import hashlib
 import logging
 import os
 import re
 
 import mindspore as ms
+
+from pipeline.io import sha256_file
 
 log = logging.getLogger("mindloom.train")
 
@@ -45,14 +46,6 @@ def ckpt_dir(out_dir: str) -> str:
 
 def ckpt_path(out_dir: str, step: int) -> str:
     return os.path.join(ckpt_dir(out_dir), f"step_{step:08d}.ckpt")
-
-
-def sha256_file(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def save(opt, out_dir: str, step: int, meta: dict, keep: int) -> str:

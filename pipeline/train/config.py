@@ -1,14 +1,24 @@
-"""Model architecture config, presets and closed-form parameter count, with no MindSpore import.
+"""Training settings with no MindSpore import: the model architecture (``ModelConfig``, presets, closed-form
+parameter count, RoPE tables) and the recipe of the composite config (``TrainConfig``, ``StageConfig``).
 
 Kept apart from ``model.py`` so job validation (and DAG-side code in the Airflow venv) can check a model config
-without importing MindSpore.
+without importing MindSpore.  ``TrainConfig`` holds the one default of every recipe field; the per-stage
+``TrainJob`` (``job.py``) is derived from it by :func:`pipeline.tasks.pretrain.build_job`.
 """
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import re
+import typing
 from dataclasses import asdict, dataclass, fields
 
 import numpy as np
+
+from pipeline.configkit import ConfigError, _convert, _f
+
+from .precision import check_precision
 
 ROPE_SCALING_TYPES = ("none", "ntk", "linear")
 
@@ -148,3 +158,130 @@ def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
 def causal_mask(n: int) -> np.ndarray:
     """Additive mask: 0 on/below the diagonal, -1e9 above (finite, so fp32 softmax never sees inf - inf)."""
     return np.triu(np.full((n, n), -1e9, dtype=np.float32), k=1)
+
+
+# --------------------------------------------------------------------------------------------------------------
+# The training recipe of the composite config (``train:`` in the YAML); pipeline/tasks/pretrain.py derives each
+# stage's TrainJob from it.
+
+
+@dataclass
+class StageConfig:
+    """One named training stage (``mindloom train --stage NAME``); unset values inherit ``train.*``."""
+
+    name: str = _f(desc="Stage name: its folder <data_root>/train/<run id>/<name> and its DAG task.")
+    seq_len: int = _f(0, desc="Context length of this stage; 0: the corpus rows. Otherwise a multiple or divisor of "
+                      "the corpus seq_len: rows are re-packed from consecutive corpus rows.", ge=0)
+    init: str = _f("previous", desc="previous: weights of the preceding stage's final checkpoint (the first stage "
+                   "starts fresh); continue: also its Adam moments and data position (same global batch and "
+                   "seq_len); scratch: fresh weights.", choices=("previous", "continue", "scratch"))
+    overrides: dict = _f(factory=dict, desc="train.* fields for this stage only, e.g. {steps: 200, lr: 3e-4}.")
+    model_overrides: dict = _f(factory=dict, desc="ModelConfig fields for this stage only, e.g. "
+                               "{rope_scaling_type: ntk, rope_scaling_factor: 4.0}; shapes must not change.")
+
+
+@dataclass
+class TrainConfig:
+    """Recipe of the pretraining job; ``stages`` run in order, each overriding what it needs."""
+
+    preset: str = _f("debug", desc="Model preset.", choices=("debug", "125m", "1b", "7b", "13b", "70b"))
+    model_overrides: dict = _f(factory=dict, desc="ModelConfig fields overriding the preset (e.g. dim, n_layers).")
+    steps: int = _f(30, desc="Optimizer steps of a stage (stages may override).", ge=1)
+    batch_size: int = _f(8, desc="Rows per optimizer step (global: split over workers and grad_accum).", ge=1)
+    grad_accum: int = _f(1, desc="Micro-batches accumulated per optimizer step.", ge=1)
+    lr: float = _f(3e-3, desc="Peak learning rate.", ge=0)
+    min_lr: float = _f(3e-4, desc="Learning rate at the end of the cosine decay.", ge=0)
+    warmup_steps: int = _f(5, desc="Linear warmup steps.", ge=0)
+    weight_decay: float = _f(0.1, desc="AdamW weight decay (not applied to norms and embeddings).", ge=0)
+    grad_clip: float = _f(1.0, desc="Global gradient-norm clip.", ge=0)
+    device: str = _f("CPU", desc="MindSpore device target.", choices=("CPU", "Ascend", "GPU"))
+    precision: str = _f("fp32", desc="fp32, bf16, or fp16 with dynamic loss scaling (CPU: fp32, fp16 in graph "
+                        "mode only; Ascend: bf16 recommended).", choices=("fp32", "bf16", "fp16"))
+    loss_scale: float = _f(65536.0, desc="Initial dynamic loss scale (fp16 only).", ge=1)
+    loss_scale_window: int = _f(1000, desc="Overflow-free steps before the loss scale doubles (fp16 only).", ge=1)
+    recompute: bool = _f(False, desc="Recompute each decoder block in the backward pass (less activation memory).")
+    mode: str = _f("graph", desc="MindSpore execution mode.", choices=("graph", "pynative"))
+    threads: int = _f(2, desc="CPU threads per worker.", ge=1)
+    workers: int = _f(1, desc="Data-parallel ranks (msrun when > 1).", ge=1)
+    checkpoint_every: int = _f(10, desc="Checkpoint every N steps.", ge=1)
+    keep_checkpoints: int = _f(3, desc="Checkpoints kept per stage.", ge=1)
+    peak_tflops: float = _f(0.0, desc="Peak TFLOP/s of one device at this precision, for MFU (0: no MFU).", ge=0)
+    eval_tokens: int = _f(65536, desc="Validation tokens per domain scored after each stage (0: no evaluation).",
+                          ge=0)
+    stages: list[StageConfig] = _f(factory=list, desc="Named stages run in order (empty: one stage 'main').")
+
+    def __post_init__(self) -> None:
+        try:
+            ModelConfig.from_preset(self.preset, **self.model_overrides)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"train.model_overrides: {exc}") from None
+        try:
+            check_precision(self.device, self.mode, self.precision)
+        except ValueError as exc:
+            raise ConfigError(f"train.precision: {str(exc).split(': ', 1)[1]}") from None
+        if self.min_lr > self.lr:  # the pair checks of _check_cross_fields, before the stages inherit them
+            raise ConfigError(f"train.min_lr: must be <= train.lr ({self.lr}), got {self.min_lr}")
+        if self.warmup_steps >= self.steps:
+            raise ConfigError(f"train.warmup_steps: must be < train.steps ({self.steps}), got {self.warmup_steps}")
+        hints = typing.get_type_hints(TrainConfig)
+        known = {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in _NOT_PER_STAGE}
+        seen: set[str] = set()
+        for i, st in enumerate(self.stages):
+            where = f"train.stages[{i}]"
+            if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", st.name or ""):
+                raise ConfigError(f"{where}.name: must be 1-64 of a-z 0-9 _ - (starting alphanumeric), got {st.name!r}")
+            if st.name in seen:
+                raise ConfigError(f"{where}.name: duplicate stage name {st.name!r}")
+            seen.add(st.name)
+            for key, value in list(st.overrides.items()):
+                if key not in known:
+                    raise ConfigError(f"{where}.overrides.{key}: not a per-stage train field "
+                                      f"(allowed: {', '.join(sorted(known))})")
+                st.overrides[key] = _convert(value, hints[key], f"{where}.overrides.{key}", dict(known[key].metadata))
+            eff = self.stage_settings(st.name)
+
+            def blame(a: str, b: str, _st=st, _where=where) -> str:  # the override that broke the pair
+                return f"{_where}.overrides.{a if a in _st.overrides or b not in _st.overrides else b}"
+
+            if eff["min_lr"] > eff["lr"]:
+                raise ConfigError(f"{blame('min_lr', 'lr')}: min_lr must be <= lr ({eff['lr']}), "
+                                  f"got {eff['min_lr']}")
+            if eff["warmup_steps"] > eff["steps"]:
+                raise ConfigError(f"{blame('warmup_steps', 'steps')}: warmup_steps must be <= steps "
+                                  f"({eff['steps']}), got {eff['warmup_steps']}")
+            try:
+                check_precision(eff["device"], eff["mode"], eff["precision"])
+            except ValueError as exc:
+                raise ConfigError(f"{where}.overrides.precision: {str(exc).split(': ', 1)[1]}") from None
+            if i == 0 and st.init == "continue":
+                raise ConfigError(f"{where}.init: 'continue' needs a preceding stage")
+            if i > 0 and st.init == "continue" and st.seq_len != self.stages[i - 1].seq_len:
+                raise ConfigError(f"{where}.init: 'continue' keeps the data position, so seq_len must equal the "
+                                  f"preceding stage's ({self.stages[i - 1].seq_len})")
+            try:
+                ModelConfig.from_preset(self.preset, **{**self.model_overrides, **st.model_overrides})
+            except (ValueError, TypeError) as exc:
+                raise ConfigError(f"{where}.model_overrides: {exc}") from None
+
+    def stage_list(self) -> list[StageConfig]:
+        """The stages in order (one implicit stage ``main`` when none are configured)."""
+        return list(self.stages) or [StageConfig(name="main")]
+
+    def stage_settings(self, name: str) -> dict:
+        """Effective train.* values of stage ``name`` plus ``name``, ``index``, ``seq_len``, ``init``,
+        ``previous`` (name or None) and ``model_overrides`` (train's, then the stage's)."""
+        stages = self.stage_list()
+        idx = next((i for i, s in enumerate(stages) if s.name == name), None)
+        if idx is None:
+            raise ConfigError(f"train.stages: no stage named {name!r} (configured: {[s.name for s in stages]})")
+        st = stages[idx]
+        eff = {f.name: copy.deepcopy(getattr(self, f.name)) for f in dataclasses.fields(self)
+               if f.name not in _NOT_PER_STAGE}
+        eff.update(copy.deepcopy(st.overrides))
+        eff.update(name=st.name, index=idx, seq_len=st.seq_len, init=st.init, preset=self.preset,
+                   previous=stages[idx - 1].name if idx else None,
+                   model_overrides={**self.model_overrides, **st.model_overrides})
+        return eff
+
+
+_NOT_PER_STAGE = ("preset", "model_overrides", "stages")

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-COLUMN = "input_ids"
+from pipeline.sink.writer import COLUMN
 
 
 def find_mindrecord_files(data_dir: str) -> list[str]:

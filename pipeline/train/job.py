@@ -10,15 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from dataclasses import asdict, dataclass, field, fields
-from pathlib import Path
 
-from .config import ModelConfig
+from pipeline.io import write_json
+
+from .config import ModelConfig, TrainConfig
 from .precision import check_precision
 
 MODES = ("graph", "pynative")
 INIT_MODES = ("weights", "continue")
+_RECIPE_DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
+
+
+def _recipe(name: str):
+    """The default of ``train.<name>`` (``TrainConfig``): one default per field, whichever side builds the job."""
+    return _RECIPE_DEFAULTS[name]
 
 
 @dataclass
@@ -28,36 +34,37 @@ class TrainJob:
     stage: str
     data_dir: str  # directory holding <name>.mindrecord<N> + <name>.mindrecord<N>.db, column input_ids int32
     out_dir: str  # metrics.jsonl, status.json, summary.json, eval.json, checkpoints/
-    model: dict = field(default_factory=lambda: {"preset": "debug"})  # {"preset": name, **ModelConfig overrides}
+    model: dict = field(default_factory=lambda: {"preset": _recipe("preset")})  # {"preset": name, **overrides}
     init_from: str | None = None  # checkpoint file of a previous stage (see init_mode)
     init_mode: str = "weights"  # "weights" | "continue" (+ Adam moments and data position; new step count / LR)
-    steps: int = 1000
-    batch_size: int = 8  # rows per micro-batch per data-parallel rank
-    grad_accum: int = 1  # micro-batches per optimizer step; global batch = batch_size * grad_accum * world
+    steps: int = _recipe("steps")
+    micro_batch: int = _recipe("batch_size")  # rows per micro-batch per data-parallel rank (train.batch_size is
+    # the global batch: build_job sets micro_batch = batch_size / (world_size x grad_accum))
+    grad_accum: int = _recipe("grad_accum")  # global batch = micro_batch * grad_accum * world
     world_size: int = 0  # ranks the job was planned for (0: whatever the launcher starts); checked at start
     seq_len: int = 0  # 0: rows as stored; else rows re-packed from consecutive stored rows (repack.py)
-    lr: float = 3e-4
-    min_lr: float = 3e-5
-    warmup_steps: int = 100
-    weight_decay: float = 0.1
+    lr: float = _recipe("lr")
+    min_lr: float = _recipe("min_lr")
+    warmup_steps: int = _recipe("warmup_steps")
+    weight_decay: float = _recipe("weight_decay")
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 1.0  # global-norm clip; <= 0 disables
-    precision: str = "fp32"  # "fp32" | "bf16" | "fp16" (see precision.py for the device/mode table)
-    loss_scale: float = 65536.0  # initial dynamic loss scale (fp16 only)
-    loss_scale_window: int = 1000  # good steps before the scale doubles (fp16 only)
+    grad_clip: float = _recipe("grad_clip")  # global-norm clip; <= 0 disables
+    precision: str = _recipe("precision")  # "fp32" | "bf16" | "fp16" (see precision.py for the device/mode table)
+    loss_scale: float = _recipe("loss_scale")  # initial dynamic loss scale (fp16 only)
+    loss_scale_window: int = _recipe("loss_scale_window")  # good steps before the scale doubles (fp16 only)
     seed: int = 1234
-    mode: str = "graph"  # "graph" (jitted step, default) | "pynative" (eager, for debugging)
-    device: str = "CPU"  # "CPU" | "Ascend" | "GPU"
-    threads: int = 2  # CPU intra-op threads; set to the cores the job owns
-    checkpoint_every: int = 500
-    keep_checkpoints: int = 3
+    mode: str = _recipe("mode")  # "graph" (jitted step, default) | "pynative" (eager, for debugging)
+    device: str = _recipe("device")  # "CPU" | "Ascend" | "GPU"
+    threads: int = _recipe("threads")  # CPU intra-op threads; set to the cores the job owns
+    checkpoint_every: int = _recipe("checkpoint_every")
+    keep_checkpoints: int = _recipe("keep_checkpoints")
     log_every: int = 10  # status.json refresh + log line period (metrics.jsonl gets every step)
     peak_flops: float = 0.0  # peak FLOP/s of ONE device at this precision, for MFU; 0: MFU not reported
     eval_data: dict = field(default_factory=dict)  # {domain: MindRecord dir} evaluated at the end of the stage
-    eval_tokens: int = 65536  # tokens per domain evaluated (first rows in corpus order); 0: no evaluation
-    fail_at_step: int | None = None  # tests only: crash after this step's checkpoint (simulated failure)
+    eval_tokens: int = _recipe("eval_tokens")  # tokens per domain evaluated (first rows in corpus order); 0: none
+    fail_at_step: int | None = None  # tests only: crash after this step's checkpoint (see testing_hooks.py)
     fail_mode: str = "raise"  # tests only: "raise" (exception, FAILED status) | "kill" (SIGKILL, no cleanup)
 
     def __post_init__(self) -> None:
@@ -75,7 +82,7 @@ class TrainJob:
                 raise bad(name, "must be a string")
         if not isinstance(self.model, dict):
             raise bad("model", "must be a dict like {'preset': 'debug', 'vocab_size': 32000}")
-        for name in ("steps", "batch_size", "grad_accum", "threads", "checkpoint_every", "keep_checkpoints",
+        for name in ("steps", "micro_batch", "grad_accum", "threads", "checkpoint_every", "keep_checkpoints",
                      "log_every", "loss_scale_window"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
@@ -162,20 +169,5 @@ class TrainJob:
         return cls.from_dict(d)
 
     def to_json(self, path: str | os.PathLike) -> None:
-        write_json_atomic(path, self.to_dict())
+        write_json(path, self.to_dict())
 
-
-def write_json_atomic(path: str | os.PathLike, obj: dict) -> None:
-    """Write JSON via a temp file in the same directory + ``os.replace``: readers never see a half-written file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            json.dump(obj, f, indent=2, sort_keys=True)
-            f.write("\n")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise

@@ -18,7 +18,9 @@ import os
 import time
 from typing import Protocol
 
-from .job import TrainJob, write_json_atomic
+from pipeline.io import write_json
+
+from .job import TrainJob
 
 
 class MetricLogger(Protocol):
@@ -106,6 +108,6 @@ class StatusFile:
     def write(self, state: str, step: int, loss: float | None = None, error: str | None = None, **extra) -> None:
         self.last_step, self.last_loss = step, loss if loss is not None else self.last_loss
         if self.enabled:
-            write_json_atomic(os.path.join(self.job.out_dir, "status.json"), {
+            write_json(os.path.join(self.job.out_dir, "status.json"), {
                 "state": state, "step": step, "total_steps": self.job.steps, "pid": os.getpid(),
                 "loss": self.last_loss, "error": error, "stage": self.job.stage, "updated_at": time.time(), **extra})

@@ -10,14 +10,15 @@ own rows instead of requiring a corpus packed at that length.
 * Anything else is refused (``TrainJob.seq_len``): a non-integer ratio would straddle rows arbitrarily.
 
 "Consecutive" must mean consecutive in the packed token stream, or a long row would glue unrelated text. The
-corpus packer (``pipeline/mindrecord.py``) deals stream rows round-robin over its shard files and lists the files in
+corpus packer (``pipeline/sink/mindrecord.py``) deals stream rows round-robin over its shard files and lists the files in
 ``manifest.json``; :func:`stream_rows` undoes that interleave and checks the result against the manifest's
 ``rows_sha256`` (reported as ``contiguous_verified``). A folder without such a manifest is read file by file in name
 order (``contiguous_verified: false``).
 
 The re-packed set is written once per stage (``<out_dir>/data/seq<N>/``, temp folder + rename, idempotent by a
-fingerprint of the source) by rank 0; other ranks wait for its manifest. It uses the same round-robin layout, so
-it can itself be re-packed or read in stream order.
+fingerprint of the source) by rank 0; other ranks wait for its manifest. It is written by the corpus' own writer
+(:func:`pipeline.sink.writer.write_rows`: same round-robin layout and manifest), so it can itself be re-packed,
+verified or read in stream order.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ from collections.abc import Iterable, Iterator
 
 import numpy as np
 
+from pipeline.io import write_json
+from pipeline.sink.writer import MANIFEST, write_rows
+
 from .data import COLUMN, find_mindrecord_files
 
 log = logging.getLogger("mindloom.train")
-MANIFEST = "manifest.json"
 
 
 def _manifest(data_dir: str) -> dict | None:
@@ -158,65 +161,6 @@ def _fingerprint(src: str, seq_len: int) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()
 
 
-def write_rows(rows: Iterable[np.ndarray], out_dir: str, shards: int, extra: dict | None = None,
-               name: str = "rows") -> dict:
-    """Write rows dealt round-robin to ``shards`` single-shard files + ``manifest.json`` (mindloom layout: one
-    ``FileWriter`` per file, because a multi-shard ``FileWriter`` assigns rows to files nondeterministically; sha256
-    of every data and index file, so ``pipeline.mindrecord.verify`` checks these sets like the corpus)."""
-    from mindspore.mindrecord import FileWriter
-
-    os.makedirs(out_dir, exist_ok=True)
-    names = [f"{name}-{i:05d}-of-{shards:05d}.mindrecord" for i in range(shards)]
-    writers, bufs = [], [[] for _ in range(shards)]
-    for name in names:
-        w = FileWriter(file_name=os.path.join(out_dir, name), shard_num=1, overwrite=True)
-        w.set_page_size(1 << 22)
-        w.set_header_size(1 << 20)
-        w.add_schema({COLUMN: {"type": "int32", "shape": [-1]}}, "mindloom re-packed tokens")
-        writers.append(w)
-    counts = [0] * shards
-    h = hashlib.sha256()
-    n, width = 0, None
-    for row in rows:
-        row = np.ascontiguousarray(row, dtype=np.int32)
-        width = width or len(row)
-        h.update(row.tobytes())
-        s = n % shards
-        bufs[s].append({COLUMN: row})
-        counts[s] += 1
-        n += 1
-        if len(bufs[s]) >= 1000:
-            writers[s].write_raw_data(bufs[s])
-            bufs[s] = []
-    if n < shards:
-        raise ValueError(f"re-packing produced {n} rows, fewer than {shards} shard files")
-    for w, b in zip(writers, bufs, strict=True):
-        if b:
-            w.write_raw_data(b)
-        w.commit()
-    shard_info = []
-    for name, c in zip(names, counts, strict=True):
-        path = os.path.join(out_dir, name)
-        for f in (path, path + ".db"):
-            os.chmod(f, 0o644)
-        shard_info.append({"file": name, "samples": c, "sha256": _sha256(path), "db_sha256": _sha256(path + ".db"),
-                           "bytes": os.path.getsize(path)})
-    manifest = {"format": "mindrecord", "column": COLUMN, "dtype": "int32", "seq_len": width - 1,
-                "row_length": width, "samples": n, "tokens": n * width, "rows_sha256": h.hexdigest(),
-                "shards": shard_info, **(extra or {})}
-    with open(os.path.join(out_dir, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-    return manifest
-
-
-def _sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def repack(src: str, dst: str, seq_len: int) -> dict:
     """Materialise ``src`` at ``seq_len`` in ``dst`` (atomically; reused when the source fingerprint matches)."""
     fp = _fingerprint(src, seq_len)
@@ -234,8 +178,7 @@ def repack(src: str, dst: str, seq_len: int) -> dict:
                    {"source_dir": os.path.abspath(src), "source_seq_len": stored, "source_fingerprint": fp})
     m.update(source_rows=digest["rows"], contiguous_verified=digest["contiguous_verified"],
              repack_seconds=round(time.time() - t0, 3))
-    with open(os.path.join(tmp, MANIFEST), "w", encoding="utf-8") as f:
-        json.dump(m, f, indent=1, sort_keys=True)
+    write_json(os.path.join(tmp, MANIFEST), m)
     if os.path.isdir(dst):
         shutil.rmtree(dst)
     os.replace(tmp, dst)

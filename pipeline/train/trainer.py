@@ -25,17 +25,19 @@ import json
 import logging
 import math
 import os
-import signal
 import time
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
+from pipeline.io import write_json
+
 from . import checkpoint as ckpt
+from . import testing_hooks
 from .data import DataPosition, TokenBatches
 from .evaluate import evaluate, make_scorer
-from .job import TrainJob, write_json_atomic
+from .job import TrainJob
 from .metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
 from .model import CausalLMLoss, Transformer, attention_impl, count_cell_params
 from .optim import TrainStep, apply_precision, build_optimizer, build_scaler
@@ -44,10 +46,6 @@ from .repack import stage_data
 log = logging.getLogger("mindloom.train")
 
 _THREADS_SET = False
-
-
-class SimulatedCrash(RuntimeError):
-    """Raised by ``fail_at_step`` (tests of the resume path)."""
 
 
 def _setup_context(job: TrainJob) -> None:
@@ -102,7 +100,7 @@ def run_training(job: TrainJob) -> dict:
 
 
 def _global_batch(job: TrainJob, world: int) -> int:
-    return job.batch_size * job.grad_accum * world
+    return job.micro_batch * job.grad_accum * world
 
 
 def _check_same_layout(job: TrainJob, meta: dict, world: int, seq_len: int, what: str) -> None:
@@ -112,9 +110,9 @@ def _check_same_layout(job: TrainJob, meta: dict, world: int, seq_len: int, what
                          f"with init_from=<it> instead")
     g = _global_batch(job, world)
     if meta["global_batch"] != g:
-        raise ValueError(f"TrainJob.batch_size: {what} was written with global batch {meta['global_batch']} "
+        raise ValueError(f"TrainJob.micro_batch: {what} was written with global batch {meta['global_batch']} "
                          f"({meta['micro_batch']} rows x grad_accum {meta['grad_accum']} x {meta['world_size']} "
-                         f"ranks), this run has {g} ({job.batch_size} x {job.grad_accum} x {world} ranks); keep "
+                         f"ranks), this run has {g} ({job.micro_batch} x {job.grad_accum} x {world} ranks); keep "
                          f"batch_size x grad_accum x ranks equal to continue its data stream exactly")
     if meta["seq_len"] != seq_len:
         raise ValueError(f"TrainJob.seq_len: {what} was trained on rows of seq_len {meta['seq_len']}, this run "
@@ -188,7 +186,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> 
     if start_step < job.steps:
         step_fn = TrainStep(loss_net, opt, grad_clip=job.grad_clip, world=world, grad_accum=job.grad_accum,
                             scaler=scaler, jit=job.mode == "graph")
-        batches = TokenBatches(data_dir, job.batch_size, job.seed, rank=rank, world=world,
+        batches = TokenBatches(data_dir, job.micro_batch, job.seed, rank=rank, world=world,
                                grad_accum=job.grad_accum, start=position)
         t_data = time.time()
         for micro, pos in batches.steps(job.steps - start_step):
@@ -214,10 +212,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> 
                 status.write("RUNNING", step, out["loss"])
                 log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
                          out["grad_norm"], out["loss_scale"], tok_s)
-            if job.fail_at_step is not None and step >= job.fail_at_step:  # first step at or past it
-                if job.fail_mode == "kill":
-                    os.kill(os.getpid(), signal.SIGKILL)  # no cleanup at all, like an OOM kill or a lost node
-                raise SimulatedCrash(f"fail_at_step={job.fail_at_step}: simulated crash after step {step}")
+            testing_hooks.after_step(job, step)  # fail_at_step: tests of the resume path
             t_data = time.time()
         if step < job.steps:
             raise RuntimeError(f"data ended after step {step} of {job.steps}")
@@ -245,7 +240,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> 
         "device": job.device, "world_size": world, "global_batch": g, "grad_accum": job.grad_accum,
         "seq_len": seq_len, "data": data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
     }
-    write_json_atomic(os.path.join(job.out_dir, "summary.json"), summary)
+    write_json(os.path.join(job.out_dir, "summary.json"), summary)
     status.write("SUCCEEDED", step, summary["final_loss"])
     return summary
 
@@ -278,10 +273,10 @@ def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None) -
     t0 = time.time()
     ms.reset_auto_parallel_context()  # rank 0 alone scores: a plain forward graph, no collectives
     score = make_scorer(CausalLMLoss(net, reduction="sum"), jit=job.mode == "graph")
-    ev = evaluate(score, job.eval_data, seq_len=seq_len, batch_size=job.batch_size, max_tokens=job.eval_tokens,
+    ev = evaluate(score, job.eval_data, seq_len=seq_len, batch_size=job.micro_batch, max_tokens=job.eval_tokens,
                   pad_id=cfg.pad_id)
     ev.update(checkpoint=checkpoint, eval_data=job.eval_data, seconds=round(time.time() - t0, 3))
-    write_json_atomic(path, ev)
+    write_json(path, ev)
     log.info("eval %s: %s", job.stage, {d: round(v["loss"], 4) if v["loss"] is not None else None
                                         for d, v in ev["per_domain"].items()})
     return ev
@@ -292,7 +287,7 @@ def _save(job, opt, scaler, step: int, pos: DataPosition, world: int, seq_len: i
         return None
     g = _global_batch(job, world)
     meta = {"step": step, "samples_consumed": step * g, "world_size": world, "global_batch": g,
-            "micro_batch": job.batch_size, "grad_accum": job.grad_accum, "seq_len": seq_len, "seed": job.seed,
+            "micro_batch": job.micro_batch, "grad_accum": job.grad_accum, "seq_len": seq_len, "seed": job.seed,
             **pos.to_meta()}
     if scaler is not None:
         meta.update(loss_scale_value=float(scaler.scale_value.asnumpy()),
@@ -313,8 +308,8 @@ def _write_rank_digest(job: TrainJob, net, rank: int, step: int) -> None:
     for p in sorted(net.trainable_params(), key=lambda p: p.name):
         h.update(p.name.encode())
         h.update(np.ascontiguousarray(p.asnumpy()).tobytes())
-    write_json_atomic(os.path.join(job.out_dir, "ranks", f"rank_{rank:05d}.json"),
-                      {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid()})
+    write_json(os.path.join(job.out_dir, "ranks", f"rank_{rank:05d}.json"),
+               {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid()})
 
 
 def _check_batch(tokens: np.ndarray, cfg, seq_len: int) -> None:

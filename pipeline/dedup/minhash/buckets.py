@@ -1,0 +1,116 @@
+"""Stage 2: candidate pairs of ONE band (an independent task per band), by sort/merge in bounded memory.
+
+A band task reads only its own key column from every stage-1 signature file (8 bytes per document), so the 14
+tasks of the default setting run in parallel and none of them sees a signature.  Documents whose key is equal
+share a bucket; each bucket of k documents yields k − 1 *star* edges (smallest global id, other member) — enough
+for connected components, and linear even for the huge buckets that boilerplate creates (all-pairs would be
+quadratic).  When the band's keys do not fit ``memory_mb`` they are processed in 2^p key-range partitions (the top
+p bits of the key), each read, sorted and merged on its own; documents of one bucket always share a partition.
+
+With a dedup index (earlier releases, :mod:`pipeline.dedup.minhash.index`), each key is also looked up in the release's
+sorted key file of this band; a hit adds the edge (document, index node) whose node id has the top bit set.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+
+from pipeline.dedup.minhash.config import MinhashConfig, check_config
+from pipeline.dedup.minhash.index import DedupIndex
+from pipeline.dedup.minhash.layout import MinhashError, band_column, band_path, read_manifest, signature_path
+from pipeline.io import atomic_path, completed, write_marker
+
+log = logging.getLogger(__name__)
+
+_BYTES_PER_DOC = 48        # key + gid + argsort index + sorted copies while merging one partition
+
+
+def partition_bits(docs: int, memory_mb: int) -> int:
+    """Smallest p with docs/2^p documents of one partition fitting the memory budget."""
+    need = docs * _BYTES_PER_DOC / (memory_mb * (1 << 20))
+    return 0 if need <= 1 else min(16, math.ceil(math.log2(need)))
+
+
+def _read_keys(rdir: Path, entry: dict, band: int) -> tuple[np.ndarray, np.ndarray]:
+    """(keys, gids) of the documents of one shard that have shingles."""
+    import pyarrow.parquet as pq
+
+    t = pq.read_table(signature_path(rdir, entry["shard"]), columns=[band_column(band), "shingles"])
+    if t.num_rows != entry["docs"]:
+        raise MinhashError(f"{signature_path(rdir, entry['shard'])}: {t.num_rows} rows, manifest says "
+                           f"{entry['docs']}; stage 1 output changed after the manifest was written")
+    keys = t.column(0).to_numpy()
+    valid = t.column(1).to_numpy() > 0
+    gids = np.arange(entry["offset"], entry["offset"] + entry["docs"], dtype=np.uint64)
+    return keys[valid], gids[valid]
+
+
+def star_edges(keys: np.ndarray, gids: np.ndarray) -> tuple[np.ndarray, np.ndarray, dict]:
+    """(anchor, member) for every bucket of equal keys; anchor = smallest gid of the bucket."""
+    order = np.lexsort((gids, keys))
+    k, g = keys[order], gids[order]
+    if len(k) < 2:
+        return np.zeros(0, np.uint64), np.zeros(0, np.uint64), {"buckets": 0, "largest": 0}
+    starts = np.flatnonzero(np.r_[True, k[1:] != k[:-1]])
+    run = np.cumsum(np.r_[True, k[1:] != k[:-1]]) - 1
+    anchor = g[starts][run]
+    member = np.ones(len(k), bool)
+    member[starts] = False
+    sizes = np.diff(np.r_[starts, len(k)])
+    return anchor[member], g[member], {"buckets": int((sizes > 1).sum()), "largest": int(sizes.max())}
+
+
+def run_band(rdir: Path, band: int, cfg: MinhashConfig) -> dict:
+    """Candidate edges of band ``band`` → ``minhash/bands/band_<bb>.parquet`` (columns a, b; uint64 gids)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    cfg = check_config(cfg)
+    if not cfg.enabled:
+        return {"band": band, "skipped": "minhash.enabled is false"}
+    rdir = Path(rdir)
+    if not 0 <= band < cfg.bands:
+        raise MinhashError(f"band {band} out of range: the config has {cfg.bands} bands")
+    manifest = read_manifest(rdir, cfg.digest())
+    out = band_path(rdir, band)
+    if (done := completed(out)) and done.get("config") == cfg.digest():
+        return done["stats"]
+    index = DedupIndex.from_manifest(manifest)
+    bits = partition_bits(manifest["docs"], cfg.memory_mb)
+    shift = np.uint64(64 - bits) if bits else None
+    stats = {"band": band, "partitions": 1 << bits, "docs": 0, "buckets": 0, "largest_bucket": 0, "edges": 0,
+             "index_matches": 0}
+    schema = pa.schema([("a", pa.uint64()), ("b", pa.uint64())])
+    with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        for part in range(1 << bits):
+            keys_l, gids_l = [], []
+            for entry in manifest["shards"]:
+                keys, gids = _read_keys(rdir, entry, band)
+                if shift is not None:
+                    sel = (keys >> shift) == np.uint64(part)
+                    keys, gids = keys[sel], gids[sel]
+                keys_l.append(keys)
+                gids_l.append(gids)
+            keys = np.concatenate(keys_l) if keys_l else np.zeros(0, np.uint64)
+            gids = np.concatenate(gids_l) if gids_l else np.zeros(0, np.uint64)
+            a, b, info = star_edges(keys, gids)
+            stats["docs"] += len(keys)
+            stats["buckets"] += info["buckets"]
+            stats["largest_bucket"] = max(stats["largest_bucket"], info["largest"])
+            ia, ib = index.match_band(band, keys, gids)
+            stats["index_matches"] += len(ia)
+            a, b = np.concatenate([a, ia]), np.concatenate([b, ib])
+            order = np.lexsort((b, a))
+            a, b = a[order], b[order]
+            stats["edges"] += len(a)
+            if len(a):
+                writer.write_table(pa.table({"a": a, "b": b}, schema=schema), row_group_size=1 << 20)
+    write_marker(out, {"stats": stats, "config": cfg.digest()})
+    log.info("minhash band %d: %d docs, %d buckets (largest %d), %d edges, %d index matches", band, stats["docs"],
+             stats["buckets"], stats["largest_bucket"], stats["edges"], stats["index_matches"])
+    return stats
+

@@ -1,9 +1,0 @@
-"""Quality filters: small classes that score a document first and decide keep/drop with a reason later.
-
-Modules: ``text`` (shared measurements, CJK-aware words), ``params`` (parameters, published defaults, sources),
-``base`` (the interface), ``gopher``, ``c4`` (C4 + FineWeb), ``basic`` (code, length, language), ``pii`` (masking),
-``chain`` (per-domain chains, stored-score re-application) and ``audit`` (removed samples and the report).
-The stage entry point is :func:`pipeline.quality.run_quality_shard`.
-
-This package must not import :mod:`pipeline.config` at module level: the config imports ``params`` from here.
-"""

@@ -1,0 +1,179 @@
+"""Gopher quality and Gopher repetition rules (Rae et al. 2021, App. A), as datatrove 0.10.1 implements them.
+
+Rule order and reason names are datatrove's, so drop counts compare one to one.  Differences, all deliberate:
+words come from :func:`pipeline.quality.filters.text.split_words` (no spaCy), an empty document is a reason instead of a
+ZeroDivisionError, n-grams are compared as word tuples (datatrove joins words without a separator, so "ab"+"c"
+equals "a"+"bc"), and CJK documents use per-character words, the FineWeb-2 Mandarin stop words and no
+mean-word-length rule (a per-character mean is always about 1).
+"""
+
+from __future__ import annotations
+
+import re
+from itertools import accumulate
+
+from pipeline.quality.filters.base import Drop, Filter, Scores
+from pipeline.quality.filters.params import GopherQualityParams, GopherRepetitionParams
+from pipeline.quality.filters.text import Doc, has_letter, is_symbol_token
+
+BULLETS = ("•", "-")
+
+
+class GopherQuality(Filter):
+    name = "gopher_quality"
+    prefix = "gopher"
+    score_names = ("n_words", "avg_word_length", "hash_ratio", "ellipsis_ratio", "bullet_lines_ratio",
+                   "ellipsis_lines_ratio", "alpha_words_ratio", "stop_words", "cjk_stop_words", "cjk_ratio")
+    p: GopherQualityParams
+
+    def __init__(self, params: GopherQualityParams):
+        super().__init__(params)
+        self._stop = frozenset(params.stop_words)
+        self._cjk_stop = frozenset(params.cjk_stop_words)
+
+    def score(self, doc: Doc) -> Scores:
+        text, words = doc.text, doc.words
+        n_tokens = len(words)
+        content = [w for w in words if not is_symbol_token(w)]
+        latin = [w for w, cjk in zip(words, doc.cjk_flags, strict=True) if not cjk and not is_symbol_token(w)]
+        n_alpha = sum(1 for w in words if has_letter(w))
+        lines = doc.lines
+        n_lines = len(lines)
+        distinct = set(words)
+        return {
+            "n_words": len(content),
+            "avg_word_length": sum(map(len, latin)) / len(latin) if latin else 0.0,
+            "hash_ratio": text.count("#") / n_tokens if n_tokens else 0.0,
+            "ellipsis_ratio": (text.count("...") + text.count("…")) / n_tokens if n_tokens else 0.0,
+            "bullet_lines_ratio": sum(ln.lstrip().startswith(BULLETS) for ln in lines) / n_lines if n_lines else 0.0,
+            "ellipsis_lines_ratio": (sum(ln.rstrip().endswith(("...", "…")) for ln in lines) / n_lines
+                                     if n_lines else 0.0),
+            "alpha_words_ratio": n_alpha / n_tokens if n_tokens else 0.0,
+            "stop_words": len(self._stop & distinct),
+            "cjk_stop_words": len(self._cjk_stop & distinct),
+            "cjk_ratio": doc.cjk_ratio,
+        }
+
+    def decide(self, s: Scores) -> Drop | None:
+        cjk = s["cjk_ratio"] >= self.p.cjk_min_ratio
+        avg = "avg_word_length"
+        return self.first(
+            self.check(s, "gopher_short_doc", "n_words", "<", "min_words"),
+            self.check(s, "gopher_long_doc", "n_words", ">", "max_words"),
+            None if cjk else self.check(s, "gopher_below_avg_threshold", avg, "<", "min_avg_word_length"),
+            None if cjk else self.check(s, "gopher_above_avg_threshold", avg, ">", "max_avg_word_length"),
+            self.check(s, "gopher_too_many_hashes", "hash_ratio", ">", "max_symbol_word_ratio"),
+            self.check(s, "gopher_too_many_ellipsis", "ellipsis_ratio", ">", "max_symbol_word_ratio"),
+            self.check(s, "gopher_too_many_bullets", "bullet_lines_ratio", ">", "max_bullet_lines_ratio"),
+            self.check(s, "gopher_too_many_end_ellipsis", "ellipsis_lines_ratio", ">", "max_ellipsis_lines_ratio"),
+            self.check(s, "gopher_below_alpha_threshold", "alpha_words_ratio", "<", "min_alpha_words_ratio"),
+            self.check(s, "gopher_enough_stop_words", "cjk_stop_words" if cjk else "stop_words", "<",
+                       "min_stop_words"),
+        )
+
+
+_PARAGRAPH = re.compile(r"\n{2,}")
+_LINES = re.compile(r"\n+")
+TOP_NS = (2, 3, 4)
+DUP_NS = (5, 6, 7, 8, 9, 10)
+
+
+def _duplicates(items: list[str]) -> tuple[int, int]:
+    """(duplicate elements, characters in them): every repeat after the first occurrence counts."""
+    seen: set[str] = set()
+    n = chars = 0
+    for x in items:
+        if x in seen:
+            n += 1
+            chars += len(x)
+        else:
+            seen.add(x)
+    return n, chars
+
+
+_MULT = 0x9E3779B97F4A7C15            # odd 64-bit multiplier of the rolling n-gram hash
+
+
+def ngram_chars(words: list[str], cjk_flags: list[bool]) -> dict[str, int]:
+    """Characters behind the top n-gram (n = 2..4) and in duplicated n-grams (n = 5..10), as datatrove counts them.
+
+    Top n-gram: the most frequent n-gram (the earliest on ties, like ``Counter.most_common``), its length with the
+    separating spaces (none next to a CJK character: the text has none there) times its count.  Duplicated n-grams:
+    scanning left to right, an n-gram seen before adds its characters (without spaces, as datatrove's ``"".join``)
+    and the scan jumps past it.  N-grams are compared through a 64-bit polynomial hash of word ids, built one n from
+    the previous, and grouped with ``np.unique``; only positions whose n-gram occurs twice or more are scanned, since
+    a unique n-gram can never be a repeat.
+    """
+    import numpy as np
+
+    out = {**{f"top_{n}_gram": 0 for n in TOP_NS}, **{f"dup_{n}_gram": 0 for n in DUP_NS}}
+    if len(words) < 2:
+        return out
+    index: dict[str, int] = {}
+    ids = np.fromiter((index.setdefault(w, len(index)) + 1 for w in words), np.uint64, len(words))
+    prefix = [0, *accumulate(map(len, words))]
+    gaps = [0, *accumulate(0 if a or b else 1 for a, b in zip(cjk_flags, cjk_flags[1:], strict=False))]
+    mult = np.uint64(_MULT)
+    h = ids
+    for n in range(2, max(DUP_NS) + 1):
+        h = h[:-1] * mult + ids[n - 1:]         # hash of words[i:i+n], wrapping modulo 2**64
+        if not len(h):
+            break
+        _, first, inverse, counts = np.unique(h, return_index=True, return_inverse=True, return_counts=True)
+        if n in TOP_NS:
+            top = counts.max()
+            i = int(first[counts == top].min())
+            out[f"top_{n}_gram"] = (prefix[i + n] - prefix[i] + gaps[i + n - 1] - gaps[i]) * int(top)
+            continue
+        repeated = np.flatnonzero(counts[inverse] > 1)
+        seen: set[int] = set()
+        chars = nxt = 0
+        for i, key in zip(repeated.tolist(), inverse[repeated].tolist(), strict=True):
+            if i < nxt:
+                continue
+            if key in seen:
+                chars += prefix[i + n] - prefix[i]
+                nxt = i + n
+            else:
+                seen.add(key)
+                nxt = i + 1
+        out[f"dup_{n}_gram"] = chars
+    return out
+
+
+class GopherRepetition(Filter):
+    name = "gopher_repetition"
+    prefix = "gopher_rep"
+    score_names = ("n_chars", "dup_para_frac", "dup_para_char_frac", "dup_line_frac", "dup_line_char_frac",
+                   *(f"top_{n}_gram" for n in TOP_NS), *(f"dup_{n}_gram" for n in DUP_NS))
+    p: GopherRepetitionParams
+
+    def score(self, doc: Doc) -> Scores:
+        text = doc.text
+        size = len(text)
+        s: Scores = {"n_chars": size}
+        if not size:
+            return s | {k: 0.0 for k in self.score_names[1:]}
+        paragraphs = _PARAGRAPH.split(text.strip())
+        n, chars = _duplicates(paragraphs)
+        s["dup_para_frac"], s["dup_para_char_frac"] = n / len(paragraphs), chars / size
+        lines = _LINES.split(text)
+        n, chars = _duplicates(lines)
+        s["dup_line_frac"], s["dup_line_char_frac"] = n / len(lines), chars / size
+        # n-gram rules look at words only; CJK text contributes one word per character.
+        for key, chars in ngram_chars(doc.words, doc.cjk_flags).items():
+            s[key] = chars / size
+        return s
+
+    def decide(self, s: Scores) -> Drop | None:
+        if not s["n_chars"]:
+            return "gopher_rep_empty", "n_chars=0"
+        return self.first(
+            self.check(s, "gopher_rep_dup_para_frac", "dup_para_frac", ">", "dup_para_frac"),
+            self.check(s, "gopher_rep_dup_para_char_frac", "dup_para_char_frac", ">", "dup_para_char_frac"),
+            self.check(s, "gopher_rep_dup_line_frac", "dup_line_frac", ">", "dup_line_frac"),
+            self.check(s, "gopher_rep_dup_line_char_frac", "dup_line_char_frac", ">", "dup_line_char_frac"),
+            *(self.check(s, f"gopher_rep_top_{n}_gram", f"top_{n}_gram", ">", f"top_{n}_gram") for n in TOP_NS),
+            *(self.check(s, f"gopher_rep_duplicated_{n}_n_grams", f"dup_{n}_gram", ">", f"dup_{n}_gram")
+              for n in DUP_NS),
+        )

@@ -1,0 +1,46 @@
+"""Settings of the sink: packing token ids into MindRecord rows, and the domain mixture with its held-out split."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pipeline.configkit import ConfigError, _f
+
+
+@dataclass
+class PackConfig:
+    seq_len: int = _f(128, desc="Training context; rows hold seq_len + 1 tokens (mindformers convention).",
+                      ge=8, le=1_048_576)
+    add_bos: bool = _f(False, desc="Put BOS before every document (EOS always follows every document).")
+    shard_num: int = _f(2, desc="MindRecord shard files (a multiple of the data-parallel world size).", ge=1, le=1000)
+    remainder: str = _f("drop", desc="Tail shorter than a row: drop it (mindformers) or pad it with pad_id.",
+                        choices=("drop", "pad"))
+    domain_field: bool = _f(True, desc="Write a domain_id column (domain of each row's first token, indexed).")
+    boundaries: bool = _f(False, desc="Write a segment_starts column (positions where a document starts in the "
+                          "row, 0 always listed) so attention can be reset at document boundaries.")
+    write_workers: int = _f(1, desc="Processes writing MindRecord shard files in parallel.", ge=1, le=256)
+
+
+@dataclass
+class MixtureConfig:
+    """Domain mixture and the held-out validation split, both decided by hashes of (doc id, seed, domain)."""
+
+    weights: dict = _f(factory=dict, desc="Target share per domain ({code: 0.3, zh: 0.1, ...}, normalised); "
+                       "empty: the natural proportions. Every domain needs a weight; 0 drops it.")
+    unit: str = _f("tokens", desc="What the weights measure.", choices=("tokens", "chars"))
+    max_epochs: float = _f(4.0, desc="Upsampling cap: no domain is repeated more often than this.", ge=1, le=100)
+    total_tokens: int = _f(0, desc="Training budget in `unit`; 0: the largest budget <= the corpus that meets "
+                           "every weight within max_epochs.", ge=0)
+    val_fraction: float = _f(0.01, desc="Share of each domain's documents held out for validation.", ge=0, le=0.5)
+    val_min_docs: int = _f(2, desc="At least this many held-out documents per domain (never over half of it).",
+                           ge=0)
+    val_max_docs: int = _f(1000, desc="At most this many held-out documents per domain.", ge=0)
+
+    def __post_init__(self):
+        for name, w in self.weights.items():
+            if not isinstance(name, str) or isinstance(w, bool) or not isinstance(w, int | float) or w < 0:
+                raise ConfigError(f"mixture.weights.{name}: expected a number >= 0, got {w!r}")
+        if self.weights and not any(self.weights.values()):
+            raise ConfigError("mixture.weights: at least one weight must be > 0")
+        if self.val_min_docs > self.val_max_docs:
+            raise ConfigError(f"mixture.val_min_docs: must be <= mixture.val_max_docs ({self.val_max_docs})")

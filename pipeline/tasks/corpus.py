@@ -1,0 +1,274 @@
+"""The corpus chain as one call per task: what the ``corpus_build`` DAG and ``mindloom corpus`` both run.
+
+A run lives in ``<data_root>/runs/<run id>/``.  :func:`prepare_run` freezes the resolved configuration there
+(``config.json``) so every later task of the run — possibly on another worker, possibly retried after someone
+edited the YAML — reads exactly the same settings.  Each function takes the run folder and returns a small,
+JSON-serialisable dict (it travels through XCom): shard names and stats, never document rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from pipeline.config import MindloomConfig, config_from_dict
+from pipeline.dedup import exact as exact_dedup
+from pipeline.form import config_from_params
+from pipeline.ingest import run as ingest
+from pipeline.io import read_json, run_dir, write_json
+from pipeline.quality import run as quality
+from pipeline.report.html import write_report
+from pipeline.sink import mindrecord, mixture, validation
+from pipeline.tokenizer import run as tokenizer
+
+log = logging.getLogger(__name__)
+
+
+def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | None = None) -> list[dict]:
+    """Validate the config (YAML + Params, or a loaded config), freeze it in the run folder, plan the shards.
+
+    Returns one spec per shard, each carrying ``run_dir`` and ``shard``: the list the DAG maps every per-shard
+    stage over, and the only argument the later tasks need.
+    """
+    cfg = params if isinstance(params, MindloomConfig) else config_from_params(params, config_path)
+    rdir = run_dir(cfg.data_root, run_id)
+    rdir.mkdir(parents=True, exist_ok=True)
+    write_json(rdir / "config.json", cfg.to_dict())
+    specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg)]
+    write_json(rdir / "plan.json", specs)
+    log.info("run %s: %d ingest shards in %s", run_id, len(specs), rdir)
+    return specs
+
+
+def load_run_config(rdir: str | Path) -> MindloomConfig:
+    return config_from_dict(read_json(Path(rdir) / "config.json"))
+
+
+def _run_of(specs: list[dict]) -> tuple[Path, list[str]]:
+    return Path(specs[0]["run_dir"]), [s["shard"] for s in specs]
+
+
+def ingest_shard(spec: dict) -> dict:
+    return ingest.run_ingest_shard(load_run_config(spec["run_dir"]), Path(spec["run_dir"]), spec)
+
+
+def exact_hash_shard(spec: dict) -> dict:
+    """Exact dedup, step 1 (per shard): hash the shard's texts into ``dedup.exact_partitions`` partitions."""
+    cfg = load_run_config(spec["run_dir"])
+    return exact_dedup.run_exact_hash_shard(Path(spec["run_dir"]), spec["shard"], cfg.dedup.exact_partitions)
+
+
+def exact_partitions(specs: list[dict]) -> list[int]:
+    """The partition numbers step 2 is mapped over."""
+    return list(range(load_run_config(specs[0]["run_dir"]).dedup.exact_partitions))
+
+
+def exact_partition(specs: list[dict], partition: int) -> dict:
+    """Exact dedup, step 2 (per hash partition): the first copy of each text in shard order survives."""
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    return exact_dedup.run_exact_partition(rdir, shards, partition, cfg.dedup.exact_partitions,
+                                           enabled=cfg.dedup.exact)
+
+
+def exact_index(specs: list[dict]) -> dict:
+    """Steps 1 and 2 in one call (the CLI path)."""
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    return exact_dedup.build_exact_index(rdir, shards, enabled=cfg.dedup.exact,
+                                         n_partitions=cfg.dedup.exact_partitions)
+
+
+def exact_dedup_shard(spec: dict) -> dict:
+    """Exact dedup, step 3 (per shard): drop the duplicates found by the partitions."""
+    cfg = load_run_config(spec["run_dir"])
+    return exact_dedup.run_exact_dedup_shard(Path(spec["run_dir"]), spec["shard"], cfg.dedup.exact_partitions)
+
+
+def minhash_signatures(spec: dict) -> dict:
+    """Near dedup, stage 1 (per shard): MinHash signatures of the exact-deduplicated documents."""
+    from pipeline.dedup import minhash
+
+    return minhash.run_signatures_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash,
+                                        input_stage="exact_dedup")
+
+
+def minhash_bands(specs: list[dict]) -> list[dict]:
+    """Near dedup: record the stage-1 layout (checked by stage 4); return one spec per band for stage 2."""
+    from pipeline.dedup import minhash
+
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    return minhash.build_manifest(rdir, shards, cfg.minhash, cfg.data_root, release=rdir.name)
+
+
+def minhash_band(band_spec: dict) -> dict:
+    """Near dedup, stage 2 (per band): sort and merge the band's bucket keys into candidate pairs."""
+    from pipeline.dedup import minhash
+
+    rdir = Path(band_spec["run_dir"])
+    return minhash.run_band(rdir, band_spec["band"], load_run_config(rdir).minhash)
+
+
+def minhash_clusters(specs: list[dict]) -> dict:
+    """Near dedup, stage 3: union-find over (checked) candidate pairs; survivors chosen by the configured rule."""
+    from pipeline.dedup import minhash
+
+    rdir, _ = _run_of(specs)
+    return minhash.run_clusters(rdir, load_run_config(rdir).minhash)
+
+
+def minhash_removal(spec: dict) -> dict:
+    """Near dedup, stage 4 (per shard): drop the non-survivors; verifies the stage-1 manifest first."""
+    from pipeline.dedup import minhash
+
+    return minhash.run_removal_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash)
+
+
+def minhash_report(specs: list[dict]) -> dict:
+    from pipeline.dedup import minhash
+
+    rdir, _ = _run_of(specs)
+    return minhash.write_report(rdir, load_run_config(rdir).minhash)
+
+
+def quality_shard(spec: dict) -> dict:
+    return quality.run_quality_shard(load_run_config(spec["run_dir"]).quality, Path(spec["run_dir"]), spec["shard"],
+                                     input_stage="minhash")
+
+
+def train_tokenizer(specs: list[dict]) -> dict:
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    return tokenizer.train_tokenizer(cfg.tokenizer, rdir, shards, cfg.seed, weights=cfg.mixture.weights)
+
+
+def tokenize_shard(spec: dict) -> dict:
+    cfg = load_run_config(spec["run_dir"])
+    return tokenizer.run_tokenize_shard(Path(spec["run_dir"]), spec["shard"], workers=cfg.tokenizer.encode_workers)
+
+
+def plan_mixture(specs: list[dict]) -> dict:
+    """Held-out split and per-document copies for the target domain mixture; returns target vs achieved."""
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    return mixture.plan_mixture(cfg.mixture, rdir, shards, cfg.seed)
+
+
+def _tokenizer_info(rdir: Path) -> dict:
+    return read_json(rdir / "tokenizer" / "spm.model.done")["info"]
+
+
+def write_mindrecord(specs: list[dict]) -> dict:
+    """Pack, write and verify the training MindRecord set; return a summary of the manifest."""
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    tok = _tokenizer_info(rdir)
+    p = cfg.pack
+    manifest = mindrecord.write_mindrecord(
+        rdir, shards, seq_len=p.seq_len, shard_num=p.shard_num, add_bos=p.add_bos, seed=cfg.seed,
+        tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), eos_id=tok.get("eos_id", tokenizer.EOS_ID),
+        bos_id=tok.get("bos_id", tokenizer.BOS_ID), vocab_size=tok["vocab_size"],
+        pad_id=tok.get("pad_id", tokenizer.PAD_ID), mixture=True, remainder=p.remainder,
+        domain_field=p.domain_field, boundaries=p.boundaries, workers=p.write_workers)
+    mindrecord.verify(rdir / "mindrecord", full_read=True, num_shards=cfg.train.workers)
+    return manifest_summary(rdir, manifest)
+
+
+def write_validation(specs: list[dict]) -> dict:
+    """Write and verify the held-out MindRecord sets, one per domain (``mindrecord_val/<domain>/``)."""
+    rdir, _ = _run_of(specs)
+    cfg = load_run_config(rdir)
+    tok = _tokenizer_info(rdir)
+    manifest = validation.write_validation(
+        rdir, seq_len=cfg.pack.seq_len, add_bos=cfg.pack.add_bos, eos_id=tok.get("eos_id", tokenizer.EOS_ID),
+        bos_id=tok.get("bos_id", tokenizer.BOS_ID), pad_id=tok.get("pad_id", tokenizer.PAD_ID),
+        vocab_size=tok["vocab_size"], tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(),
+        domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries)
+    mindrecord.verify(rdir / validation.VAL_DIR, full_read=True)
+    return manifest
+
+
+def manifest_summary(rdir: Path, manifest: dict) -> dict:
+    return {"run_dir": str(rdir), "mindrecord_dir": str(rdir / "mindrecord"),
+            "manifest": str(rdir / "mindrecord" / mindrecord.MANIFEST), "samples": manifest["samples"],
+            "tokens": manifest["tokens"], "shards": len(manifest["shards"]), "seq_len": manifest["seq_len"],
+            "vocab_size": manifest["vocab_size"], "tokenizer": str(rdir / "tokenizer" / "spm.model"),
+            "tokens_per_domain": manifest["tokens_per_domain"], "tokenizer_sha256": manifest["tokenizer_sha256"],
+            "config_sha256": manifest["config_sha256"], "pad_id": manifest.get("pad_id"),
+            "val_mindrecord_dir": str(rdir / validation.VAL_DIR),
+            "mixture_report": str(rdir / "mixture" / "report.json")}
+
+
+def collect_stats(rdir: str | Path) -> dict:
+    """Per stage and domain: documents in, kept and removed by reason (summed over shards)."""
+    rdir = Path(rdir)
+    out: dict[str, dict] = {}
+    for stage_dir in sorted((rdir / "stats").glob("*")):
+        stage: dict[str, dict] = {}
+        for f in sorted(stage_dir.glob("*.json")):
+            s = read_json(f)
+            d = stage.setdefault(s["domain"], {"in_docs": 0, "kept_docs": 0, "in_bytes": 0, "kept_bytes": 0,
+                                               "removed": {}, "tokens": 0})
+            for k in ("in_docs", "kept_docs", "in_bytes", "kept_bytes"):
+                d[k] += s[k]
+            d["tokens"] += s.get("tokens", 0)
+            for reason, v in s["removed"].items():
+                d["removed"][reason] = d["removed"].get(reason, 0) + v["docs"]
+        out[stage_dir.name] = stage
+    return out
+
+
+def publish(specs: list[dict]) -> dict:
+    """Record the finished corpus as the latest one (``<data_root>/corpus/LATEST.json``) and summarise it."""
+    rdir, _ = _run_of(specs)
+    cfg = load_run_config(rdir)
+    manifest = read_json(Path(rdir) / "mindrecord" / mindrecord.MANIFEST)
+    summary = manifest_summary(Path(rdir), manifest)
+    summary["stats"] = collect_stats(rdir)
+    if cfg.minhash.enabled:     # later refreshes can deduplicate against what this run shipped
+        from pipeline.dedup import minhash
+
+        summary["dedup_release"] = minhash.add_release(rdir, cfg.minhash, cfg.data_root, release=rdir.name,
+                                                       kept_stage="quality")
+    write_json(Path(rdir) / "corpus_summary.json", summary)
+    summary["report_html"] = str(write_report(Path(rdir) / "report.html",
+                                              f"mindloom corpus {cfg.run_name} ({Path(rdir).name})",
+                                              corpus_run_dir=Path(rdir)))
+    write_json(Path(cfg.data_root) / "corpus" / "LATEST.json", summary)
+    return {k: v for k, v in summary.items() if k != "stats"}
+
+
+def latest_corpus(data_root: str | Path) -> dict:
+    path = Path(data_root) / "corpus" / "LATEST.json"
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: no corpus has been published yet; run the corpus_build DAG first")
+    return read_json(path)
+
+
+def run_all(params: dict | MindloomConfig, run_id: str, config_path: str | None = None, progress: bool = True) -> dict:
+    """The whole chain in one process (the CLI path); same functions, same outputs as the DAG."""
+    from tqdm import tqdm
+
+    specs = prepare_run(params, run_id, config_path)
+
+    def each(desc, fn):
+        for spec in tqdm(specs, desc=desc, disable=not progress, unit="shard"):
+            fn(spec)
+
+    each("ingest", ingest_shard)
+    exact_index(specs)
+    each("exact dedup", exact_dedup_shard)
+    each("minhash signatures", minhash_signatures)
+    for band in tqdm(minhash_bands(specs), desc="minhash bands", disable=not progress, unit="band"):
+        minhash_band(band)
+    minhash_clusters(specs)
+    each("minhash removal", minhash_removal)
+    minhash_report(specs)
+    each("quality", quality_shard)
+    train_tokenizer(specs)
+    each("tokenize", tokenize_shard)
+    plan_mixture(specs)
+    write_mindrecord(specs)
+    write_validation(specs)
+    return publish(specs)
