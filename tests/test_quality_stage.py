@@ -252,3 +252,15 @@ def test_default_yaml_chains_resolve_and_round_trip():
     assert cfg.quality.params("web", "c4").filter_no_terminal_punct is False      # FineWeb's relaxation
     again = config_from_dict(json.loads(json.dumps(cfg.to_dict())))
     assert again.quality == cfg.quality
+
+
+def test_report_snippets_of_removed_documents_are_pii_masked(tmp_path):
+    short = "Write to jane.doe@corp-mail.com or call +44 20 7946 0958 about " + EMMA[:60]
+    _shard(tmp_path, "prose-00000", [("prose", short)])
+    run_quality_shard(_quality(), tmp_path, "prose-00000")
+    rules = quality_report(tmp_path)["prose"]["rules"]
+    assert sum(r["docs"] for r in rules.values()) == 1
+    snippet = next(iter(rules.values()))["examples"][0]["snippet"]
+    assert "jane.doe@corp-mail.com" not in snippet and "7946" not in snippet
+    assert snippet.startswith("Write to email@example.com or") or snippet.startswith(
+        "Write to firstname.lastname@example.org or")

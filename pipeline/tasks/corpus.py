@@ -9,8 +9,10 @@ JSON-serialisable dict (it travels through XCom): shard names and stats, never d
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 
+from pipeline import confine
 from pipeline.config import MindloomConfig, config_from_dict
 from pipeline.dedup import exact as exact_dedup
 from pipeline.form import config_from_params
@@ -31,13 +33,34 @@ def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | N
     stage over, and the only argument the later tasks need.
     """
     cfg = params if isinstance(params, MindloomConfig) else config_from_params(params, config_path)
+    roots = _check_inputs_confined(cfg, config_path)
     rdir = run_dir(cfg.data_root, run_id)
     rdir.mkdir(parents=True, exist_ok=True)
     write_json(rdir / "config.json", cfg.to_dict())
     specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg)]
+    for spec in specs:                   # every file a listing found, symlinks resolved
+        src = cfg.sources[spec["source_index"]]
+        if not any(confine.static_root(p) != p and "://" in p for p in src.paths):
+            for unit in spec["units"]:
+                if "://" not in unit["path"]:
+                    confine.check_path(unit["path"], roots, f"sources[{spec['source_index']}] ({spec['source']})")
     write_json(rdir / "plan.json", specs)
     log.info("run %s: %d ingest shards in %s", run_id, len(specs), rdir)
     return specs
+
+
+def _check_inputs_confined(cfg: MindloomConfig, config_path: str | None) -> list[str]:
+    """Refuse a data root or source pattern outside the deployment's allowed roots, before anything is listed."""
+    roots = confine.allowed_roots(cfg.data_root, config_path)
+    if os.environ.get(confine.ENV):
+        confine.check_path(cfg.data_root, roots, "data_root")
+        if config_path:
+            confine.check_path(config_path, roots, "config file ($MINDLOOM_CONFIG)")
+    for i, src in enumerate(cfg.sources):
+        if not cfg.domains or src.domain in cfg.domains:
+            for j, pattern in enumerate(src.paths):
+                confine.check_path(confine.static_root(pattern), roots, f"sources[{i}].paths[{j}]")
+    return roots
 
 
 def load_run_config(rdir: str | Path) -> MindloomConfig:

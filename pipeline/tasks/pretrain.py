@@ -269,6 +269,7 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
     The shards are checked against their manifest (sha256 of every file) before any training starts, because
     MindRecord itself cannot detect corrupt rows.
     """
+    from pipeline import confine
     from pipeline.form import config_from_params
     from pipeline.sink import mindrecord
     from pipeline.tasks import corpus as corpus_mod
@@ -282,6 +283,13 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
         summary = [e for e in asset_extras if "mindrecord_dir" in e][-1]
     else:
         summary = corpus_mod.latest_corpus(cfg.data_root)
+    if not manifest_path:               # a corpus named by a run's conf or an Asset event stays under data_root
+        roots = confine.allowed_roots(cfg.data_root)
+        for key in ("mindrecord_dir", "run_dir", "val_mindrecord_dir"):
+            if summary.get(key):
+                confine.check_path(summary[key], roots, f"corpus {key}")
+        for domain, path in (summary.get("val_mindrecord_dirs") or {}).items():
+            confine.check_path(path, roots, f"corpus val_mindrecord_dirs[{domain!r}]")
     mindrecord.verify(summary["mindrecord_dir"], full_read=False)
     return {k: v for k, v in summary.items() if k != "stats"}
 

@@ -91,11 +91,14 @@ def _examples(rdir: Path, k: int, snippet_chars: int) -> dict[tuple[str, str], l
     for f in sorted(rdir.joinpath(*REMOVED_DIR).glob("*/*.parquet")):
         for r in read_parquet(f, columns=["doc_id", "domain", "reason", "detail", "text"]).to_pylist():
             rows.setdefault((r["domain"], r["reason"]), []).append(r)
+    from pipeline.quality.filters.pii import PiiMasker
+
+    masker = PiiMasker()            # removed documents were never masked; their snippets go into reports
     out = {}
     for key, rs in rows.items():
         pick = sorted(rs, key=lambda r: _rank(r["doc_id"]))[:k]
         out[key] = [{"doc_id": r["doc_id"], "detail": r["detail"],
-                     "snippet": " ".join(r["text"][:snippet_chars].split())} for r in pick]
+                     "snippet": masker.mask(" ".join(r["text"][:snippet_chars].split()))[0]} for r in pick]
     return out
 
 
