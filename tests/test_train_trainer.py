@@ -119,14 +119,22 @@ def _copy_of(crashed, dest):
     return replace(job, out_dir=str(dest))
 
 
-def test_resume_after_crash_matches_uninterrupted(tmp_path, reference, crashed):
+def test_resume_after_crash_matches_uninterrupted(tmp_path, reference, crashed, caplog):
     _, ref_summary, ref = reference
     out = tmp_path / "crash"
     job = _copy_of(crashed, out)
     st = _read(out / "status.json")
     assert st["state"] == "FAILED" and st["step"] == 6 and "simulated crash" in st["error"]
-    s = _train(replace(job, fail_at_step=None))  # the job again, as a retrying orchestrator would
+    from mindspore.log import _get_logger
+
+    ms_logger = _get_logger()                  # MindSpore's own logger does not propagate to the root
+    ms_logger.addHandler(caplog.handler)
+    try:
+        s = _train(replace(job, fail_at_step=None))  # the job again, as a retrying orchestrator would
+    finally:
+        ms_logger.removeHandler(caplog.handler)
     assert s["resumed_from"] == 6 and s["start_step"] == 6
+    assert "not loaded" not in caplog.text     # the LR table is the job's own, on purpose (no warning)
     m = _metrics(out)
     assert sorted(m) == list(range(1, 11))
     for step in range(1, 11):  # includes step 7, the first one after the restore (epoch 0 -> 1 boundary at 5)
