@@ -64,6 +64,8 @@ class SourceConfig:
                                              "s3://); credentials come from the environment, never from here.")
     lang: str = _f("", desc="Language of every document instead of detecting it: 'code' for source code "
                             "(the code reader always sets it); empty: detect.")
+    allow_empty: bool = _f(False, desc="Run on when the paths match no file (the source is listed as empty in the "
+                                       "run summary); false: such a source fails the run at plan time.")
 
     def __post_init__(self) -> None:
         from pipeline.readers import reader_options

@@ -30,8 +30,10 @@ def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | N
     rdir = run_dir(cfg.data_root, run_id)
     rdir.mkdir(parents=True, exist_ok=True)
     write_json(rdir / "config.json", cfg.to_dict())
-    specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg)]
+    empty: list[dict] = []
+    specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg, empty)]
     write_json(rdir / "plan.json", specs)
+    write_json(rdir / "empty_sources.json", empty)
     log.info("run %s: %d ingest shards in %s", run_id, len(specs), rdir)
     return specs
 
@@ -222,6 +224,8 @@ def publish(specs: list[dict]) -> dict:
     manifest = read_json(Path(rdir) / "mindrecord" / mindrecord.MANIFEST)
     summary = manifest_summary(Path(rdir), manifest)
     summary["stats"] = collect_stats(rdir)
+    empty = Path(rdir) / "empty_sources.json"
+    summary["empty_sources"] = read_json(empty) if empty.exists() else []
     if cfg.minhash.enabled:     # later refreshes can deduplicate against what this run shipped
         from pipeline import minhash
 
