@@ -87,8 +87,9 @@ def minhash_signatures(spec: dict) -> dict:
     """Near dedup, stage 1 (per shard): MinHash signatures of the exact-deduplicated documents."""
     from pipeline import minhash
 
-    return minhash.run_signatures_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash,
-                                        input_stage="exact_dedup")
+    cfg = load_run_config(spec["run_dir"])
+    return minhash.run_signatures_shard(Path(spec["run_dir"]), spec["shard"], cfg.minhash, input_stage="exact_dedup",
+                                        quality=cfg.quality)
 
 
 def minhash_bands(specs: list[dict]) -> list[dict]:
