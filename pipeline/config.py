@@ -52,7 +52,7 @@ class SourceConfig:
     paths: list[str] = _f(factory=list, desc="Files, folders, globs or URIs (s3://, gs://, hdfs://, fsspec schemes); "
                                              "relative paths are taken from the config file.")
     reader: str = _f("jsonl", desc="Reader for these files.",
-                     choices=("jsonl", "parquet", "text", "html", "warc", "code"))
+                     choices=("jsonl", "parquet", "text", "html", "warc", "code", "mediawiki"))
     name: str = _f("", desc="Stable name of this source, hashed into every document id (default: the domain). "
                             "Give each source of one domain its own name.")
     text_field: str = _f("text", desc="JSONL field / Parquet column holding the document text.")

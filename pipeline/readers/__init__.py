@@ -10,12 +10,13 @@ from pipeline.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadErr
 from pipeline.readers.code import CodeReader
 from pipeline.readers.html import HtmlReader
 from pipeline.readers.jsonl import JsonlReader
+from pipeline.readers.mediawiki import MediawikiReader
 from pipeline.readers.parquet import ParquetReader
 from pipeline.readers.text import TextReader
 from pipeline.readers.warc import WarcReader
 
 READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (JsonlReader, ParquetReader, TextReader, HtmlReader,
-                                                             WarcReader, CodeReader)}
+                                                             WarcReader, CodeReader, MediawikiReader)}
 
 __all__ = ["READERS", "FileRef", "ParsedDoc", "RawRecord", "ReadError", "Reader", "Rejection", "make_reader",
            "options_from_dict"]
