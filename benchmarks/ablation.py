@@ -267,7 +267,7 @@ def _metrics(out_dir: Path) -> list[dict]:
 
 def write_plots(res: dict, out_dir: Path) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.svgplot import bar_chart, line_chart
+    from pipeline.plots import bar_chart, line_chart
 
     runs = res["runs"]
     doms = [d for d in runs["curated"]["eval"] if runs["raw"]["eval"].get(d) is not None]
