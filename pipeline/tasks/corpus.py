@@ -37,7 +37,8 @@ def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | N
     rdir = run_dir(cfg.data_root, run_id)
     rdir.mkdir(parents=True, exist_ok=True)
     write_json(rdir / "config.json", cfg.to_dict())
-    specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg)]
+    empty: list[dict] = []
+    specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg, empty)]
     for spec in specs:                   # every file a listing found, symlinks resolved
         src = cfg.sources[spec["source_index"]]
         if not any(confine.static_root(p) != p and "://" in p for p in src.paths):
@@ -45,6 +46,7 @@ def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | N
                 if "://" not in unit["path"]:
                     confine.check_path(unit["path"], roots, f"sources[{spec['source_index']}] ({spec['source']})")
     write_json(rdir / "plan.json", specs)
+    write_json(rdir / "empty_sources.json", empty)
     log.info("run %s: %d ingest shards in %s", run_id, len(specs), rdir)
     return specs
 
@@ -112,8 +114,9 @@ def minhash_signatures(spec: dict) -> dict:
     """Near dedup, stage 1 (per shard): MinHash signatures of the exact-deduplicated documents."""
     from pipeline.dedup import minhash
 
-    return minhash.run_signatures_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash,
-                                        input_stage="exact_dedup")
+    cfg = load_run_config(spec["run_dir"])
+    return minhash.run_signatures_shard(Path(spec["run_dir"]), spec["shard"], cfg.minhash, input_stage="exact_dedup",
+                                        quality=cfg.quality)
 
 
 def minhash_bands(specs: list[dict]) -> list[dict]:
@@ -249,6 +252,8 @@ def publish(specs: list[dict]) -> dict:
     manifest = read_json(Path(rdir) / "mindrecord" / mindrecord.MANIFEST)
     summary = manifest_summary(Path(rdir), manifest)
     summary["stats"] = collect_stats(rdir)
+    empty = Path(rdir) / "empty_sources.json"
+    summary["empty_sources"] = read_json(empty) if empty.exists() else []
     if cfg.minhash.enabled:     # later refreshes can deduplicate against what this run shipped
         from pipeline.dedup import minhash
 
