@@ -36,7 +36,7 @@ def test_run_dir_derives_from_run_id_without_colons(chain):
 
 
 def test_allowed_empty_source_is_listed_in_the_run_summary(chain):
-    from pipeline.summary import render_summary
+    from pipeline.report.summary import render_summary
 
     cfg, summary = chain
     full = read_json(Path(summary["run_dir"]) / "corpus_summary.json")

@@ -33,18 +33,19 @@ def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | N
     stage over, and the only argument the later tasks need.
     """
     cfg = params if isinstance(params, MindloomConfig) else config_from_params(params, config_path)
-    roots = _check_inputs_confined(cfg, config_path)
+    # Runs from Airflow (a config file, form params on top) are confined; a trusted caller passing a loaded config
+    # (the CLI, benchmarks) is confined only when the deployment declares roots.
+    confined = config_path is not None or bool(os.environ.get(confine.ENV))
+    roots = _check_inputs_confined(cfg, config_path) if confined else []
     rdir = run_dir(cfg.data_root, run_id)
     rdir.mkdir(parents=True, exist_ok=True)
     write_json(rdir / "config.json", cfg.to_dict())
     empty: list[dict] = []
     specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg, empty)]
-    for spec in specs:                   # every file a listing found, symlinks resolved
-        src = cfg.sources[spec["source_index"]]
-        if not any(confine.static_root(p) != p and "://" in p for p in src.paths):
+    for spec in specs if confined else []:     # every local file a listing found, symlinks resolved
+        if not any("://" in p for p in cfg.sources[spec["source_index"]].paths):
             for unit in spec["units"]:
-                if "://" not in unit["path"]:
-                    confine.check_path(unit["path"], roots, f"sources[{spec['source_index']}] ({spec['source']})")
+                confine.check_path(unit["path"], roots, f"sources[{spec['source_index']}] ({spec['source']})")
     write_json(rdir / "plan.json", specs)
     write_json(rdir / "empty_sources.json", empty)
     log.info("run %s: %d ingest shards in %s", run_id, len(specs), rdir)
