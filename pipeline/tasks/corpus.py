@@ -21,6 +21,7 @@ from pipeline.io import read_json, run_dir, write_json
 from pipeline.quality import run as quality
 from pipeline.report.html import write_report
 from pipeline.sink import mindrecord, mixture, validation
+from pipeline.tasks import batches
 from pipeline.tokenizer import run as tokenizer
 
 log = logging.getLogger(__name__)
@@ -70,8 +71,23 @@ def load_run_config(rdir: str | Path) -> MindloomConfig:
     return config_from_dict(read_json(Path(rdir) / "config.json"))
 
 
-def _run_of(specs: list[dict]) -> tuple[Path, list[str]]:
-    return Path(specs[0]["run_dir"]), [s["shard"] for s in specs]
+def _run_of(items: list[dict]) -> tuple[Path, list[str]]:
+    """The run folder and every shard of the run, in plan order, from shard specs or batch handles alike."""
+    rdir = Path(items[0]["run_dir"])
+    return rdir, [s["shard"] for s in read_json(rdir / batches.PLAN)]
+
+
+def plan_tasks(params: dict | MindloomConfig, run_id: str, config_path: str | None = None) -> list[dict]:
+    """The DAG's ``plan`` task: :func:`prepare_run`, then ``parallelism`` batch handles (what every per-shard stage
+    is mapped over; see :mod:`pipeline.tasks.batches`)."""
+    specs = prepare_run(params, run_id, config_path)
+    rdir = Path(specs[0]["run_dir"])
+    return batches.plan_batches(rdir, len(specs), load_run_config(rdir).parallelism)
+
+
+def run_stage_batch(stage: str, batch: dict) -> dict:
+    """One mapped task of a per-shard stage: ``stage`` over the batch's shards, in order."""
+    return batches.run_batch(SHARD_STAGES[stage], batch)
 
 
 def ingest_shard(spec: dict) -> dict:
@@ -266,6 +282,12 @@ def publish(specs: list[dict]) -> dict:
                                               corpus_run_dir=Path(rdir)))
     write_json(Path(cfg.data_root) / "corpus" / "LATEST.json", summary)
     return {k: v for k, v in summary.items() if k != "stats"}
+
+
+#: The per-shard stages, by the name the DAG's batch tasks use.
+SHARD_STAGES = {"ingest": ingest_shard, "exact_hash": exact_hash_shard, "exact_dedup": exact_dedup_shard,
+                "minhash_signatures": minhash_signatures, "minhash_removal": minhash_removal,
+                "quality": quality_shard, "tokenize": tokenize_shard}
 
 
 def latest_corpus(data_root: str | Path) -> dict:
