@@ -57,6 +57,10 @@ class TrainJob:
     peak_flops: float = 0.0  # peak FLOP/s of ONE device at this precision, for MFU; 0: MFU not reported
     eval_data: dict = field(default_factory=dict)  # {domain: MindRecord dir} evaluated at the end of the stage
     eval_tokens: int = 65536  # tokens per domain evaluated (first rows in corpus order); 0: no evaluation
+    tensor_parallel: int = 1  # ranks per tensor-parallel group (inside a node); data-parallel ranks = world / it
+    zero: bool = False  # ZeRO-1: shard the Adam moments over the data-parallel ranks
+    device_memory_gb: float = 0.0  # memory of one device; > 0: refuse a layout whose memory plan exceeds it
+    metrics_every: int = 10  # host sync period: loss/metrics fetched every N steps (and at checkpoints, the end)
     fail_at_step: int | None = None  # tests only: crash after this step's checkpoint (simulated failure)
     fail_mode: str = "raise"  # tests only: "raise" (exception, FAILED status) | "kill" (SIGKILL, no cleanup)
 
@@ -76,7 +80,7 @@ class TrainJob:
         if not isinstance(self.model, dict):
             raise bad("model", "must be a dict like {'preset': 'debug', 'vocab_size': 32000}")
         for name in ("steps", "batch_size", "grad_accum", "threads", "checkpoint_every", "keep_checkpoints",
-                     "log_every", "loss_scale_window"):
+                     "log_every", "loss_scale_window", "tensor_parallel", "metrics_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise bad(name, "must be a positive integer")
@@ -85,7 +89,7 @@ class TrainJob:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise bad(name, "must be a non-negative integer")
         for name in ("lr", "min_lr", "weight_decay", "eps", "grad_clip", "beta1", "beta2", "loss_scale",
-                     "peak_flops"):
+                     "peak_flops", "device_memory_gb"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise bad(name, "must be a number")
@@ -108,6 +112,12 @@ class TrainJob:
             raise bad("init_mode", f"must be one of {INIT_MODES}")
         if not self.loss_scale >= 1:
             raise bad("loss_scale", "must be >= 1")
+        if not isinstance(self.zero, bool):
+            raise bad("zero", "must be true or false")
+        if self.device_memory_gb < 0:
+            raise bad("device_memory_gb", "must be >= 0 (0: no memory check)")
+        if self.world_size and self.world_size % self.tensor_parallel:
+            raise bad("tensor_parallel", f"must divide world_size={self.world_size}")
         if self.peak_flops < 0:
             raise bad("peak_flops", "must be >= 0 (0: no MFU)")
         if self.seq_len == 1:
@@ -125,6 +135,9 @@ class TrainJob:
         if self.init_mode == "continue" and not self.init_from:
             raise bad("init_mode", "'continue' needs init_from (the previous stage's checkpoint)")
         cfg = self.model_config()  # validates the model dict; its error names the ModelConfig field
+        from .memory_plan import check_layout
+
+        check_layout(cfg, self.tensor_parallel)
         if self.seq_len > cfg.max_seq_len:
             raise bad("seq_len", f"exceeds the model's max_seq_len={cfg.max_seq_len}")
 

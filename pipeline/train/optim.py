@@ -23,6 +23,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from .adamw import AdamW
 from .precision import uses_loss_scaling
 
 
@@ -48,11 +49,12 @@ def param_groups(params) -> tuple[list, list]:
     return decay, [p for p in params if id(p) not in ids]
 
 
-def build_optimizer(net: nn.Cell, job) -> nn.AdamWeightDecay:
+def build_optimizer(net: nn.Cell, job, zero=None) -> AdamW:
+    """Bias-corrected AdamW (adamw.py); ``zero``: a ``ZeroShard`` to shard the moments over DP ranks."""
     decay, no_decay = param_groups(net.trainable_params())
     groups = [{"params": decay, "weight_decay": job.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return nn.AdamWeightDecay(groups, learning_rate=Tensor(lr_table(job)), beta1=job.beta1, beta2=job.beta2,
-                              eps=job.eps)
+    return AdamW(groups, learning_rate=Tensor(lr_table(job)), beta1=job.beta1, beta2=job.beta2, eps=job.eps,
+                 zero=zero)
 
 
 def apply_precision(net: nn.Cell, precision: str) -> None:
@@ -87,7 +89,7 @@ class TrainStep:
     of one graph unrolled ``grad_accum`` times).
     """
 
-    def __init__(self, loss_net: nn.Cell, opt: nn.AdamWeightDecay, *, grad_clip: float, world: int = 1,
+    def __init__(self, loss_net: nn.Cell, opt: nn.Optimizer, *, grad_clip: float, world: int = 1,
                  grad_accum: int = 1, scaler=None, jit: bool = True):
         self.accum, self.world, self.scaler = grad_accum, world, scaler
         params = opt.parameters
