@@ -41,6 +41,9 @@ PARAM_FIELDS: dict[str, str] = {
     "train_precision": "train.precision",
     "train_grad_accum": "train.grad_accum",
     "train_recompute": "train.recompute",
+    "train_tensor_parallel": "train.tensor_parallel",
+    "train_zero": "train.zero",
+    "train_device_memory_gb": "train.device_memory_gb",
 }
 
 _JSON_TYPES = {int: "integer", float: "number", bool: "boolean", str: "string", dict: "object"}

@@ -1,7 +1,7 @@
 """Tensor parallel, ZeRO-1 and the TP -> TP=1 merge, verified against one process on CPU (msrun, mccl).
 
-The msrun runs use the tiny model of test_train_trainer (dim 64, 2 layers, 4 heads / 2 KV heads, byte vocab 258,
-seq 32), 10 steps at lr 3e-3 with warmup and clipping, so every part of the step (norm, clip, AdamW) is exercised.
+The msrun runs use the tiny model of test_train_trainer (dim 64, 2 layers, 4 heads / 2 KV heads, seq 32; vocab
+260 = the 258 byte ids rounded up so the vocabulary splits 4 ways), 10 steps at lr 3e-3 with warmup and clipping, so every part of the step (norm, clip, AdamW) is exercised.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from pipeline.train.job import TrainJob
 from pipeline.train.parallel import merge_tp, rank_layout, split_axis, take_shard
 
 SEQ, STEPS = 32, 10
-TINY = {"preset": "debug", "vocab_size": 258, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+TINY = {"preset": "debug", "vocab_size": 260, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
         "max_seq_len": SEQ}
 
 
@@ -62,7 +62,8 @@ def test_tensor_parallel_must_split_the_heads():
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """One process (batch 8), TP=2 (2 ranks, batch 8 each = same rows), DP=2 + ZeRO-1 (2 ranks x batch 4)."""
+    """One process (batch 8), TP=2 (2 ranks, batch 8 each = same rows), DP=2 + ZeRO-1 (2 ranks x batch 4),
+    TP=2 x DP=2 + ZeRO-1 (4 ranks x batch 4)."""
     pytest.importorskip("mindspore")
     from pipeline.train.bytes_data import pack_bytes, stdlib_text, write_mindrecord
     from pipeline.train.launch import env_with_venv, train_command
@@ -80,12 +81,13 @@ def runs(tmp_path_factory):
 
     out = {"single": (run_training(job("single")), root / "single")}
     for name, kw in (("tp2", dict(tensor_parallel=2, world_size=2)),
-                     ("zero2", dict(zero=True, world_size=2, batch_size=4))):
+                     ("zero2", dict(zero=True, world_size=2, batch_size=4)),
+                     ("tp2dp2", dict(tensor_parallel=2, zero=True, world_size=4, batch_size=4))):
         job(name, **kw).to_json(root / f"{name}.json")
         with socket.socket() as s_:
             s_.bind(("127.0.0.1", 0))
             port = s_.getsockname()[1]
-        cmd = train_command(str(root / f"{name}.json"), workers=2, log_dir=str(root / f"{name}_log"),
+        cmd = train_command(str(root / f"{name}.json"), workers=kw["world_size"], log_dir=str(root / f"{name}_log"),
                             master_port=port, cluster_timeout_s=180)
         r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=root, timeout=400)
         assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-2000:])
@@ -101,17 +103,17 @@ def _losses(out_dir) -> np.ndarray:
     return np.array([r["loss"] for r in rows])
 
 
-def _rank_files(out_dir) -> list[dict]:
+def _rank_files(out_dir, n: int = 2) -> list[dict]:
     out = []
-    for r in (0, 1):
+    for r in range(n):
         with open(os.path.join(out_dir, "ranks", f"rank_{r:05d}.json")) as f:
             out.append(json.load(f))
     return out
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["tp2", "zero2"])
-def test_two_ranks_match_one_process_for_10_steps(runs, name):
+@pytest.mark.parametrize("name", ["tp2", "zero2", "tp2dp2"])
+def test_parallel_runs_match_one_process_for_10_steps(runs, name):
     single, other = _losses(runs["single"][1]), _losses(runs[name][1])
     assert np.abs(single - other).max() < 1e-5, np.abs(single - other)
     assert single[-1] < single[0] - 1.0  # it trained
@@ -122,13 +124,18 @@ def test_tp_halves_parameter_bytes_and_zero_halves_optimizer_bytes(runs):
     one = runs["single"][0]
     norms = (2 * TINY["n_layers"] + 1) * TINY["dim"] * 4  # replicated RMSNorm gains
     tp = _rank_files(runs["tp2"][1])
-    assert one["param_bytes_per_rank"] == 4 * 131_648
+    assert one["param_bytes_per_rank"] == 4 * 131_904
     assert [r["param_bytes"] for r in tp] == [(one["param_bytes_per_rank"] - norms) // 2 + norms] * 2
     assert [r["optimizer_bytes"] for r in tp] == [2 * r["param_bytes"] for r in tp]
     z = _rank_files(runs["zero2"][1])
     assert [r["param_bytes"] for r in z] == [one["param_bytes_per_rank"]] * 2
     assert [r["optimizer_bytes"] for r in z] == [one["optimizer_bytes_per_rank"] // 2] * 2
     assert z[0]["params_sha256"] == z[1]["params_sha256"]  # ZeRO all-gather leaves identical replicas
+    four = _rank_files(runs["tp2dp2"][1], 4)
+    assert [r["param_bytes"] for r in four] == [tp[0]["param_bytes"]] * 4
+    assert [r["optimizer_bytes"] for r in four] == [one["optimizer_bytes_per_rank"] // 4 + norms // 2] * 4  # norms: split by DP only
+    assert four[0]["params_sha256"] == four[2]["params_sha256"]  # same TP shard in both DP replicas
+    assert four[1]["params_sha256"] == four[3]["params_sha256"]
 
 
 @pytest.mark.slow

@@ -24,6 +24,8 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from .tp_layers import GatherRows
+
 
 @dataclass(frozen=True)
 class ZeroShard:
@@ -64,9 +66,7 @@ class AdamW(nn.Optimizer):
         self._sharded = any(b is not None for b in self._blocks)
         self.moments1 = ParameterTuple([self._moment("adam_m", p, b) for p, b in zip(params, self._blocks, strict=True)])
         self.moments2 = ParameterTuple([self._moment("adam_v", p, b) for p, b in zip(params, self._blocks, strict=True)])
-        self._gather = None
-        if self._sharded:
-            self._gather = ops.AllGather(group=zero.group) if zero.group else ops.AllGather()
+        self._gather = GatherRows(zero.size, zero.rank, zero.group) if self._sharded else None
         self._n = len(params)
 
     @staticmethod

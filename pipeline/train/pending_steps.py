@@ -37,6 +37,7 @@ class PendingSteps:
 
 def is_sync_point(job, step: int, start_step: int) -> bool:
     """Steps whose metrics must be on the host: the first of a process (its time is the compile), every
-    ``metrics_every``-th, and every step that checkpoints, logs, ends the stage or is a test's crash point."""
+    ``metrics_every``-th, and every step that checkpoints, ends the stage or is a test's crash point. status.json and
+    the log line follow the sync points (``log_every`` cannot ask for more host syncs than ``metrics_every``)."""
     return (step == start_step + 1 or step % job.metrics_every == 0 or step % job.checkpoint_every == 0
-            or step % job.log_every == 0 or step == job.steps or step == job.fail_at_step)
+            or step == job.steps or step == job.fail_at_step)

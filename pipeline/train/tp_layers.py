@@ -39,6 +39,26 @@ def _all_reduce(tp: TPGroup):
     return ops.AllReduce(group=tp.group) if tp.group else ops.AllReduce()
 
 
+class GatherRows(nn.Cell):
+    """Concatenate every group member's ``x`` along axis 0 (no gradient use).
+
+    On CPU, mccl's AllGather accepts only the world group, so inside a sub-group each rank puts its block into a
+    zero tensor of the full size at its own offset and the group all-reduces (sums) it: exact, at the cost of
+    sending the full size instead of one block."""
+
+    def __init__(self, size: int, rank: int, group: str | None):
+        super().__init__()
+        self.size, self.rank, self.sub = size, rank, group is not None
+        self.op = ops.AllReduce(group=group) if group else ops.AllGather()
+
+    def construct(self, x):
+        if not self.sub:
+            return self.op(x)
+        zero = ops.zeros_like(x)
+        blocks = [zero] * self.rank + [x] + [zero] * (self.size - self.rank - 1)
+        return self.op(ops.cat(blocks, 0))
+
+
 class CopyToTP(nn.Cell):
     """Megatron "f": identity forward, gradient all-reduced over the TP group backward."""
 
@@ -98,7 +118,7 @@ class VocabParallelNLL(nn.Cell):
         self.part = vocab_size // tp.size
         self.start = tp.rank * self.part
         self.tp = tp.size
-        self.gather = ops.AllGather(group=tp.group) if tp.group else ops.AllGather()  # CPU AllReduce: sum only
+        self.gather = GatherRows(tp.size, tp.rank, tp.group)  # CPU AllReduce sums only: gather the maxes
         self.sum_exp = ReduceFromTP(tp)
         self.sum_label = ReduceFromTP(tp)
 

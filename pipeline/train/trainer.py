@@ -114,6 +114,12 @@ def _check_same_layout(job: TrainJob, meta: dict, world: int, seq_len: int, what
     if "data_epoch" not in meta:
         raise ValueError(f"{what} has no global data position (written by an older trainer); start a new stage "
                          f"with init_from=<it> instead")
+    for field, have, want in (("tensor_parallel", meta.get("tensor_parallel", 1), job.tensor_parallel),
+                              ("zero", meta.get("zero_shards", 1), world if job.zero else 1)):
+        if have != want:  # per-rank shapes of weights or moments differ
+            raise ValueError(f"TrainJob.{field}: {what} was written with {field} sharding {have}, this run has "
+                             f"{want}; merge TP shards (python -m pipeline.train.tp_merge) and start a new stage "
+                             f"with init_mode='weights'")
     g = _global_batch(job, world)
     if meta["global_batch"] != g:
         raise ValueError(f"TrainJob.batch_size: {what} was written with global batch {meta['global_batch']} "
@@ -200,7 +206,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> 
                             scaler=scaler, jit=job.mode == "graph", group=lay.dp_group, norm_fn=norm_fn)
         batches = TokenBatches(data_dir, job.batch_size, job.seed, rank=lay.dp_rank, world=world,
                                grad_accum=job.grad_accum, start=position)
-        window = PendingSteps()
+        window, last_sync = PendingSteps(), start_step
         t_data = time.time()
         for micro, pos in batches.steps(job.steps - start_step):
             if step == start_step:
@@ -224,10 +230,11 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> 
             status.last_step, status.last_loss = step, out["loss"]
             if step % job.checkpoint_every == 0 or step == job.steps:
                 last_ckpt = _save(job, opt, scaler, step, pos, world, seq_len, rank, root, lay)
-            if step % job.log_every == 0 or step == job.steps:
-                status.write("RUNNING", step, out["loss"])
+            status.write("RUNNING", step, out["loss"])  # every sync point (log_every steps at the most)
+            if step // job.log_every > last_sync // job.log_every or step == job.steps:
                 log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
                          out["grad_norm"], out["loss_scale"], tok_s)
+            last_sync = step
             if job.fail_at_step is not None and step == job.fail_at_step:
                 if job.fail_mode == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)  # no cleanup at all, like an OOM kill or a lost node
