@@ -16,7 +16,7 @@ from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.form import param_specs
 
 TRAIN_PARAMS = ("run_name", "seed", "model_preset", "train_steps", "batch_size", "learning_rate", "train_mode",
-                "train_workers")
+                "train_workers", "train_tensor_parallel", "train_zero", "train_device_memory_gb")
 
 
 def config_path() -> str:

@@ -53,7 +53,7 @@ class TrainJob:
     threads: int = 2  # CPU intra-op threads; set to the cores the job owns
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
-    log_every: int = 10  # status.json refresh + log line period (metrics.jsonl gets every step)
+    log_every: int = 10  # log line period; status.json refreshes at each metrics fetch (metrics.jsonl: every step)
     peak_flops: float = 0.0  # peak FLOP/s of ONE device at this precision, for MFU; 0: MFU not reported
     eval_data: dict = field(default_factory=dict)  # {domain: MindRecord dir} evaluated at the end of the stage
     eval_tokens: int = 65536  # tokens per domain evaluated (first rows in corpus order); 0: no evaluation

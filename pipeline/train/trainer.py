@@ -194,7 +194,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> 
         logger.truncate_after(start_step)
     if start_step > job.steps:
         raise ValueError(f"TrainJob.steps={job.steps}: out_dir already holds a checkpoint at step {start_step}")
-    params = count_cell_params(net)
+    params = count_cell_params(net) if lay.tp == 1 else cfg.num_params()  # whole model, for MFU
     g = _global_batch(job, world)
     log.info("stage %s: %s params, mode=%s, precision=%s, attention=%s, rank %d/%d, global batch %d x %d tokens, "
              "steps %d..%d", job.stage, f"{params:,}", job.mode, job.precision, attention_impl(), rank, world, g,
