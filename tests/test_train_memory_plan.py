@@ -76,3 +76,15 @@ def test_zero_is_the_knob_when_moments_dominate_and_dp_is_unused():
 def test_tp_must_divide_heads(tp, field):
     with pytest.raises(ValueError, match=rf"TrainJob\.tensor_parallel={tp}: must divide ModelConfig\.{field}"):
         check_layout(ModelConfig.from_preset("70b"), tp)
+
+
+def test_training_job_refuses_a_plan_over_the_declared_memory_before_building_anything(tmp_path):
+    pytest.importorskip("mindspore")
+    from pipeline.train.job import TrainJob
+    from pipeline.train.trainer import run_training
+
+    job = TrainJob(stage="s", data_dir=str(tmp_path / "no-data"), out_dir=str(tmp_path / "out"),
+                   model={"preset": "debug"}, batch_size=8, device_memory_gb=0.01)
+    with pytest.raises(ValueError, match=r"^TrainJob\.device_memory_gb=0\.01: plan needs 0\.23 GiB per device of "
+                                         r"0\.01 usable .*; enable model\.recompute"):
+        run_training(job)

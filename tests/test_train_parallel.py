@@ -161,3 +161,29 @@ def test_tp2_checkpoint_merges_into_tp1_and_reproduces_the_loss(runs, tmp_path):
     merged, single = loss_of(str(tmp_path / "merged.ckpt")), loss_of(runs["single"][0]["checkpoint"])
     assert abs(merged - single) < 1e-5
     assert 3.0 < merged < 5.0
+
+
+@pytest.mark.slow
+def test_tp2_resume_after_crash_is_exact(runs, tmp_path):
+    """Crash both TP ranks after the step-5 checkpoint, rerun the same job: every rank restores its own shard
+    (weights, moments, data position) and steps 6..10 equal the uninterrupted TP=2 run."""
+    from pipeline.train.launch import env_with_venv, train_command
+
+    base = TrainJob.from_json(os.path.join(runs["tp2"][1], "job.json")).to_dict()
+    base.update(out_dir=str(tmp_path / "tp2r"), fail_at_step=5)
+    codes = []
+    for attempt in ("crash", "resume"):
+        TrainJob.from_dict(base).to_json(tmp_path / "tp2r.json")
+        with socket.socket() as s_:
+            s_.bind(("127.0.0.1", 0))
+            port = s_.getsockname()[1]
+        cmd = train_command(str(tmp_path / "tp2r.json"), workers=2, log_dir=str(tmp_path / f"{attempt}_log"),
+                            master_port=port, cluster_timeout_s=180)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=tmp_path, timeout=400)
+        codes.append(r.returncode)
+        base["fail_at_step"] = None
+    assert codes[0] != 0 and codes[1] == 0
+    with open(tmp_path / "tp2r" / "summary.json") as f:
+        assert json.load(f)["resumed_from"] == 5
+    assert os.path.exists(tmp_path / "tp2r" / "ranks" / "rank_00001" / "checkpoints" / "step_00000005.ckpt")
+    assert np.array_equal(_losses(tmp_path / "tp2r"), _losses(runs["tp2"][1]))
