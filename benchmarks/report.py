@@ -11,6 +11,12 @@ from __future__ import annotations
 from common import table
 
 NOTES = {
+    "parallel": (
+        "Every variant is a real `run_training` job of the debug preset on byte tokens of stdlib source; tokens/s is "
+        "the job summary's steady figure (first step, with the compile, excluded). `metrics_every` is the host-sync "
+        "period (issue 15): 1 fetches loss and metrics after every step as the trainer did before. TP=2 runs two "
+        "msrun ranks with hand-written tensor parallel on the same 2 cores, so it is slower here; on CPU it "
+        "demonstrates correctness (tests: within 1e-5 of one process) and memory per rank, not speed."),
     "ingest": (
         "mindloom `ingest` does more than a datatrove reader: normalization, language ID, hashing, zstd Parquet, "
         "rejects and stats; mindloom `reader only` for WARC includes HTML extraction (Resiliparse), datatrove's does "

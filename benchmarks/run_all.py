@@ -35,7 +35,8 @@ import report  # noqa: E402
 import topics  # noqa: E402
 from common import REPO  # noqa: E402
 
-TOPIC_ORDER = ("ingest", "filters", "minhash", "datasketch", "tokenize", "mindrecord", "train", "scaling")
+TOPIC_ORDER = ("ingest", "filters", "minhash", "datasketch", "tokenize", "mindrecord", "train", "parallel",
+               "scaling")
 
 
 def _python_for(topic: dict, peers: dict) -> Path | None:

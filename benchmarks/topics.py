@@ -179,6 +179,35 @@ def train_metrics(runs: list[dict]) -> list[dict]:
     return out
 
 
+def parallel_metrics(runs: list[dict]) -> list[dict]:
+    res = runs[-1].get("parallel.json", {}) if runs else {}
+    if not res:
+        return []
+
+    def tok(variant):
+        return [r["tokens_per_s"] for r in res["runs"] if r["variant"] == variant]
+
+    def first(variant, key):
+        return next(r[key] for r in res["runs"] if r["variant"] == variant)
+
+    every1, every10, tp2 = tok("metrics_every_1"), tok("metrics_every_10"), tok("tp2")
+    size = f"debug preset, batch {res['batch_size']} x {res['seq_len']} tokens, {res['steps']} steps, fp32 GRAPH"
+    out = [metric("parallel", "tokens_per_s_metrics_every_10", "tokens/s", every10, compared=size),
+           metric("parallel", "tokens_per_s_metrics_every_step", "tokens/s", every1, compared=size),
+           metric("parallel", "metrics_every_10_vs_every_step", "×", _ratios(every10, every1), headline=True,
+                  compared="loss/metrics fetched (host sync) after every step, same job"),
+           metric("parallel", "tokens_per_s_tp2", "tokens/s", tp2, compared=f"{size}, 2 msrun ranks on 2 cores"),
+           metric("parallel", "tp2_vs_tp1", "×", _ratios(tp2, every10), headline=True,
+                  compared="TP=1 one process, metrics every 10 steps",
+                  note="2 ranks share the 2 cores and add all-reduces: slower on CPU is expected")]
+    p1, p2 = first("metrics_every_10", "param_bytes_per_rank")[0], first("tp2", "param_bytes_per_rank")[0]
+    o1, o2 = first("metrics_every_10", "optimizer_bytes_per_rank")[0], first("tp2", "optimizer_bytes_per_rank")[0]
+    out += [metric("parallel", "tp2_param_bytes_per_rank", "bytes", [p2], compared=f"TP=1: {p1} bytes",
+                   note="RMSNorm gains are replicated, everything else halves"),
+            metric("parallel", "tp2_optimizer_bytes_per_rank", "bytes", [o2], compared=f"TP=1: {o1} bytes")]
+    return out
+
+
 def datasketch_metrics(runs: list[dict]) -> list[dict]:
     res = runs[-1].get("datasketch.json", {}) if runs else {}
     if not res:
@@ -235,6 +264,10 @@ TOPICS: dict[str, dict] = {
                                                 "--mem-steps", "3"],
                              ["--rounds", "1", "--block", "2", "--skip", "separate,skip", "--mem-steps", "1"]),
               "outer_runs": lambda r: 1, "metrics": train_metrics},
+    "parallel": {"title": "Training layouts on CPU: host-sync period, TP=1 vs TP=2", "issue": 15, "python": "project",
+                 "needs": [], "files": ["parallel.json"], "timeout": 3600,
+                 "argv": _bench("bench_parallel.py", ["--repeats", "{r}"], ["--steps", "6", "--repeats", "1"]),
+                 "outer_runs": lambda r: 1, "metrics": parallel_metrics},
     "scaling": {"title": "The whole data chain at 1×–8×", "issue": 10, "python": "project", "needs": [],
                 "files": ["scaling.json"], "argv": _bench("scaling.py", [], ["--quick"]),
                 "outer_runs": lambda r: 1, "metrics": scaling_metrics},

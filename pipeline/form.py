@@ -42,6 +42,9 @@ PARAM_FIELDS: dict[str, str] = {
     "train_precision": "train.precision",
     "train_grad_accum": "train.grad_accum",
     "train_recompute": "train.recompute",
+    "train_tensor_parallel": "train.tensor_parallel",
+    "train_zero": "train.zero",
+    "train_device_memory_gb": "train.device_memory_gb",
 }
 
 #: Which Params each DAG's form shows, grouped into the form's sections (in order).  A DAG shows only the fields
@@ -58,7 +61,8 @@ FORMS: dict[str, dict[str, tuple[str, ...]]] = {
         "Run": ("run_name", "seed"),
         "Model and optimisation": ("model_preset", "train_steps", "batch_size", "learning_rate",
                                    "train_grad_accum"),
-        "Execution": ("train_mode", "train_workers", "train_precision", "train_recompute"),
+        "Execution": ("train_mode", "train_precision", "train_recompute"),
+        "Parallelism and memory": ("train_workers", "train_tensor_parallel", "train_zero", "train_device_memory_gb"),
     },
 }
 

@@ -106,10 +106,14 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
         model["recompute"] = True
     if corpus.get("pad_id") is not None:
         model.setdefault("pad_id", int(corpus["pad_id"]))
-    per_rank = st["workers"] * st["grad_accum"]
+    if st["workers"] % st["tensor_parallel"]:
+        raise ValueError(f"train.tensor_parallel: {st['tensor_parallel']} (stage {stage}) does not divide "
+                         f"train.workers = {st['workers']}")
+    dp = st["workers"] // st["tensor_parallel"]  # data-parallel ranks: each TP group reads one batch
+    per_rank = dp * st["grad_accum"]
     if st["batch_size"] % per_rank:
-        raise ValueError(f"train.batch_size: {st['batch_size']} (stage {stage}) is not divisible by workers x "
-                         f"grad_accum = {st['workers']} x {st['grad_accum']}")
+        raise ValueError(f"train.batch_size: {st['batch_size']} (stage {stage}) is not divisible by data-parallel "
+                         f"ranks x grad_accum = {dp} x {st['grad_accum']}")
     init_mode = "continue" if st["init"] == "continue" else "weights"
     if init_from is None and st["previous"] and st["init"] != "scratch":
         try:
@@ -127,7 +131,9 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
                    checkpoint_every=st["checkpoint_every"], keep_checkpoints=st["keep_checkpoints"], log_every=1,
                    stall_timeout_min=st["stall_timeout_min"],
                    peak_flops=st["peak_tflops"] * 1e12, eval_data=find_eval_sets(corpus),
-                   eval_tokens=st["eval_tokens"], fail_at_step=fail_at_step)
+                   eval_tokens=st["eval_tokens"], fail_at_step=fail_at_step,
+                   tensor_parallel=st["tensor_parallel"], zero=st["zero"], device_memory_gb=st["device_memory_gb"],
+                   metrics_every=st["metrics_every"])
     path = Path(out_dir) / "job.json"
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     job.to_json(path)

@@ -34,7 +34,8 @@ log = logging.getLogger("mindloom.train")
 
 _NAME = re.compile(r"^step_(\d{8})\.ckpt$")
 META_INT = ("step", "samples_consumed", "world_size", "global_batch", "micro_batch", "grad_accum", "seq_len",
-            "data_epoch", "data_sample", "data_consumed", "loss_scale_counter", "numpy_rng_pos", "seed")
+            "data_epoch", "data_sample", "data_consumed", "loss_scale_counter", "numpy_rng_pos", "seed",
+            "tensor_parallel", "tp_rank", "dp_rank", "zero_shards")
 META_FLOAT = ("loss_scale_value",)
 META_ARRAY = ("ms_rng_state", "numpy_rng_keys")
 SKIP_ON_LOAD = ("learning_rate",)  # the LR schedule comes from the job, not the checkpoint

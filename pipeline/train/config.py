@@ -202,7 +202,14 @@ class TrainConfig:
     recompute: bool = _f(False, desc="Recompute each decoder block in the backward pass (less activation memory).")
     mode: str = _f("graph", desc="MindSpore execution mode.", choices=("graph", "pynative"))
     threads: int = _f(2, desc="CPU threads per worker.", ge=1)
-    workers: int = _f(1, desc="Data-parallel ranks (msrun when > 1).", ge=1)
+    workers: int = _f(1, desc="Ranks launched (msrun when > 1): tensor_parallel x data-parallel ranks.", ge=1)
+    tensor_parallel: int = _f(1, desc="Ranks per tensor-parallel group (inside one node); must divide workers.",
+                              ge=1)
+    zero: bool = _f(False, desc="ZeRO-1: shard the Adam moments over the data-parallel ranks.")
+    device_memory_gb: float = _f(0.0, desc="Memory of one device in GB; > 0: refuse a layout whose memory plan "
+                                 "exceeds it (0: no check).", ge=0)
+    metrics_every: int = _f(10, desc="Fetch loss and metrics from the device every N steps (fewer host syncs).",
+                            ge=1)
     checkpoint_every: int = _f(10, desc="Checkpoint every N steps.", ge=1)
     keep_checkpoints: int = _f(3, desc="Checkpoints kept per stage.", ge=1)
     stall_timeout_min: float = _f(30.0, desc="Fail a stage's job when no optimizer step finishes for this many "
@@ -224,6 +231,16 @@ class TrainConfig:
             check_precision(self.device, self.mode, self.precision)
         except ValueError as exc:
             raise ConfigError(f"train.precision: {str(exc).split(': ', 1)[1]}") from None
+        if self.workers % self.tensor_parallel:
+            raise ConfigError(f"train.tensor_parallel: must divide train.workers ({self.workers}), "
+                              f"got {self.tensor_parallel}")
+        from pipeline.train.memory_plan import check_layout
+
+        try:
+            check_layout(ModelConfig.from_preset(self.preset, **self.model_overrides), self.tensor_parallel,
+                         where="train.tensor_parallel")
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
         if self.min_lr > self.lr:  # the pair checks of _check_cross_fields, before the stages inherit them
             raise ConfigError(f"train.min_lr: must be <= train.lr ({self.lr}), got {self.min_lr}")
         if self.warmup_steps >= self.steps:

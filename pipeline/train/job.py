@@ -61,10 +61,14 @@ class TrainJob:
     checkpoint_every: int = _recipe("checkpoint_every")
     keep_checkpoints: int = _recipe("keep_checkpoints")
     stall_timeout_min: float = _recipe("stall_timeout_min")  # no step for this long: the job fails (0: never)
-    log_every: int = 10  # status.json refresh + log line period (metrics.jsonl gets every step)
+    log_every: int = 10  # log line period; status.json refreshes at each metrics fetch (metrics.jsonl: every step)
     peak_flops: float = 0.0  # peak FLOP/s of ONE device at this precision, for MFU; 0: MFU not reported
     eval_data: dict = field(default_factory=dict)  # {domain: MindRecord dir} evaluated at the end of the stage
     eval_tokens: int = _recipe("eval_tokens")  # tokens per domain evaluated (first rows in corpus order); 0: none
+    tensor_parallel: int = _recipe("tensor_parallel")  # ranks per tensor-parallel group (inside a node)
+    zero: bool = _recipe("zero")  # ZeRO-1: shard the Adam moments over the data-parallel ranks
+    device_memory_gb: float = _recipe("device_memory_gb")  # > 0: refuse a layout whose memory plan exceeds it
+    metrics_every: int = _recipe("metrics_every")  # host sync period: loss/metrics fetched every N steps
     fail_at_step: int | None = None  # tests only: crash after this step's checkpoint (see testing_hooks.py)
     fail_mode: str = "raise"  # tests only: "raise" (exception, FAILED status) | "kill" (SIGKILL, no cleanup)
 
@@ -84,7 +88,7 @@ class TrainJob:
         if not isinstance(self.model, dict):
             raise bad("model", "must be a dict like {'preset': 'debug', 'vocab_size': 32000}")
         for name in ("steps", "micro_batch", "grad_accum", "threads", "checkpoint_every", "keep_checkpoints",
-                     "log_every", "loss_scale_window"):
+                     "log_every", "loss_scale_window", "tensor_parallel", "metrics_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
                 raise bad(name, "must be a positive integer")
@@ -93,7 +97,7 @@ class TrainJob:
             if not isinstance(v, int) or isinstance(v, bool) or v < 0:
                 raise bad(name, "must be a non-negative integer")
         for name in ("lr", "min_lr", "weight_decay", "eps", "grad_clip", "beta1", "beta2", "loss_scale",
-                     "peak_flops"):
+                     "peak_flops", "device_memory_gb"):
             v = getattr(self, name)
             if not isinstance(v, (int, float)) or isinstance(v, bool):
                 raise bad(name, "must be a number")
@@ -116,6 +120,12 @@ class TrainJob:
             raise bad("init_mode", f"must be one of {INIT_MODES}")
         if not self.loss_scale >= 1:
             raise bad("loss_scale", "must be >= 1")
+        if not isinstance(self.zero, bool):
+            raise bad("zero", "must be true or false")
+        if self.device_memory_gb < 0:
+            raise bad("device_memory_gb", "must be >= 0 (0: no memory check)")
+        if self.world_size and self.world_size % self.tensor_parallel:
+            raise bad("tensor_parallel", f"must divide world_size={self.world_size}")
         if self.peak_flops < 0:
             raise bad("peak_flops", "must be >= 0 (0: no MFU)")
         if self.seq_len == 1:
@@ -133,6 +143,9 @@ class TrainJob:
         if self.init_mode == "continue" and not self.init_from:
             raise bad("init_mode", "'continue' needs init_from (the previous stage's checkpoint)")
         cfg = self.model_config()  # validates the model dict; its error names the ModelConfig field
+        from .memory_plan import check_layout
+
+        check_layout(cfg, self.tensor_parallel)
         if self.seq_len > cfg.max_seq_len:
             raise bad("seq_len", f"exceeds the model's max_seq_len={cfg.max_seq_len}")
 

@@ -25,6 +25,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal
 
 from .config import PRESETS, ModelConfig, causal_mask, llama_ffn_hidden, rope_tables
+from .tp_layers import NO_TP, CopyToTP, ReduceFromTP, TPGroup, VocabParallelEmbedding, VocabParallelNLL
 
 __all__ = ["PRESETS", "ModelConfig", "Transformer", "CausalLMLoss", "attention_impl", "count_cell_params",
            "rope_tables", "causal_mask", "llama_ffn_hidden"]
@@ -55,18 +56,24 @@ def rotate_half(x):
 
 
 class Attention(nn.Cell):
-    """Causal self-attention with GQA and RoPE; math path or flash attention (see ``attention_impl``)."""
+    """Causal self-attention with GQA and RoPE; math path or flash attention (see ``attention_impl``).
 
-    def __init__(self, cfg: ModelConfig):
+    Under tensor parallel (``tp.size > 1``) each rank holds ``n_heads/t`` query heads and the ``n_kv_heads/t`` KV
+    heads they read (column-parallel q/k/v), and ``wo`` is row-parallel, its partial sums all-reduced."""
+
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = NO_TP):
         super().__init__()
-        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
+        self.tp = tp.size
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads // tp.size, cfg.n_kv_heads // tp.size, cfg.head_dim
         self.rep = cfg.n_heads // cfg.n_kv_heads
         self.scale = 1.0 / math.sqrt(self.hd)
         std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)  # GPT-2 style residual scaling
-        self.wq = nn.Dense(cfg.dim, cfg.n_heads * self.hd, has_bias=False, weight_init=Normal(std))
-        self.wk = nn.Dense(cfg.dim, cfg.n_kv_heads * self.hd, has_bias=False, weight_init=Normal(std))
-        self.wv = nn.Dense(cfg.dim, cfg.n_kv_heads * self.hd, has_bias=False, weight_init=Normal(std))
-        self.wo = nn.Dense(cfg.n_heads * self.hd, cfg.dim, has_bias=False, weight_init=Normal(out_std))
+        self.wq = nn.Dense(cfg.dim, self.n_heads * self.hd, has_bias=False, weight_init=Normal(std))
+        self.wk = nn.Dense(cfg.dim, self.n_kv * self.hd, has_bias=False, weight_init=Normal(std))
+        self.wv = nn.Dense(cfg.dim, self.n_kv * self.hd, has_bias=False, weight_init=Normal(std))
+        self.wo = nn.Dense(self.n_heads * self.hd, cfg.dim, has_bias=False, weight_init=Normal(out_std))
+        if self.tp > 1:
+            self.copy_in, self.reduce_out = CopyToTP(tp), ReduceFromTP(tp)
         self.use_flash = attention_impl() == "flash"
         if self.use_flash:
             self.fa_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
@@ -80,6 +87,8 @@ class Attention(nn.Cell):
 
     def construct(self, x, cos, sin, mask):
         b, s, _ = x.shape
+        if self.tp > 1:
+            x = self.copy_in(x)
         q = self.wq(x).reshape(b, s, self.n_heads, self.hd).transpose(0, 2, 1, 3)  # [B, H, S, hd]
         k = self.wk(x).reshape(b, s, self.n_kv, self.hd).transpose(0, 2, 1, 3)
         v = self.wv(x).reshape(b, s, self.n_kv, self.hd).transpose(0, 2, 1, 3)
@@ -95,32 +104,40 @@ class Attention(nn.Cell):
             probs = ops.softmax(scores, -1).astype(v.dtype)
             out = ops.matmul(probs, v)
         out = out.transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.hd)
+        if self.tp > 1:
+            return self.reduce_out(self.wo(out))
         return self.wo(out)
 
 
 class FeedForward(nn.Cell):
-    """SwiGLU MLP: ``w2(silu(w1 x) * w3 x)`` (``ops.swiglu`` has no CPU kernel)."""
+    """SwiGLU MLP: ``w2(silu(w1 x) * w3 x)`` (``ops.swiglu`` has no CPU kernel); w1/w3 column-, w2 row-parallel."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = NO_TP):
         super().__init__()
         std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
-        self.w1 = nn.Dense(cfg.dim, cfg.ffn_hidden, has_bias=False, weight_init=Normal(std))
-        self.w3 = nn.Dense(cfg.dim, cfg.ffn_hidden, has_bias=False, weight_init=Normal(std))
-        self.w2 = nn.Dense(cfg.ffn_hidden, cfg.dim, has_bias=False, weight_init=Normal(out_std))
+        hidden, self.tp = cfg.ffn_hidden // tp.size, tp.size
+        self.w1 = nn.Dense(cfg.dim, hidden, has_bias=False, weight_init=Normal(std))
+        self.w3 = nn.Dense(cfg.dim, hidden, has_bias=False, weight_init=Normal(std))
+        self.w2 = nn.Dense(hidden, cfg.dim, has_bias=False, weight_init=Normal(out_std))
+        if self.tp > 1:
+            self.copy_in, self.reduce_out = CopyToTP(tp), ReduceFromTP(tp)
 
     def construct(self, x):
+        if self.tp > 1:
+            x = self.copy_in(x)
+            return self.reduce_out(self.w2(ops.silu(self.w1(x)) * self.w3(x)))
         return self.w2(ops.silu(self.w1(x)) * self.w3(x))
 
 
 class Block(nn.Cell):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = NO_TP):
         super().__init__()
-        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.attention = Attention(cfg)
+        self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)  # norms replicated on every TP rank
+        self.attention = Attention(cfg, tp)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg)
+        self.feed_forward = FeedForward(cfg, tp)
 
     def construct(self, x, cos, sin, mask):
         x = x + self.attention(self.attention_norm(x), cos, sin, mask)
@@ -128,20 +145,26 @@ class Block(nn.Cell):
 
 
 class Transformer(nn.Cell):
-    """Token ids ``[B, S]`` (S <= max_seq_len) -> fp32 logits ``[B, S, vocab]``."""
+    """Token ids ``[B, S]`` (S <= max_seq_len) -> fp32 logits ``[B, S, vocab]`` (``[B, S, vocab/t]``, this rank's
+    vocabulary block, under tensor parallel ``tp``)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TPGroup = NO_TP):
         super().__init__()
-        self.cfg = cfg
-        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, embedding_table=Normal(cfg.init_std))
-        self.layers = nn.CellList([Block(cfg) for _ in range(cfg.n_layers)])
+        self.cfg, self.tp = cfg, tp
+        if tp.size > 1:
+            self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.dim, tp, Normal(cfg.init_std))
+            self.copy_to_head = CopyToTP(tp)
+        else:
+            self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, embedding_table=Normal(cfg.init_std))
+        self.layers = nn.CellList([Block(cfg, tp) for _ in range(cfg.n_layers)])
         if cfg.recompute:
             for blk in self.layers:
                 blk.recompute()  # trade compute for activation memory
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.tie = cfg.tie_embeddings
         if not self.tie:
-            self.output = nn.Dense(cfg.dim, cfg.vocab_size, has_bias=False, weight_init=Normal(cfg.init_std))
+            self.output = nn.Dense(cfg.dim, cfg.vocab_size // tp.size, has_bias=False,
+                                   weight_init=Normal(cfg.init_std))
         cos, sin = rope_tables(cfg)
         # Constants, not Parameters: they never enter checkpoints or the optimizer.
         self.cos, self.sin = Tensor(cos), Tensor(sin)
@@ -154,6 +177,8 @@ class Transformer(nn.Cell):
         for blk in self.layers:
             h = blk(h, cos, sin, mask)
         h = self.norm(h)
+        if self.tp.size > 1:
+            h = self.copy_to_head(h)
         if self.tie:
             logits = ops.matmul(h, self.tok_embeddings.embedding_table.T)
         else:
@@ -177,6 +202,9 @@ class CausalLMLoss(nn.Cell):
         self.model = model
         self.pad_id = model.cfg.pad_id if pad_id is None else pad_id
         self.sum = reduction == "sum"
+        self.vocab_parallel = model.tp.size > 1
+        if self.vocab_parallel:
+            self.nll = VocabParallelNLL(model.cfg.vocab_size, model.tp)
 
     def construct(self, tokens):
         inputs = tokens[:, :-1]
@@ -187,7 +215,10 @@ class CausalLMLoss(nn.Cell):
         labels = labels.reshape(-1)
         valid = (labels != self.pad_id).astype(ms.float32)
         safe = ops.where(labels == self.pad_id, ops.zeros_like(labels), labels)
-        nll = ops.cross_entropy(logits.reshape(-1, v), safe, reduction="none")
+        if self.vocab_parallel:
+            nll = self.nll(logits.reshape(-1, v), safe)
+        else:
+            nll = ops.cross_entropy(logits.reshape(-1, v), safe, reduction="none")
         total = (nll * valid).sum()
         if self.sum:
             return total, valid.sum()

@@ -23,6 +23,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, nn, ops
 
+from .adamw import AdamW
 from .precision import uses_loss_scaling
 
 
@@ -48,11 +49,12 @@ def param_groups(params) -> tuple[list, list]:
     return decay, [p for p in params if id(p) not in ids]
 
 
-def build_optimizer(net: nn.Cell, job) -> nn.AdamWeightDecay:
+def build_optimizer(net: nn.Cell, job, zero=None) -> AdamW:
+    """Bias-corrected AdamW (adamw.py); ``zero``: a ``ZeroShard`` to shard the moments over DP ranks."""
     decay, no_decay = param_groups(net.trainable_params())
     groups = [{"params": decay, "weight_decay": job.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-    return nn.AdamWeightDecay(groups, learning_rate=Tensor(lr_table(job)), beta1=job.beta1, beta2=job.beta2,
-                              eps=job.eps)
+    return AdamW(groups, learning_rate=Tensor(lr_table(job)), beta1=job.beta1, beta2=job.beta2, eps=job.eps,
+                 zero=zero)
 
 
 def apply_precision(net: nn.Cell, precision: str) -> None:
@@ -87,12 +89,15 @@ class TrainStep:
     of one graph unrolled ``grad_accum`` times).
     """
 
-    def __init__(self, loss_net: nn.Cell, opt: nn.AdamWeightDecay, *, grad_clip: float, world: int = 1,
-                 grad_accum: int = 1, scaler=None, jit: bool = True):
+    def __init__(self, loss_net: nn.Cell, opt: nn.Optimizer, *, grad_clip: float, world: int = 1,
+                 grad_accum: int = 1, scaler=None, jit: bool = True, group: str | None = None, norm_fn=None):
+        # world/group: the data-parallel ranks (a sub-group under tensor parallel); norm_fn: TP-aware norm
         self.accum, self.world, self.scaler = grad_accum, world, scaler
         params = opt.parameters
-        reducer = nn.DistributedGradReducer(params, mean=True, degree=world) if world > 1 else None
-        all_reduce = ops.AllReduce() if world > 1 else None
+        kw = {"group": group} if group else {}
+        reducer = nn.DistributedGradReducer(params, mean=True, degree=world, **kw) if world > 1 else None
+        all_reduce = ops.AllReduce(**kw) if world > 1 else None
+        norm_fn = norm_fn or global_norm
         one = Tensor(1.0, ms.float32)
 
         def fwd(tokens):
@@ -111,7 +116,7 @@ class TrainStep:
                 scaler.adjust(finite)
             else:
                 scale, finite = one, True
-            gnorm = global_norm(grads)
+            gnorm = norm_fn(grads)
             if grad_clip > 0:
                 factor = grad_clip / ops.maximum(gnorm, grad_clip)
                 grads = tuple(g * factor.astype(g.dtype) for g in grads)
@@ -154,13 +159,20 @@ class TrainStep:
         self._apply = ms.jit(apply) if jit else apply
         self._acc = acc  # keep the buffers alive with the step
 
-    def __call__(self, micro_batches: list[np.ndarray]) -> dict:
+    def launch(self, micro_batches: list[np.ndarray]) -> tuple:
+        """Run one step and return its outputs as device tensors, without waiting for them (no host sync)."""
         if len(micro_batches) != self.accum:
             raise ValueError(f"expected {self.accum} micro-batches, got {len(micro_batches)}")
         if self.accum == 1:
-            out = self._step(Tensor(micro_batches[0]))
-        else:
-            losses = [float(self._micro(Tensor(mb)).asnumpy()) for mb in micro_batches]
-            out = self._apply(Tensor(sum(losses) / len(losses), ms.float32))
+            return self._step(Tensor(micro_batches[0]))
+        losses = [self._micro(Tensor(mb)) for mb in micro_batches]
+        return self._apply(ops.addn(losses) / len(losses))
+
+    @staticmethod
+    def fetch(out: tuple) -> dict:
+        """Host values of ``launch``'s outputs (this is the sync point)."""
         loss, gnorm, applied, scale, lr = (float(np.asarray(t.asnumpy()).reshape(-1)[0]) for t in out)
         return {"loss": loss, "grad_norm": gnorm, "applied": applied > 0.5, "loss_scale": scale, "lr": lr}
+
+    def __call__(self, micro_batches: list[np.ndarray]) -> dict:
+        return self.fetch(self.launch(micro_batches))

@@ -40,9 +40,13 @@ from .data import DataPosition, TokenBatches
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
 from .lease import Lease
+from .memory_plan import job_layout, require_fit
 from .metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
-from .model import CausalLMLoss, Transformer, attention_impl, count_cell_params
-from .optim import TrainStep, apply_precision, build_optimizer, build_scaler
+from .model import CausalLMLoss, attention_impl, count_cell_params
+from .optim import TrainStep, apply_precision, build_scaler
+from .parallel import create_groups, rank_layout
+from .parallel_setup import build_parallel, ckpt_root, layout_meta, param_bytes
+from .pending_steps import PendingSteps, is_sync_point
 from .repack import stage_data
 
 log = logging.getLogger("mindloom.train")
@@ -68,14 +72,14 @@ def _setup_context(job: TrainJob) -> None:
         _THREADS_SET = True
 
 
-def _distributed() -> tuple[int, int]:
+def _distributed(tp: int = 1) -> tuple[int, int]:
     """(rank, world). Launched by msrun / MS_ROLE env -> mccl (CPU) / hccl (Ascend) via ``init()``."""
     if os.environ.get("MS_ROLE") == "MS_WORKER" or int(os.environ.get("RANK_SIZE", "1")) > 1:
         from mindspore.communication import get_group_size, get_rank, init
 
         init()
         rank, world = get_rank(), get_group_size()
-        if world > 1:
+        if world > 1 and tp == 1:  # tensor parallel runs in stand-alone mode with explicit collectives
             ms.set_auto_parallel_context(parallel_mode=ms.ParallelMode.DATA_PARALLEL, gradients_mean=True)
         return rank, world
     return int(os.environ.get("RANK_ID", "0")), 1
@@ -89,7 +93,7 @@ def run_training(job: TrainJob) -> dict:
     alive; a cancel request stops it after the current step, and no step for ``stall_timeout_min`` ends it.
     """
     _setup_context(job)
-    rank, world = _distributed()
+    rank, world = _distributed(job.tensor_parallel)
     status = StatusFile(job, enabled=rank == 0)
     held = Lease(job.out_dir, stall_timeout_s=job.stall_timeout_min * 60,
                  on_stall=lambda msg: status.write("FAILED", status.last_step, status.last_loss, error=msg)) \
@@ -118,6 +122,12 @@ def _check_same_layout(job: TrainJob, meta: dict, world: int, seq_len: int, what
     if "data_epoch" not in meta:
         raise ValueError(f"{what} has no global data position (written by an older trainer); start a new stage "
                          f"with init_from=<it> instead")
+    for field, have, want in (("tensor_parallel", meta.get("tensor_parallel", 1), job.tensor_parallel),
+                              ("zero", meta.get("zero_shards", 1), world if job.zero else 1)):
+        if have != want:  # per-rank shapes of weights or moments differ
+            raise ValueError(f"TrainJob.{field}: {what} was written with {field} sharding {have}, this run has "
+                             f"{want}; merge TP shards (python -m pipeline.train.tp_merge) and start a new stage "
+                             f"with init_mode='weights'")
     g = _global_batch(job, world)
     if meta["global_batch"] != g:
         raise ValueError(f"TrainJob.micro_batch: {what} was written with global batch {meta['global_batch']} "
@@ -129,9 +139,10 @@ def _check_same_layout(job: TrainJob, meta: dict, world: int, seq_len: int, what
                          f"reads {seq_len}; its data position does not apply (use init_mode='weights')")
 
 
-def _restore(job: TrainJob, net, opt, scaler, world: int, seq_len: int) -> tuple[int, DataPosition, int | None]:
+def _restore(job: TrainJob, net, opt, scaler, world: int, seq_len: int,
+             root: str) -> tuple[int, DataPosition, int | None]:
     """(start_step, data position, resumed_from step or None); loads whatever the restart policy says."""
-    found = ckpt.load_latest(job.out_dir)
+    found = ckpt.load_latest(root)
     if found is not None:
         path, pd, meta = found
         _check_same_layout(job, meta, world, seq_len, f"checkpoint {path}")
@@ -140,7 +151,7 @@ def _restore(job: TrainJob, net, opt, scaler, world: int, seq_len: int) -> tuple
         ckpt.restore_rng(meta)
         log.info("resumed from %s (step %d, data %s)", path, meta["step"], DataPosition.from_meta(meta))
         return meta["step"], DataPosition.from_meta(meta), meta["step"]
-    if ckpt.list_checkpoints(job.out_dir):
+    if ckpt.list_checkpoints(root):
         log.warning("no usable checkpoint in %s: training restarts from %s", job.out_dir,
                     job.init_from or "scratch")
     if not job.init_from:
@@ -174,19 +185,24 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     ms.set_seed(job.seed)  # same initial weights on every rank and on every fresh start
     ms.manual_seed(job.seed)
     np.random.seed(job.seed % 2**32)
-    net = Transformer(cfg)
+    lay = rank_layout(rank, world, job.tensor_parallel)
+    mplan = require_fit(cfg, job_layout(job, world, job.seq_len or cfg.max_seq_len, cfg.recompute),
+                        job.device_memory_gb)
+    log.info("memory plan (tp=%d dp=%d zero=%s): %s", lay.tp, lay.dp, job.zero, mplan.describe())
+    create_groups(lay)
+    net, opt, norm_fn = build_parallel(cfg, job, lay)
     apply_precision(net, job.precision)
     loss_net = CausalLMLoss(net)
-    opt = build_optimizer(net, job)
     scaler = build_scaler(job)
     data_dir, data_info = stage_data(job.data_dir, job.seq_len, job.out_dir, rank)
     seq_len = data_info["seq_len"]
-    start_step, position, resumed_from = _restore(job, net, opt, scaler, world, seq_len)
+    world, root = lay.dp, ckpt_root(job.out_dir, rank, lay, job.zero)  # from here on: data-parallel ranks
+    start_step, position, resumed_from = _restore(job, net, opt, scaler, world, seq_len, root)
     if isinstance(logger, JsonlLogger):
         logger.truncate_after(start_step)
     if start_step > job.steps:
         raise ValueError(f"TrainJob.steps={job.steps}: out_dir already holds a checkpoint at step {start_step}")
-    params = count_cell_params(net)
+    params = count_cell_params(net) if lay.tp == 1 else cfg.num_params()  # whole model, for MFU
     g = _global_batch(job, world)
     log.info("stage %s: %s params, mode=%s, precision=%s, attention=%s, rank %d/%d, global batch %d x %d tokens, "
              "steps %d..%d", job.stage, f"{params:,}", job.mode, job.precision, attention_impl(), rank, world, g,
@@ -195,47 +211,52 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     step, last_ckpt, times = start_step, None, []
     if start_step < job.steps:
         step_fn = TrainStep(loss_net, opt, grad_clip=job.grad_clip, world=world, grad_accum=job.grad_accum,
-                            scaler=scaler, jit=job.mode == "graph")
-        batches = TokenBatches(data_dir, job.micro_batch, job.seed, rank=rank, world=world,
+                            scaler=scaler, jit=job.mode == "graph", group=lay.dp_group, norm_fn=norm_fn)
+        batches = TokenBatches(data_dir, job.micro_batch, job.seed, rank=lay.dp_rank, world=world,
                                grad_accum=job.grad_accum, start=position)
+        window, last_sync = PendingSteps(), start_step
         t_data = time.time()
         for micro, pos in batches.steps(job.steps - start_step):
             if step == start_step:
                 _check_batch(micro[0], cfg, seq_len)
             data_s = time.time() - t_data
-            t0 = time.time()
-            out = step_fn(micro)  # floats: the asnumpy inside syncs, so dt is the honest step time
-            dt = time.time() - t0
             step += 1
-            times.append((dt, g * seq_len))
-            _check_finite(out, step, scaler)
-            tok_s = g * seq_len / dt
-            row = {"loss": out["loss"], "lr": out["lr"], "grad_norm": _finite_or_none(out["grad_norm"]),
-                   "loss_scale": out["loss_scale"], "skipped": not out["applied"], "tokens_per_s": tok_s,
-                   "mfu": mfu(params, tok_s, job.peak_flops, world), "step_time_s": dt, "data_time_s": data_s,
-                   "tokens": step * g * seq_len, "epoch": pos.epoch, "data_sha1": _digest(micro), "time": time.time()}
-            logger.log(row, step)
+            t0 = time.time()
+            window.add(step, step_fn.launch(micro), data_s, pos, _digest(micro), t0)  # no host sync here
+            t_data = time.time()
+            if not is_sync_point(job, step, start_step):
+                continue
+            for st, out, dt, data_s, pos, digest in window.fetch(step_fn.fetch):  # waits for the device
+                times.append((dt, g * seq_len))
+                _check_finite(out, st, scaler)
+                tok_s = g * seq_len / dt
+                row = {"loss": out["loss"], "lr": out["lr"], "grad_norm": _finite_or_none(out["grad_norm"]),
+                       "loss_scale": out["loss_scale"], "skipped": not out["applied"], "tokens_per_s": tok_s,
+                       "mfu": mfu(params, tok_s, job.peak_flops, world), "step_time_s": dt, "data_time_s": data_s,
+                       "tokens": st * g * seq_len, "epoch": pos.epoch, "data_sha1": digest, "time": time.time()}
+                logger.log(row, st)
             status.last_step, status.last_loss = step, out["loss"]
             if step % job.checkpoint_every == 0 or step == job.steps:
-                last_ckpt = _save(job, opt, scaler, step, pos, world, seq_len, rank)
-            if step % job.log_every == 0 or step == job.steps:
-                status.write("RUNNING", step, out["loss"])
+                last_ckpt = _save(job, opt, scaler, step, pos, world, seq_len, rank, root, lay)
+            status.write("RUNNING", step, out["loss"])  # every sync point (log_every steps at the most)
+            if step // job.log_every > last_sync // job.log_every or step == job.steps:
                 log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
                          out["grad_norm"], out["loss_scale"], tok_s)
+            last_sync = step
             testing_hooks.after_step(job, step)  # fail_at_step: tests of the resume path
             if lease is not None:
                 lease.step_done(step)  # heartbeat progress; raises JobCancelled on a cancel request
-            t_data = time.time()
         if step < job.steps:
             raise RuntimeError(f"data ended after step {step} of {job.steps}")
     elif rank == 0:
         last_ckpt = ckpt.ckpt_path(job.out_dir, step)
-    if world > 1:
-        _write_rank_digest(job, net, rank, step)
+    if lay.tp * lay.dp > 1:
+        _write_rank_digest(job, net, rank, step, opt)
     if rank != 0:
         return {"stage": job.stage, "state": "SUCCEEDED", "rank": rank, "steps": step}
 
-    ev = _evaluation(job, net, cfg, seq_len, last_ckpt)
+    ev = _evaluation(job, net, cfg, seq_len, last_ckpt) if lay.tp == 1 else {
+        "per_domain": {}, "skipped": "tensor_parallel > 1: evaluate the merged checkpoint (pipeline.train.tp_merge)"}
     rows = read_jsonl(logger.path) if os.path.exists(logger.path) else []
     losses = [r["loss"] for r in rows]
     steady = times[1:] or times  # the first step of a process includes the GRAPH compile
@@ -251,6 +272,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         "checkpoint": last_ckpt, "attention_impl": attention_impl(), "mode": job.mode, "precision": job.precision,
         "device": job.device, "world_size": world, "global_batch": g, "grad_accum": job.grad_accum,
         "seq_len": seq_len, "data": data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
+        "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": mplan.to_dict(),
+        "param_bytes_per_rank": param_bytes(net), "optimizer_bytes_per_rank": opt.state_bytes(),
     }
     write_json(os.path.join(job.out_dir, "summary.json"), summary)
     status.write("SUCCEEDED", step, summary["final_loss"])
@@ -294,17 +317,18 @@ def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None) -
     return ev
 
 
-def _save(job, opt, scaler, step: int, pos: DataPosition, world: int, seq_len: int, rank: int) -> str | None:
-    if rank != 0:
+def _save(job, opt, scaler, step: int, pos: DataPosition, world: int, seq_len: int, rank: int, root: str,
+          lay) -> str | None:
+    if rank != 0 and root == job.out_dir:  # replicated state: rank 0 saves for all
         return None
     g = _global_batch(job, world)
     meta = {"step": step, "samples_consumed": step * g, "world_size": world, "global_batch": g,
             "micro_batch": job.micro_batch, "grad_accum": job.grad_accum, "seq_len": seq_len, "seed": job.seed,
-            **pos.to_meta()}
+            **pos.to_meta(), **layout_meta(lay, job.zero)}
     if scaler is not None:
         meta.update(loss_scale_value=float(scaler.scale_value.asnumpy()),
                     loss_scale_counter=int(scaler.counter.asnumpy()))
-    return ckpt.save(opt, job.out_dir, step, meta, job.keep_checkpoints)
+    return ckpt.save(opt, root, step, meta, job.keep_checkpoints)
 
 
 def _digest(micro: list[np.ndarray]) -> str:
@@ -315,13 +339,14 @@ def _digest(micro: list[np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
-def _write_rank_digest(job: TrainJob, net, rank: int, step: int) -> None:
+def _write_rank_digest(job: TrainJob, net, rank: int, step: int, opt) -> None:
     h = hashlib.sha256()
     for p in sorted(net.trainable_params(), key=lambda p: p.name):
         h.update(p.name.encode())
         h.update(np.ascontiguousarray(p.asnumpy()).tobytes())
     write_json(os.path.join(job.out_dir, "ranks", f"rank_{rank:05d}.json"),
-               {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid()})
+               {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid(),
+                "param_bytes": param_bytes(net), "optimizer_bytes": opt.state_bytes()})
 
 
 def _check_batch(tokens: np.ndarray, cfg, seq_len: int) -> None:

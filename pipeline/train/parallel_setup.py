@@ -1,0 +1,53 @@
+"""Building the model, optimizer and gradient norm of one rank of a TP x DP (x ZeRO-1) layout, and where it saves.
+
+Kept out of ``trainer.py`` so the stage loop stays about stages. With ``tensor_parallel=1`` and no ZeRO everything
+is exactly the one-process / data-parallel path the trainer had before (same parameters, same checkpoint place).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+from .adamw import ZeroShard
+from .model import Transformer
+from .optim import build_optimizer
+from .parallel import RankLayout, load_shards_from_full, make_tp_global_norm
+from .tp_layers import TPGroup
+
+
+def build_parallel(cfg, job, lay: RankLayout):
+    """(net, optimizer, gradient-norm function or None) for this rank. Seeds must be set by the caller."""
+    if lay.tp == 1:
+        net = Transformer(cfg)
+        norm_fn = None
+    else:
+        full = Transformer(cfg)  # same draws as a one-process run; this rank keeps its slice
+        net = Transformer(cfg, TPGroup(lay.tp, lay.tp_rank, lay.tp_group))
+        load_shards_from_full(net, full, lay.tp, lay.tp_rank)
+        del full
+        norm_fn = make_tp_global_norm(net.trainable_params(), lay.tp_group)
+    zero = ZeroShard(lay.dp_rank, lay.dp, lay.dp_group) if job.zero and lay.dp > 1 else None
+    opt = build_optimizer(net, job, zero)
+    if norm_fn is not None:  # the optimizer's parameter order is what the step hands the norm
+        norm_fn = make_tp_global_norm(opt.parameters, lay.tp_group)
+    return net, opt, norm_fn
+
+
+def ckpt_root(out_dir: str, rank: int, lay: RankLayout, zero: bool) -> str:
+    """Where this rank's checkpoints live: ``out_dir`` when every rank holds the same state (rank 0 saves),
+    else rank 0 in ``out_dir`` and rank r in ``out_dir/ranks/rank_<r>`` (sharded weights or moments)."""
+    sharded = lay.tp > 1 or (zero and lay.dp > 1)
+    if not sharded or rank == 0:
+        return out_dir
+    return os.path.join(out_dir, "ranks", f"rank_{rank:05d}")
+
+
+def layout_meta(lay: RankLayout, zero: bool) -> dict:
+    return {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank, "dp_rank": lay.dp_rank,
+            "zero_shards": lay.dp if zero else 1}
+
+
+def param_bytes(net) -> int:
+    return int(sum(int(np.prod(p.shape)) * p.itemsize for p in net.trainable_params()))
