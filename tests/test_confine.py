@@ -9,8 +9,8 @@ import pytest
 import yaml
 from conftest import prose_records, write_jsonl
 
-from pipeline.confine import ENV, PathNotAllowed, allowed_roots, check_path, static_root
 from pipeline.config import load_config
+from pipeline.confine import ENV, PathNotAllowed, allowed_roots, check_path, static_root
 from pipeline.tasks.corpus import prepare_run
 
 
