@@ -221,6 +221,36 @@ class CeleryStack:
             time.sleep(1)
         raise TimeoutError(f"{name} not ready after {timeout} s\n{self.airflow.logs_tail()}")
 
+    def pids(self) -> set[int]:
+        """Every live process of the stack: the components, Postgres, Redis and all their descendants."""
+        import psutil
+
+        roots = [p.pid for p in self.airflow.procs.values()]
+        roots += [svc.proc.pid for svc in (self.postgres, self.redis) if svc.proc is not None]
+        out: set[int] = set()
+        for pid in roots:
+            try:
+                proc = psutil.Process(pid)
+                out |= {pid, *(c.pid for c in proc.children(recursive=True))}
+            except psutil.NoSuchProcess:
+                pass
+        return out
+
+    def listening(self) -> list[tuple[str, int, str]]:
+        """``(address, port, process name)`` of every TCP socket the stack listens on."""
+        import psutil
+
+        pids = self.pids()
+        out = []
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.status == psutil.CONN_LISTEN and conn.pid in pids:
+                try:
+                    name = " ".join(psutil.Process(conn.pid).cmdline()[:3])
+                except psutil.NoSuchProcess:
+                    name = "?"
+                out.append((conn.laddr.ip, conn.laddr.port, name))
+        return out
+
     def stop(self) -> None:
         try:
             self.airflow.stop()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import signal
 import time
 
+import psutil
 import pytest
 from airflow_services import q
 from celery_services import WORKERS, CeleryStack, missing_services
@@ -30,13 +31,37 @@ DATA_NODE, TRAIN_NODE = WORKERS["worker-data"][1], WORKERS["worker-train"][1]
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("celery")
     st = CeleryStack(tmp / "airflow_home", tiny_config(tmp))
+    pids: set[int] = set()
     try:
         st.start()
         for dag_id in ("corpus_build", "pretrain"):
             st.airflow.wait_for_dag(dag_id)
         yield st
     finally:
+        pids = st.pids()
         st.stop()
+    assert not _alive(pids), f"processes left behind: {_alive(pids)}"
+    assert not st.postgres.root.exists() and not st.redis.root.exists()
+
+
+def _alive(pids: set[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{pid} {' '.join(proc.cmdline())}")
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_every_listening_socket_is_on_loopback(stack):
+    """Postgres, Redis, the api-server and the scheduler's health check; the log servers are off (skip-serve-logs)."""
+    sockets = stack.listening()
+    ports = {port for _, port, _ in sockets}
+    assert {stack.postgres.port, stack.redis.port, stack.airflow.port} <= ports, sockets
+    assert all(ip == "127.0.0.1" for ip, _, _ in sockets), sockets
 
 
 def task_instances(dep, dag_id: str, run_id: str) -> list[dict]:
