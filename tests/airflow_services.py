@@ -88,7 +88,7 @@ class AirflowDeployment:
             self.start_component(c)
         deadline = time.time() + timeout
         while time.time() < deadline:
-            self._check_alive()
+            self.check_alive()
             try:
                 health = httpx.get(f"{self.base}/api/v2/monitor/health", timeout=5).json()
                 if all(health.get(k, {}).get("status") == "healthy"
@@ -112,7 +112,10 @@ class AirflowDeployment:
         return self.procs[name]
 
     def kill_component(self, name: str, sig: int = signal.SIGKILL, timeout: float = 40) -> int | None:
-        """Signal a component's whole process group and wait for its main process; returns its exit code."""
+        """Signal a component's whole process group and wait for its main process; returns its exit code.
+
+        Task processes and training jobs run in sessions of their own, so they outlive a killed worker (as on a
+        real host): a test that kills a worker waits for or stops those itself."""
         proc = self.procs.pop(name)
         try:
             os.killpg(proc.pid, sig)
@@ -124,7 +127,8 @@ class AirflowDeployment:
             os.killpg(proc.pid, signal.SIGKILL)
             return proc.wait(timeout=10)
 
-    def _check_alive(self) -> None:
+    def check_alive(self) -> None:
+        """Raise with the logs when a component has exited (a killed one is no longer in ``procs``)."""
         for c, p in self.procs.items():
             if p.poll() is not None:
                 raise RuntimeError(f"airflow {c} exited with {p.returncode}\n{self.logs_tail()}")
@@ -183,7 +187,7 @@ class AirflowDeployment:
         deadline = time.time() + timeout
         run: dict = {}
         while time.time() < deadline:
-            self._check_alive()
+            self.check_alive()
             run = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}").json()
             if run.get("state") in states:
                 return run

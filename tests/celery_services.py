@@ -212,7 +212,7 @@ class CeleryStack:
         log = self.airflow.home / f"{name}.log"
         deadline = time.time() + timeout
         while time.time() < deadline:
-            self.airflow._check_alive()
+            self.airflow.check_alive()
             if log.exists():
                 with open(log, "rb") as fh:
                     fh.seek(since)

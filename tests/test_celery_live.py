@@ -124,7 +124,7 @@ def test_deferrable_stages_complete_through_the_triggerer(stack):
     deferred: set[str] = set()
     deadline = time.time() + 900
     while time.time() < deadline:
-        dep._check_alive()
+        dep.check_alive()
         tis = task_instances(dep, "pretrain", "celery_deferred")
         deferred |= {ti["task_id"] for ti in tis if ti["state"] == "deferred"}
         state = dep.api("GET", "/dags/pretrain/dagRuns/celery_deferred").json()["state"]
