@@ -268,7 +268,7 @@ def _metrics(out_dir: Path) -> list[dict]:
 
 def write_plots(res: dict, out_dir: Path) -> dict:
     sys.path.insert(0, str(REPO))
-    from pipeline.report.svgplot import bar_chart, line_chart
+    from pipeline.report.plots import bar_chart, line_chart
 
     runs = res["runs"]
     doms = [d for d in runs["curated"]["eval"] if runs["raw"]["eval"].get(d) is not None]

@@ -33,8 +33,10 @@ NOTES = {
         "mindloom's own Python shingles. Four stages: the whole corpus as Parquet shards, sequential tasks, "
         "datatrove's `LocalPipelineExecutor(workers=1)`. Cluster memory: the corpus plus replicas whose words go "
         "through a per-replica bijection of the vocabulary (same duplicate structure, no shared shingles). Quality: "
-        "real documents each with one variant edited to a known word-5-gram Jaccard in [0.5, 1.0]; a pair is "
-        "positive at Jaccard ≥ 0.8 and predicted positive when both documents end in one cluster."),
+        "real documents each with one variant edited to a known label Jaccard, equally many per band 0.5–0.6 … "
+        "0.9–1.0; labels use their own tokenization (whitespace 4-grams as written), not the deduplicator's "
+        "shingles; a pair is positive at label Jaccard ≥ 0.8 and predicted positive when both documents end in one "
+        "cluster."),
     "datasketch": (
         "Plain datasketch is what most in-house scripts use. Both tools hash the same shingles (mindloom's "
         "`pipeline/dedup/minhash/shingles.py`, loaded alone in the datasketch venv), so the ratio is the hashing engine "
@@ -273,6 +275,14 @@ def _minhash(res: dict, rec: dict) -> list[str]:
         out += table(["Jaccard check", "Precision", "Recall", "F1", "TP / FP / FN"],
                      [[k.replace("check_", ""), v["precision"], v["recall"], v["f1"],
                        f"{v['tp']} / {v['fp']} / {v['fn']}"] for k, v in q.items() if k.startswith("check_")])
+        on = q.get("check_on", {})
+        if on.get("found_share_by_band"):
+            out += ["", f"Labels: {q.get('labels', 'word 5-gram Jaccard')}. Share of planted pairs found per label "
+                    "Jaccard band (recall at ≥ 0.8, false-positive rate below):", ""]
+            out += table(["Label Jaccard", "Pairs", "Found, check on", "Found, check off"],
+                         [[b, on["pairs_by_band"][b], on["found_share_by_band"][b],
+                           q.get("check_off", {}).get("found_share_by_band", {}).get(b)]
+                          for b in on["found_share_by_band"]])
     return out
 
 

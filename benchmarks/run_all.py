@@ -135,6 +135,18 @@ def recompute_metrics(results: dict) -> dict:
     return results
 
 
+def refresh_topic(results: dict, name: str) -> dict:
+    """The topic's latest results files as its last run (a partial re-run of its script), metrics recomputed."""
+    rec = results["topics"][name]
+    latest = {f: json.loads((common.RESULTS_DIR / f).read_text()) for f in topics.TOPICS[name]["files"]
+              if (common.RESULTS_DIR / f).exists()}
+    rec["results"] = latest
+    rec.setdefault("refreshed", []).append({"date": common.now(), "files": sorted(latest)})
+    results["metrics"] = [m for m in results["metrics"] if m["topic"] != name] + topic_metrics(
+        name, [*rec.get("all_results", []), latest])
+    return results
+
+
 def save_results(results: dict, path: Path, md_path: Path) -> None:
     results["metrics"].sort(key=lambda m: (_order(m["topic"]), m["name"]))
     tmp = path.with_suffix(".json.tmp")
@@ -144,6 +156,10 @@ def save_results(results: dict, path: Path, md_path: Path) -> None:
     tmp = md_path.with_suffix(".md.tmp")
     tmp.write_text(md, encoding="utf-8")
     os.replace(tmp, md_path)
+    if md_path == common.BENCHMARKS_MD:                 # the repository's own results: README headline block too
+        import readme_block
+
+        readme_block.update_readme(REPO / "README.md", results)
 
 
 def _order(topic: str) -> int:
@@ -161,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-install", action="store_true", help="skip topics whose peer venv is absent")
     ap.add_argument("--report-only", action="store_true", help="recompute the metrics from the raw results kept "
                     "in results.json and re-render the markdown (runs nothing)")
+    ap.add_argument("--refresh", metavar="TOPIC", help="take the topic's benchmarks/results/<file> (re-run alone, "
+                    "e.g. bench_minhash.py --only quality) into results.json and re-render; runs nothing")
     ap.add_argument("--out", type=Path, help="folder for results.json + BENCHMARKS.md (quick: a temp folder)")
     ap.add_argument("--corpus", type=Path, help="corpus folder (default ../shared/corpora, else the demo corpus)")
     ap.add_argument("--bench", choices=("datasketch",), help="run the datasketch topic (results/datasketch.json)")
@@ -181,6 +199,10 @@ def main(argv: list[str] | None = None) -> int:
     if out:
         out.mkdir(parents=True, exist_ok=True)
     results = load_results(res_path)
+    if args.refresh:
+        save_results(refresh_topic(results, args.refresh), res_path, md_path)
+        print(f"wrote {res_path} and {md_path}")
+        return 0
     if args.report_only:
         save_results(recompute_metrics(results), res_path, md_path)
         print(f"wrote {md_path}")

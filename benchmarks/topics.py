@@ -110,8 +110,15 @@ def minhash_metrics(runs: list[dict]) -> list[dict]:
                           note="slope of log(peak RSS above start) on log(documents); < 1 is sublinear"))
     q = res.get("quality", {}).get("check_on")
     if q:
-        out.append(metric("minhash", "f1_default_threshold", "F1", [q["f1"]], target=0.97,
-                          compared=f"labelled pairs at known Jaccard ({res['quality'].get('pairs')} pairs)"))
+        labels = "labels by their own tokenization" if res["quality"].get("labels") else "labels by the same shingles"
+        compared = f"labelled pairs at known Jaccard ({res['quality'].get('pairs')} pairs, {labels})"
+        out.append(metric("minhash", "f1_default_threshold", "F1", [q["f1"]], target=0.97, compared=compared))
+        for key in ("precision", "recall"):
+            out.append(metric("minhash", f"{key}_default_threshold", key, [q[key]], compared=compared))
+        for band, share in q.get("found_share_by_band", {}).items():
+            kind = "recall" if float(band.split("-")[0]) >= 0.8 else "found_share"
+            out.append(metric("minhash", f"{kind}_jaccard_{band}", "share", [share], compared=compared,
+                              note=f"{q['pairs_by_band'][band]} planted pairs with label Jaccard in [{band})"))
     return out
 
 

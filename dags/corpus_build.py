@@ -3,8 +3,9 @@
 ``corpus_build`` is triggered by hand (UI form or REST); ``corpus_refresh`` is the same chain on a cron schedule
 (``MINDLOOM_REFRESH_SCHEDULE``, default Sundays 03:00 UTC, no catch-up) and is the one to backfill.
 
-Wiring only: every task body is one call into ``pipeline.tasks.corpus``.  Per-shard stages are mapped over the shard
-list planned at run time; outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs
+Wiring only: every task body is one call into ``pipeline.tasks.corpus``.  The shard plan is a file in the run folder;
+every per-shard stage is mapped over ``parallelism`` batch handles of it (``pipeline.tasks.batches``), so the task
+count per stage is fixed whatever the corpus size ("specs" below are those handles).  Outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs
 have no logical date).  The last task publishes the MindRecord set as the ``mindloom_corpus`` Asset, which
 schedules the ``pretrain`` DAG.
 """
@@ -23,7 +24,10 @@ CORPUS = corpus_asset()
 SHARD_LABEL = "{{ shard_label }}"
 
 
-def _label(name: str) -> None:
+def _label(batch_or_name: dict | str) -> None:
+    from pipeline.tasks.batches import batch_label
+
+    name = batch_label(batch_or_name) if isinstance(batch_or_name, dict) else batch_or_name
     get_current_context()["shard_label"] = name
 
 
@@ -31,31 +35,32 @@ def corpus_chain():
     """The task graph shared by both DAGs."""
     @task
     def plan(params=None, run_id=None) -> list[dict]:
-        from pipeline.tasks.corpus import prepare_run
+        """Plan the shards into the run folder; return ``parallelism`` small batch handles to map over."""
+        from pipeline.tasks.corpus import plan_tasks
 
-        return prepare_run(dict(params), run_id, config_path())
+        return plan_tasks(dict(params), run_id, config_path())
 
     specs = plan()
 
     @task_group(group_id="ingest")
     def ingest_group():
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
-        def ingest_shard(spec: dict) -> dict:
-            from pipeline.tasks.corpus import ingest_shard as run
+        def ingest_shard(batch: dict) -> dict:
+            from pipeline.tasks.corpus import run_stage_batch
 
-            _label(spec["shard"])
-            return run(spec)
+            _label(batch)
+            return run_stage_batch("ingest", batch)
 
-        return ingest_shard.expand(spec=specs)
+        return ingest_shard.expand(batch=specs)
 
     @task_group(group_id="clean")
     def clean_group():
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
-        def exact_hash(spec: dict) -> dict:
-            from pipeline.tasks.corpus import exact_hash_shard
+        def exact_hash(batch: dict) -> dict:
+            from pipeline.tasks.corpus import run_stage_batch
 
-            _label(spec["shard"])
-            return exact_hash_shard(spec)
+            _label(batch)
+            return run_stage_batch("exact_hash", batch)
 
         @task
         def partitions(specs: list[dict]) -> list[int]:
@@ -71,15 +76,15 @@ def corpus_chain():
             return run(specs, partition)
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
-        def exact_dedup(spec: dict) -> dict:
-            from pipeline.tasks.corpus import exact_dedup_shard
+        def exact_dedup(batch: dict) -> dict:
+            from pipeline.tasks.corpus import run_stage_batch
 
-            _label(spec["shard"])
-            return exact_dedup_shard(spec)
+            _label(batch)
+            return run_stage_batch("exact_dedup", batch)
 
-        hashed = exact_hash.expand(spec=specs)
+        hashed = exact_hash.expand(batch=specs)
         parts = exact_partition.partial(specs=specs).expand(partition=partitions(specs))
-        dedup = exact_dedup.expand(spec=specs)
+        dedup = exact_dedup.expand(batch=specs)
         hashed >> parts >> dedup
         return hashed, dedup
 
@@ -88,11 +93,11 @@ def corpus_chain():
         """MinHash in four stages: signatures per shard, buckets per band, clusters, removal per shard."""
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
-        def signatures(spec: dict) -> dict:
-            from pipeline.tasks.corpus import minhash_signatures
+        def signatures(batch: dict) -> dict:
+            from pipeline.tasks.corpus import run_stage_batch
 
-            _label(spec["shard"])
-            return minhash_signatures(spec)
+            _label(batch)
+            return run_stage_batch("minhash_signatures", batch)
 
         @task
         def bands(specs: list[dict]) -> list[dict]:
@@ -114,11 +119,11 @@ def corpus_chain():
             return minhash_clusters(specs)
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
-        def removal(spec: dict) -> dict:
-            from pipeline.tasks.corpus import minhash_removal
+        def removal(batch: dict) -> dict:
+            from pipeline.tasks.corpus import run_stage_batch
 
-            _label(spec["shard"])
-            return minhash_removal(spec)
+            _label(batch)
+            return run_stage_batch("minhash_removal", batch)
 
         @task(multiple_outputs=False)
         def dedup_report(specs: list[dict]) -> dict:
@@ -126,23 +131,23 @@ def corpus_chain():
 
             return minhash_report(specs)
 
-        sigs = signatures.expand(spec=specs)
+        sigs = signatures.expand(batch=specs)
         band_specs = bands(specs)
         sigs >> band_specs
-        removed = removal.expand(spec=specs)
+        removed = removal.expand(batch=specs)
         band.expand(band_spec=band_specs) >> clusters(specs) >> removed >> dedup_report(specs)
         return sigs, removed
 
     @task_group(group_id="filter")
     def filter_group():
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
-        def quality_filter(spec: dict) -> dict:
-            from pipeline.tasks.corpus import quality_shard
+        def quality_filter(batch: dict) -> dict:
+            from pipeline.tasks.corpus import run_stage_batch
 
-            _label(spec["shard"])
-            return quality_shard(spec)
+            _label(batch)
+            return run_stage_batch("quality", batch)
 
-        return quality_filter.expand(spec=specs)
+        return quality_filter.expand(batch=specs)
 
     @task_group(group_id="tokenize")
     def tokenize_group():
@@ -153,14 +158,14 @@ def corpus_chain():
             return run(specs)
 
         @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
-        def encode(spec: dict) -> dict:
-            from pipeline.tasks.corpus import tokenize_shard
+        def encode(batch: dict) -> dict:
+            from pipeline.tasks.corpus import run_stage_batch
 
-            _label(spec["shard"])
-            return tokenize_shard(spec)
+            _label(batch)
+            return run_stage_batch("tokenize", batch)
 
         tok = train_tokenizer(specs)
-        enc = encode.expand(spec=specs)
+        enc = encode.expand(batch=specs)
         tok >> enc
         return tok, enc
 

@@ -24,10 +24,11 @@ from operators.params import config_path, corpus_asset, fail_step_template, pret
 from operators.routing import data_task_kwargs, train_task_kwargs
 from operators.training import TrainingStageOperator
 from pipeline.config import load_config
-from pipeline.tasks.pretrain import stage_names
+from pipeline.tasks.pretrain import stage_names, stage_timeout
 
 CORPUS = corpus_asset()
-STAGES = stage_names(load_config(config_path()))      # train.stages of the deployment's config, in order
+CFG = load_config(config_path())
+STAGES = stage_names(CFG)                             # train.stages of the deployment's config, in order
 RETRIES = int(os.environ.get("MINDLOOM_TRAIN_RETRIES", "1"))
 # Optional cron next to the Asset (MINDLOOM_PRETRAIN_CRON, e.g. "0 4 * * 0") makes the DAG backfillable.
 _CRON = os.environ.get("MINDLOOM_PRETRAIN_CRON", "")
@@ -80,7 +81,7 @@ def pretrain():
         train = TrainingStageOperator(
             task_id=f"train_{name}", stage=name, corpus=corpus, fail_at_step=fail_step_template(name),
             deferrable=os.environ.get("MINDLOOM_TRAIN_DEFERRABLE", "").lower() in ("1", "true", "yes"),
-            **train_task_kwargs())
+            execution_timeout=stage_timeout(CFG, name), **train_task_kwargs())
         evaluated = evaluate.override(task_id=f"eval_{name}")(name)
         previous >> train >> evaluated
         previous, summaries[name] = evaluated, train.output

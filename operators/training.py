@@ -34,6 +34,7 @@ from airflow.sdk.bases.resumablejobmixin import ResumableJobMixin
 from airflow.sdk.exceptions import AirflowException
 
 COMPLETED = "completed.json"
+CANCEL_WAIT_S = 20.0           # how long on_kill waits for a job it launched to honour the cancel request
 
 
 class TrainingStageOperator(ResumableJobMixin, BaseOperator):
@@ -58,6 +59,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         self._metrics_line = 0
         self._metrics_inode: int | None = None
         self._resume_step = 0
+        self._stage_dir: Path | None = None
 
     def execute(self, context: Any) -> Any:
         self._prepare_try(context)
@@ -96,6 +98,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         from pipeline.tasks.pretrain import archive_stage, job_state, resume_point
 
         out_dir = self._out_dir(context)
+        self._stage_dir = out_dir
         store = context.get("task_state_store")
         ext = store.get(self.external_id_key) if store is not None else None
         if (out_dir / COMPLETED).exists():
@@ -165,9 +168,15 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         from pipeline.form import config_from_params
         from pipeline.io import write_json
         from pipeline.tasks.pretrain import build_job, launch_argv, launch_env, record_launch
+        from pipeline.train.lease import lease_state
 
         cfg = config_from_params(dict(context["params"]))
         out_dir = self._out_dir(context)
+        held = lease_state(out_dir)
+        if held and held["fresh"] and not held.get("released"):
+            raise AirflowException(f"stage folder {out_dir} is held by job {held.get('job_id')} on host "
+                                   f"{held.get('host')} (heartbeat {held['age_s']:.0f} s ago): not launching a "
+                                   f"second trainer there")
         fail_at = int(self.fail_at_step) if self.fail_at_step not in (None, "", "None") else None
         job_path = build_job(cfg, self.corpus, out_dir, stage=self.stage, init_from=self.init_from or None,
                              fail_at_step=fail_at)
@@ -175,12 +184,13 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         try_number = context["ti"].try_number
         log_path = out_dir / f"launcher.try{try_number}.log"
         self.log.info("launching stage %s: %s", self.stage, " ".join(argv))
-        launched = time.time()
+        launched = time.time()                 # before the job can take its lease (job_state compares the two)
+        write_json(out_dir / "status.json", {"state": "PENDING", "step": 0})
+        record_launch(out_dir, argv, None, try_number=try_number, launched=launched)
         with open(log_path, "ab") as log_fh:
             self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
                                           env=launch_env(), start_new_session=True, close_fds=True,
                                           cwd=str(out_dir))
-        write_json(out_dir / "status.json", {"state": "PENDING", "step": 0, "pid": self._proc.pid})
         record_launch(out_dir, argv, self._proc.pid, try_number=try_number, launched=launched)
         return {"out_dir": str(out_dir), "pid": self._proc.pid, "log": str(log_path)}
 
@@ -220,9 +230,20 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         return stage_result(external_id["out_dir"])
 
     def on_kill(self) -> None:
-        if self._proc is not None and self._proc.poll() is None:
-            self.log.warning("killing training job (process group %s)", self._proc.pid)
-            try:
-                os.killpg(self._proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
+        """The task is being stopped (marked failed, cleared, timed out): cancel the job through its stage folder,
+        which works whichever host runs it; a job this process launched is also signalled if it does not stop."""
+        from pipeline.train.lease import request_cancel
+
+        if self._stage_dir is not None and self._stage_dir.exists():
+            request_cancel(self._stage_dir, f"Airflow task {self.task_id} was stopped")
+            self.log.warning("requested cancellation of the training job in %s", self._stage_dir)
+        if self._proc is not None:
+            deadline = time.time() + CANCEL_WAIT_S
+            while self._proc.poll() is None and time.time() < deadline:
+                time.sleep(0.5)
+            if self._proc.poll() is None:
+                self.log.warning("killing training job (process group %s)", self._proc.pid)
+                try:
+                    os.killpg(self._proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass

@@ -39,6 +39,10 @@ class MindloomConfig:
     run_name: str = _f("demo", desc="Label of this corpus/training run.")
     seed: int = _f(1234, desc="Seed for every sampling and shuffling decision.", ge=0)
     data_root: str = _f("data", desc="Root folder for all outputs; relative paths are taken from the config file.")
+    parallelism: int = _f(64, desc="Airflow mapped tasks per per-shard stage; each works through its share of the "
+                                   "shards in order, so the task count stays fixed (and within Airflow's "
+                                   "max_map_length) whatever the corpus size. Size it to the deployment's worker "
+                                   "slots.", ge=1, le=1024)
     domains: list[str] = _f(factory=list, desc="Domains to include (empty: every configured source).")
     sources: list[SourceConfig] = _f(factory=list, desc="Inputs per domain.")
     ingest: IngestConfig = _f(factory=IngestConfig)

@@ -5,11 +5,12 @@ ourselves (it would be unrealistic and uniform) and a fresh machine can reach on
 So every domain is read from a published package whose licence is known, and every record carries its
 provenance (package, version, path inside the package, licence, language).
 
-Domains (one JSONL file each, ``<out>/<domain>.jsonl``):
+Domains (one JSONL file each, ``<out>/<domain>.jsonl``, except the encyclopedia dump):
 
 * ``code``         - the running interpreter's standard library ``*.py`` files (PSF-2.0). Works offline.
 * ``encyclopedia`` - the English Wikipedia dump excerpt shipped as gensim's test data (CC-BY-SA-3.0),
-                     read from the wheel zip; gensim is never installed.
+                     read from the wheel zip (gensim is never installed) and written as a MediaWiki dump,
+                     ``<out>/encyclopedia.xml.bz2``, for the ``mediawiki`` reader.
 * ``docs``         - Django's reStructuredText docs from three release sdists (BSD-3-Clause). The same
                      page in three releases gives natural exact and near duplicates for the dedup stage.
 * ``zh``           - Cantonese sentences of the CTCPC corpus shipped in the pycantonese wheel (CC0-1.0),
@@ -24,8 +25,6 @@ from __future__ import annotations
 
 import argparse
 import bz2
-import html
-import io
 import json
 import os
 import platform
@@ -36,7 +35,6 @@ import sys
 import sysconfig
 import tarfile
 import time
-import xml.etree.ElementTree as ET
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -122,76 +120,25 @@ def _code_docs(cache_dir: Path) -> Iterator[dict]:
 
 # ---------------------------------------------------------------- encyclopedia: enwiki excerpt in gensim
 _WIKI_MEMBER = "gensim/test/test_data/enwiki-latest-pages-articles1.xml-p000000010p000030302-shortened.bz2"
-_WIKI_TAIL = re.compile(r"^==+\s*(References|Notes|See also|External links|Further reading|Bibliography|"
-                        r"Sources|Footnotes)\s*==+.*", re.M | re.S | re.I)
-_WIKI_PRE = [  # applied before templates/tables/links are unwrapped: these may hide brackets
-    (re.compile(r"<!--.*?-->", re.S), ""),
-    (re.compile(r"<ref[^>/]*/>|<ref[^>]*>.*?</ref>", re.S | re.I), ""),
-    (re.compile(r"<(gallery|math|timeline|score)[^>]*>.*?</\1>", re.S | re.I), ""),
-    (re.compile(r"\[(?:https?:)?//[^\s\]]+\s*([^\]]*)\]"), r"\1"),
-]
-_WIKI_POST = [
-    (re.compile(r"'{2,}"), ""),
-    (re.compile(r"<[^>]+>"), ""),
-    (re.compile(r"^(=+)\s*(.*?)\s*\1\s*$", re.M), r"\2"),
-    (re.compile(r"^[*#:;]+\s*", re.M), ""),
-    (re.compile(r"^\s*(__\w+__|\|.*|!.*)$", re.M), ""),
-    (re.compile(r"[ \t]+"), " "),
-    (re.compile(r"\n\s*\n+"), "\n\n"),
-]
-_INNER_TEMPLATE = re.compile(r"\{\{[^{}]*\}\}")
-_INNER_TABLE = re.compile(r"\{\|(?:(?!\{\|).)*?\|\}", re.S)
-_INNER_LINK = re.compile(r"\[\[([^\[\]|]*)(?:\|((?:[^\[\]]|\[[^\[\]]*\])*))?\]\]")
-_DROP_LINK = ("file:", "image:", "category:", "media:")
+_PAGE = re.compile(rb"  <page>.*?</page>\n", re.S)
 
 
-def _unwiki(text: str) -> str:
-    """Strip MediaWiki markup down to readable prose (stdlib only; good enough for a demo corpus)."""
-    text = _WIKI_TAIL.sub("", html.unescape(text))
-    for pattern, repl in _WIKI_PRE:
-        text = pattern.sub(repl, text)
-    for pattern in (_INNER_TEMPLATE, _INNER_TABLE):
-        while True:
-            text, n = pattern.subn("", text)
-            if not n:
-                break
-
-    def link(m: re.Match) -> str:
-        target, label = m.group(1), m.group(2)
-        if target.strip().lower().startswith(_DROP_LINK) or re.match(r"\s*[a-z-]{2,12}:", target):
-            return ""  # media, categories and interlanguage links carry no prose
-        return label if label is not None else target
-
-    while True:
-        text, n = _INNER_LINK.subn(link, text)
-        if not n:
-            break
-    for pattern, repl in _WIKI_POST:
-        text = pattern.sub(repl, text)
-    return html.unescape(text).strip()
-
-
-def _encyclopedia_docs(cache_dir: Path) -> Iterator[dict]:
+def _write_encyclopedia_dump(cache_dir: Path, path: Path, rng: random.Random, k: int) -> int:
+    """The excerpt as ``<out>/encyclopedia.xml.bz2``: k sampled articles plus every redirect and non-article page,
+    in dump order and byte for byte (the ``mediawiki`` reader turns wikitext into text and counts the skips).
+    Returns the number of articles."""
     whl = fetch_package(*GENSIM, cache_dir)
     with zipfile.ZipFile(whl) as zf:
         raw = bz2.decompress(zf.read(_WIKI_MEMBER))
-    page: dict[str, str] = {}
-    for _, el in ET.iterparse(io.BytesIO(raw)):
-        tag = el.tag.rsplit("}", 1)[-1]
-        if tag in ("title", "ns", "text") and tag not in page:
-            page[tag] = el.text or ""
-        elif tag == "id" and "id" not in page:
-            page["id"] = el.text or ""
-        elif tag == "redirect":
-            page["redirect"] = "1"
-        elif tag == "page":
-            text = _unwiki(page.get("text", "")) if page.get("ns") == "0" and "redirect" not in page else ""
-            if len(text) >= 500:
-                title = page["title"]
-                yield _record("encyclopedia", "enwiki", title.replace(" ", "_"), f"{title}\n\n{text}", *GENSIM,
-                              _WIKI_MEMBER, "CC-BY-SA-3.0", "en", title=title, page_id=page.get("id"))
-            page = {}
-            el.clear()
+    pages = list(_PAGE.finditer(raw))
+    articles = [i for i, m in enumerate(pages) if b"<ns>0</ns>" in m.group() and b"<redirect" not in m.group()]
+    chosen = set(rng.sample(articles, min(k, len(articles)))) | set(range(len(pages))) - set(articles)
+    body = b"".join(m.group() for i, m in enumerate(pages) if i in chosen)
+    data = raw[:pages[0].start()] + body + raw[pages[-1].end():]
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_bytes(bz2.compress(data, 9))
+    os.replace(tmp, path)
+    return min(k, len(articles))
 
 
 # ---------------------------------------------------------------- docs: Django reST docs of three releases
@@ -303,10 +250,16 @@ def build_demo_corpus(out_dir: Path, cache_dir: Path, domains: list[str] | None 
     for domain in domains:
         k = max_docs_per_domain if max_docs_per_domain is not None else DEFAULT_MAX_DOCS[domain]
         rng = random.Random(f"{seed}:{domain}")  # str seeds are hashed with sha512: stable across runs
+        if domain == "encyclopedia":     # a real dump file, read by the mediawiki reader (configs/default.yaml)
+            path = out_dir / "encyclopedia.xml.bz2"
+            result["files"][domain] = path
+            result["docs"][domain] = _write_encyclopedia_dump(cache_dir, path, rng, k)
+            result["bytes"][domain] = path.stat().st_size
+            continue
         if domain == "zh":
             records = _zh_docs(cache_dir, rng, k)
         else:
-            pool = list({"code": _code_docs, "encyclopedia": _encyclopedia_docs, "docs": _django_docs}[domain](
+            pool = list({"code": _code_docs, "docs": _django_docs}[domain](
                 cache_dir))
             records = _sample_docs(pool, k, rng) if domain == "docs" else rng.sample(pool, min(k, len(pool)))
         records.sort(key=lambda r: r["id"])

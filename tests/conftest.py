@@ -68,7 +68,7 @@ def tiny_config(tmp: pathlib.Path, **sections) -> pathlib.Path:
     prose = prose_records(40)
     write_jsonl(tmp / "in" / "prose.jsonl", prose + prose[:3])   # three exact duplicates
     cfg = {
-        "run_name": "test", "seed": 7, "data_root": str(tmp / "data"),
+        "run_name": "test", "seed": 7, "data_root": str(tmp / "data"), "parallelism": 2,   # 4 shards in 2 tasks
         "sources": [{"domain": "code", "paths": [str(tmp / "in" / "code.jsonl")]},
                     {"domain": "prose", "paths": [str(tmp / "in" / "prose.jsonl")]}],
         "ingest": {"docs_per_shard": 20},

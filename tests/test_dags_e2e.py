@@ -34,6 +34,10 @@ def test_corpus_then_pretrain_through_airflow(dagbag, airflow_db, tiny_config_pa
     assert summary["samples"] > 0 and set(summary["tokens_per_domain"]) == {"code", "prose"}
     stats = json.loads((Path(summary["run_dir"]) / "corpus_summary.json").read_text())["stats"]
     assert stats["exact_dedup"]["prose"]["removed"] == {"exact_duplicate": 3}
+    plan = json.loads((Path(summary["run_dir"]) / "plan.json").read_text())
+    for task_id in ("ingest.ingest_shard", "clean.exact_hash", "filter.quality_filter", "tokenize.encode"):
+        tis = [ti for ti in corpus_run.get_task_instances() if ti.task_id == task_id]
+        assert len(tis) == 2 < len(plan), (task_id, len(tis), len(plan))   # parallelism 2, not one per shard
 
     train_run = dagbag.get_dag("pretrain").test(logical_date=None, run_conf={"fail_at_step": 8})
     assert train_run.state == DagRunState.SUCCESS

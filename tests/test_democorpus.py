@@ -85,28 +85,25 @@ def test_download_failure_names_the_package(tmp_path: Path, monkeypatch: pytest.
         dc.build_demo_corpus(tmp_path / "o", tmp_path / "empty-cache", domains=["encyclopedia"])
 
 
-def test_unwiki_strips_markup() -> None:
-    raw = ("{{Infobox|name={{lang|x}}}}'''Foo''' is a [[bar (thing)|bar]] and [[baz]].<ref>[http://x.org cite]</ref>\n"
-           "[[File:F.jpg|thumb|A [[caption]] [sic]]]\n== History ==\n* item [http://e.org text]\n"
-           "{| class=wikitable\n|-\n| a || b\n|}\n[[Category:Things]]\n== References ==\ngone")
-    out = dc._unwiki(raw)
-    assert out == "Foo is a bar and baz.\n\nHistory\nitem text"
-
-
 def test_po_msgstrs() -> None:
     po = ('msgid ""\nmsgstr ""\n"Project-Id-Version: Django\\n"\n\nmsgid "Yes"\nmsgstr "是"\n\n'
           'msgid "a"\nmsgid_plural "b"\nmsgstr[0] "第一"\n"行\\"二\\""\n')
     assert dc._po_msgstrs(po) == ["是", '第一行"二"']
 
 
-def test_encyclopedia_from_gensim_wheel(tmp_path: Path) -> None:
+def test_encyclopedia_dump_from_gensim_wheel(tmp_path: Path) -> None:
+    """k sampled articles plus every redirect and project page, unchanged, as a dump the mediawiki reader reads."""
+    import bz2
+
+    import mwxml
+
     res = _build_or_skip(tmp_path, ["encyclopedia"], 8)
-    recs = _records(res["files"]["encyclopedia"])
-    assert len(recs) == 8
-    _check_records(recs, "encyclopedia")
-    for r in recs:
-        assert r["meta"]["package"] == "gensim" and r["meta"]["license"] == "CC-BY-SA-3.0"
-        assert "[[" not in r["text"] and "<ref" not in r["text"] and len(r["text"]) > 500
+    path = res["files"]["encyclopedia"]
+    assert path.name == "encyclopedia.xml.bz2" and res["docs"]["encyclopedia"] == 8
+    pages = [(p.namespace, bool(p.redirect)) for p in mwxml.Dump.from_file(bz2.open(path))]
+    assert pages.count((0, False)) == 8 and pages.count((0, True)) == 99 and pages.count((4, True)) == 1
+    again = _build_or_skip(tmp_path / "again", ["encyclopedia"], 8)
+    assert _sha(again["files"]["encyclopedia"]) == _sha(path)
 
 
 @pytest.mark.slow

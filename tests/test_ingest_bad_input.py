@@ -284,3 +284,27 @@ def test_symlink_loops(tmp_path):
     assert "symbolic link back to an enclosing folder" in {r["detail"].split(" (")[0] for r in out["rejects"]}
     assert f"{folder / 'a.jsonl'}: symlink_loop: symbolic link loop" in strict_message(
         tmp_path, [{"domain": "q", "paths": [str(folder / "a.jsonl")]}])
+
+
+def test_source_matching_nothing_fails_at_plan_time(tmp_path):
+    """A source none of whose paths names a file stops the plan, naming the source and each pattern."""
+    from pipeline.config import ConfigError
+
+    write_jsonl(tmp_path / "ok.jsonl", prose_records(1))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("not jsonl")
+    sources = [{"domain": "p", "paths": [str(tmp_path / "ok.jsonl")]},
+               {"domain": "p", "name": "later", "paths": [str(tmp_path / "nope" / "*.jsonl"), str(tmp_path / "empty"),
+                                                          str(tmp_path / "*.txt")]}]
+    with pytest.raises(ConfigError) as err:
+        run(tmp_path, sources)
+    assert str(err.value) == (
+        f"sources[1] 'later' (jsonl): its paths match no file: {str(tmp_path / 'nope' / '*.jsonl')!r} (no such file "
+        f"or folder); {str(tmp_path / 'empty')!r} (folder holds no files); {str(tmp_path / '*.txt')!r} (none of 1 "
+        "files has a jsonl suffix). Fix 'paths', or set 'allow_empty: true' on this source to run without it")
+    sources[1]["allow_empty"] = True
+    empty: list[dict] = []
+    specs = plan_ingest(config_from_dict({"data_root": str(tmp_path / "d"), "sources": sources}), empty)
+    assert [s["source"] for s in specs] == ["p"] and [e["source"] for e in empty] == ["later"]
+    out = run(tmp_path / "allowed", sources)
+    assert len(out["docs"]) == 1 and out["removed"] == {}

@@ -142,7 +142,7 @@ def test_survivor_rule_is_configurable_and_deterministic(tmp_path, order, expect
         write_shard(rdir, "web-00000", [{"id": n, "text": docs[n], "source": {"mid": "wiki"}.get(n, "crawl")}
                                         for n in names],
                     extra={"quality_score": [{"lo": 0.9, "mid": 0.5, "long": 0.1}[n] for n in names]})
-        cfg = MinhashConfig(survivor_order=order, source_priority=["wiki"])
+        cfg = MinhashConfig(survivor_order=order, source_priority=["wiki"], score_column="quality_score")
         run_minhash(rdir, ["web-00000"], cfg, tmp_path)
         kept.update(pq.read_table(output_path(rdir, "web-00000")).column("doc_id").to_pylist())
     assert kept == {expect}

@@ -17,8 +17,15 @@ from pipeline.tasks.corpus import collect_stats, run_all
 
 @pytest.fixture(scope="module")
 def chain(tmp_path_factory):
+    import yaml
+
     tmp = tmp_path_factory.mktemp("chain")
-    cfg = load_config(tiny_config(tmp))
+    path = tiny_config(tmp)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))   # plus a source that matches nothing yet
+    data["sources"].append({"domain": "prose", "name": "prose-later", "allow_empty": True,
+                            "paths": [str(tmp / "in" / "later" / "*.jsonl")]})
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    cfg = load_config(path)
     summary = run_all(cfg, "manual__2026-11-29T10:00:00+00:00", progress=False)
     return cfg, summary
 
@@ -26,6 +33,18 @@ def chain(tmp_path_factory):
 def test_run_dir_derives_from_run_id_without_colons(chain):
     _, summary = chain
     assert Path(summary["run_dir"]).name == "manual__2026-11-29T10_00_00_00_00"
+
+
+def test_allowed_empty_source_is_listed_in_the_run_summary(chain):
+    from pipeline.report.summary import render_summary
+
+    cfg, summary = chain
+    full = read_json(Path(summary["run_dir"]) / "corpus_summary.json")
+    pattern = cfg.sources[2].paths[0]
+    assert full["empty_sources"] == [{"source": "prose-later", "domain": "prose", "reader": "jsonl",
+                                      "paths": [pattern], "detail": f"{pattern!r} (no such file or folder)"}]
+    assert f"  empty source prose-later (prose, allow_empty): {pattern!r} (no such file or folder)" \
+        in render_summary(cfg.data_root).splitlines()
 
 
 def test_every_shard_accounts_for_every_document(chain):

@@ -15,7 +15,7 @@ class SourceConfig:
     paths: list[str] = _f(factory=list, desc="Files, folders, globs or URIs (s3://, gs://, hdfs://, fsspec schemes); "
                                              "relative paths are taken from the config file.")
     reader: str = _f("jsonl", desc="Reader for these files.",
-                     choices=("jsonl", "parquet", "text", "html", "warc", "code"))
+                     choices=("jsonl", "parquet", "text", "html", "warc", "code", "mediawiki"))
     name: str = _f("", desc="Stable name of this source, hashed into every document id (default: the domain). "
                             "Give each source of one domain its own name.")
     text_field: str = _f("text", desc="JSONL field / Parquet column holding the document text.")
@@ -27,6 +27,8 @@ class SourceConfig:
                                              "s3://); credentials come from the environment, never from here.")
     lang: str = _f("", desc="Language of every document instead of detecting it: 'code' for source code "
                             "(the code reader always sets it); empty: detect.")
+    allow_empty: bool = _f(False, desc="Run on when the paths match no file (the source is listed as empty in the "
+                                       "run summary); false: such a source fails the run at plan time.")
 
     def __post_init__(self) -> None:
         from pipeline.ingest.readers import reader_options

@@ -32,6 +32,7 @@ from pathlib import Path
 from pipeline.config import MindloomConfig
 from pipeline.configkit import ConfigError
 from pipeline.ingest.config import SourceConfig
+from pipeline.ingest.empty_sources import check_source
 from pipeline.ingest.langid import language_columns
 from pipeline.ingest.normalize import doc_id, normalize_text, text_hash
 from pipeline.ingest.readers import FileRef, RawRecord, Reader, ReadError, Rejection, make_reader
@@ -123,8 +124,11 @@ def _plan_source(src: SourceConfig, reader: Reader, cfg: MindloomConfig) -> list
     return units
 
 
-def plan_ingest(cfg: MindloomConfig) -> list[dict]:
-    """One spec per shard: {shard, domain, source_index, source, reader, units, docs, bytes} (JSON-serialisable)."""
+def plan_ingest(cfg: MindloomConfig, empty: list[dict] | None = None) -> list[dict]:
+    """One spec per shard: {shard, domain, source_index, source, reader, units, docs, bytes} (JSON-serialisable).
+
+    A source matching no file raises a ConfigError, or with ``allow_empty`` is appended to ``empty`` instead.
+    """
     _check_names(cfg)
     specs: list[dict] = []
     per_domain: Counter = Counter()
@@ -135,7 +139,12 @@ def plan_ingest(cfg: MindloomConfig) -> list[dict]:
         reader = make_reader(src, cfg.ingest.max_record_bytes)
         groups: list[list[dict]] = []
         docs = nbytes = 0
-        for unit in _plan_source(src, reader, cfg):
+        units = _plan_source(src, reader, cfg)
+        if (entry := check_source(si, source_name(src), src, units)) is not None:
+            if empty is not None:
+                empty.append(entry)
+            continue
+        for unit in units:
             if not groups or (docs + unit["docs"] > limit_docs or nbytes + unit["bytes"] > limit_bytes) and docs:
                 groups.append([])
                 docs = nbytes = 0
@@ -149,7 +158,8 @@ def plan_ingest(cfg: MindloomConfig) -> list[dict]:
                           "source": source_name(src), "reader": src.reader, "units": group,
                           "docs": sum(u["docs"] for u in group), "bytes": sum(u["bytes"] for u in group)})
     if not specs:
-        raise IngestError("no sources selected: check 'domains' and 'sources' in the config")
+        raise IngestError("no sources selected: check 'domains' and 'sources' in the config"
+                          + (" (every selected source matched no file)" if empty else ""))
     return specs
 
 

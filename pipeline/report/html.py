@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 
 from pipeline.io import atomic_path, read_json
-from pipeline.report.svgplot import bar_chart, line_chart
+from pipeline.report.plots import bar_chart, line_chart, stage_offsets
 
 CSS = """body{font-family:sans-serif;margin:24px;max-width:1100px;color:#222}
 table{border-collapse:collapse;margin:8px 0 16px}td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}
@@ -80,8 +80,9 @@ def corpus_section(run_dir: Path) -> str:
     parts.append(quality_section(run_dir))
     dedup = _first_json(run_dir, ("minhash/report.json", "minhash_report.json"))
     if dedup:
-        parts.append("<h3>Near-duplicate clusters</h3><pre>"
-                     + html.escape(json.dumps(dedup, indent=1, ensure_ascii=False)[:6000]) + "</pre>")
+        from pipeline.report.dedup import near_duplicate_section
+
+        parts.append(near_duplicate_section(dedup))
     return "".join(parts)
 
 
@@ -128,8 +129,13 @@ def training_section(stage_dirs: dict[str, Path]) -> str:
             evals.setdefault(dom, {})[name] = float(v.get("loss", v) if isinstance(v, dict) else v)
     parts.append(_table(["stage", "state", "steps", "resumed from", "first loss", "final loss", "tokens/s",
                          "parameters", "checkpoint"], rows))
-    charts = [line_chart(loss_series, "Training loss", "step", "loss"),
-              line_chart(lr_series, "Learning rate", "step", "lr")]
+    # one global step axis: each stage starts where the stages before it ended (a dashed line marks it)
+    offsets = stage_offsets(loss_series)
+    marks = [(x, name) for name, x in offsets.items()] if len(offsets) > 1 else None
+    charts = [line_chart({n: [(x + offsets.get(n, 0), y) for x, y in v] for n, v in series.items()}, title,
+                         "global step (all stages)", label, marks=marks)
+              for series, title, label in ((loss_series, "Training loss", "loss"),
+                                           (lr_series, "Learning rate", "lr"))]
     if evals:
         charts.append(bar_chart(evals, "Held-out loss per domain", "loss"))
     parts.append('<div class="charts">' + "".join(charts) + "</div>")

@@ -39,6 +39,8 @@ def render_summary(data_root: str | Path) -> str:
                 continue
             removed = ", ".join(f"{k} {v}" for k, v in sorted(s["removed"].items())) or "-"
             lines.append(f"  {stage:<12} {dom:<13} {s['in_docs']:>6} -> {s['kept_docs']:<6} {removed}")
+    for e in full.get("empty_sources") or []:
+        lines.append(f"  empty source {e['source']} ({e['domain']}, allow_empty): {e['detail']}")
     lines += ["", "tokens per domain in the MindRecord rows"]
     total = max(corpus["tokens"], 1)
     for dom, n in sorted(corpus["tokens_per_domain"].items()):

@@ -21,6 +21,7 @@ from pipeline.io import read_json, run_dir, write_json
 from pipeline.quality import run as quality
 from pipeline.report.html import write_report
 from pipeline.sink import mindrecord, mixture, validation
+from pipeline.tasks import batches
 from pipeline.tokenizer import run as tokenizer
 
 log = logging.getLogger(__name__)
@@ -33,18 +34,21 @@ def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | N
     stage over, and the only argument the later tasks need.
     """
     cfg = params if isinstance(params, MindloomConfig) else config_from_params(params, config_path)
-    roots = _check_inputs_confined(cfg, config_path)
+    # Runs from Airflow (a config file, form params on top) are confined; a trusted caller passing a loaded config
+    # (the CLI, benchmarks) is confined only when the deployment declares roots.
+    confined = config_path is not None or bool(os.environ.get(confine.ENV))
+    roots = _check_inputs_confined(cfg, config_path) if confined else []
     rdir = run_dir(cfg.data_root, run_id)
     rdir.mkdir(parents=True, exist_ok=True)
     write_json(rdir / "config.json", cfg.to_dict())
-    specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg)]
-    for spec in specs:                   # every file a listing found, symlinks resolved
-        src = cfg.sources[spec["source_index"]]
-        if not any(confine.static_root(p) != p and "://" in p for p in src.paths):
+    empty: list[dict] = []
+    specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg, empty)]
+    for spec in specs if confined else []:     # every local file a listing found, symlinks resolved
+        if not any("://" in p for p in cfg.sources[spec["source_index"]].paths):
             for unit in spec["units"]:
-                if "://" not in unit["path"]:
-                    confine.check_path(unit["path"], roots, f"sources[{spec['source_index']}] ({spec['source']})")
+                confine.check_path(unit["path"], roots, f"sources[{spec['source_index']}] ({spec['source']})")
     write_json(rdir / "plan.json", specs)
+    write_json(rdir / "empty_sources.json", empty)
     log.info("run %s: %d ingest shards in %s", run_id, len(specs), rdir)
     return specs
 
@@ -67,8 +71,23 @@ def load_run_config(rdir: str | Path) -> MindloomConfig:
     return config_from_dict(read_json(Path(rdir) / "config.json"))
 
 
-def _run_of(specs: list[dict]) -> tuple[Path, list[str]]:
-    return Path(specs[0]["run_dir"]), [s["shard"] for s in specs]
+def _run_of(items: list[dict]) -> tuple[Path, list[str]]:
+    """The run folder and every shard of the run, in plan order, from shard specs or batch handles alike."""
+    rdir = Path(items[0]["run_dir"])
+    return rdir, [s["shard"] for s in read_json(rdir / batches.PLAN)]
+
+
+def plan_tasks(params: dict | MindloomConfig, run_id: str, config_path: str | None = None) -> list[dict]:
+    """The DAG's ``plan`` task: :func:`prepare_run`, then ``parallelism`` batch handles (what every per-shard stage
+    is mapped over; see :mod:`pipeline.tasks.batches`)."""
+    specs = prepare_run(params, run_id, config_path)
+    rdir = Path(specs[0]["run_dir"])
+    return batches.plan_batches(rdir, len(specs), load_run_config(rdir).parallelism)
+
+
+def run_stage_batch(stage: str, batch: dict) -> dict:
+    """One mapped task of a per-shard stage: ``stage`` over the batch's shards, in order."""
+    return batches.run_batch(SHARD_STAGES[stage], batch)
 
 
 def ingest_shard(spec: dict) -> dict:
@@ -112,8 +131,9 @@ def minhash_signatures(spec: dict) -> dict:
     """Near dedup, stage 1 (per shard): MinHash signatures of the exact-deduplicated documents."""
     from pipeline.dedup import minhash
 
-    return minhash.run_signatures_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash,
-                                        input_stage="exact_dedup")
+    cfg = load_run_config(spec["run_dir"])
+    return minhash.run_signatures_shard(Path(spec["run_dir"]), spec["shard"], cfg.minhash, input_stage="exact_dedup",
+                                        quality=cfg.quality)
 
 
 def minhash_bands(specs: list[dict]) -> list[dict]:
@@ -249,6 +269,8 @@ def publish(specs: list[dict]) -> dict:
     manifest = read_json(Path(rdir) / "mindrecord" / mindrecord.MANIFEST)
     summary = manifest_summary(Path(rdir), manifest)
     summary["stats"] = collect_stats(rdir)
+    empty = Path(rdir) / "empty_sources.json"
+    summary["empty_sources"] = read_json(empty) if empty.exists() else []
     if cfg.minhash.enabled:     # later refreshes can deduplicate against what this run shipped
         from pipeline.dedup import minhash
 
@@ -260,6 +282,12 @@ def publish(specs: list[dict]) -> dict:
                                               corpus_run_dir=Path(rdir)))
     write_json(Path(cfg.data_root) / "corpus" / "LATEST.json", summary)
     return {k: v for k, v in summary.items() if k != "stats"}
+
+
+#: The per-shard stages, by the name the DAG's batch tasks use.
+SHARD_STAGES = {"ingest": ingest_shard, "exact_hash": exact_hash_shard, "exact_dedup": exact_dedup_shard,
+                "minhash_signatures": minhash_signatures, "minhash_removal": minhash_removal,
+                "quality": quality_shard, "tokenize": tokenize_shard}
 
 
 def latest_corpus(data_root: str | Path) -> dict:

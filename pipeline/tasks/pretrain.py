@@ -18,6 +18,7 @@ import json
 import os
 import re
 import time
+from datetime import timedelta
 from pathlib import Path
 
 from pipeline.config import MindloomConfig
@@ -34,6 +35,12 @@ def stage_dir(data_root: str | Path, run_id: str, stage: str) -> Path:
 def stage_names(cfg: MindloomConfig) -> list[str]:
     """Stages in the order they must run (``train.stages``; one stage ``main`` when none are configured)."""
     return [s.name for s in cfg.train.stage_list()]
+
+
+def stage_timeout(cfg: MindloomConfig, stage: str) -> timedelta | None:
+    """The Airflow ``execution_timeout`` of stage ``stage`` (``train.stage_timeout_h``; None: no limit)."""
+    hours = float(cfg.train.stage_settings(stage)["stage_timeout_h"])
+    return timedelta(hours=hours) if hours > 0 else None
 
 
 def find_eval_sets(corpus: dict) -> dict[str, str]:
@@ -118,6 +125,7 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
                    precision=st["precision"], loss_scale=st["loss_scale"], loss_scale_window=st["loss_scale_window"],
                    seed=cfg.seed, mode=st["mode"], device=st["device"], threads=st["threads"],
                    checkpoint_every=st["checkpoint_every"], keep_checkpoints=st["keep_checkpoints"], log_every=1,
+                   stall_timeout_min=st["stall_timeout_min"],
                    peak_flops=st["peak_tflops"] * 1e12, eval_data=find_eval_sets(corpus),
                    eval_tokens=st["eval_tokens"], fail_at_step=fail_at_step)
     path = Path(out_dir) / "job.json"
@@ -145,28 +153,67 @@ def launch_env() -> dict[str, str]:
     return env_with_venv()
 
 
+#: How long a launched job may take to take its lease (interpreter start, imports, msrun rendezvous).
+STARTUP_GRACE_S = 300.0
+
+
 def _pid_alive(pid: int) -> bool:
+    """Only meaningful on the host that launched the job; a zombie child of ours counts as dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    try:  # a zombie child of ours counts as dead
+    try:
         with open(f"/proc/{pid}/stat") as fh:
             return fh.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
 
 
-def job_state(out_dir: str | Path, launcher_pid: int | None = None) -> dict:
-    """The job's status.json, with state LOST when it claims to run but neither it nor its launcher lives."""
+def job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float | None = None,
+              lease_timeout: float | None = None) -> dict:
+    """The job's ``status.json``, decided from the stage folder alone, on any host.
+
+    A job that claims RUNNING or PENDING is RUNNING while its lease (``lease.json``) has a fresh heartbeat, and
+    LOST once the heartbeat is older than the lease timeout, whatever any pid says (pids mean nothing on another
+    host and can be recycled on this one).  Before the current launch has taken its lease (a lease older than
+    ``launch.json`` belongs to an earlier job) it is PENDING for ``STARTUP_GRACE_S``.  On the host that launched
+    it, a launcher and trainer that are both gone make it LOST at once instead of after the timeout.
+    """
+    import socket
+
+    from pipeline.train.lease import LEASE_TIMEOUT_S, lease_state
+
     out_dir = Path(out_dir)
+    now = time.time() if now is None else now
     status_file = out_dir / "status.json"
     status = read_json(status_file) if status_file.exists() else {"state": "PENDING", "step": 0}
-    alive = any(_pid_alive(p) for p in (status.get("pid"), launcher_pid) if p)
-    if status["state"] in ("RUNNING", "PENDING") and not alive:
-        status = {**status, "state": "LOST"}
+    if status["state"] not in ("RUNNING", "PENDING"):
+        return status
+    launch = read_json(out_dir / "launch.json") if (out_dir / "launch.json").exists() else {}
+    lease = lease_state(out_dir, now, lease_timeout or LEASE_TIMEOUT_S)
+    if lease is not None and float(lease.get("started_at", 0.0)) < float(launch.get("time", 0.0)):
+        lease = None                                     # an earlier job's lease, not the current launch's
+    same_host = launch.get("host") in (None, socket.gethostname()) and \
+        (lease is None or lease.get("host") == socket.gethostname())
+    here = socket.gethostname()
+    pids = [p for p in (launcher_pid, launch.get("pid"),
+                        lease.get("pid") if lease and lease.get("host") == here else None) if p]
+    if same_host and pids and not any(_pid_alive(p) for p in pids):
+        return {**status, "state": "LOST", "error": status.get("error") or "the job's processes ended without a "
+                "final status (killed?); see the launcher log"}
+    if lease is not None:
+        if lease["fresh"] and not lease.get("released"):
+            return {**status, "state": "RUNNING", "heartbeat_age_s": round(lease["age_s"], 1),
+                    "host": lease.get("host")}
+        why = "released its lease without a final status" if lease.get("released") else \
+            f"no heartbeat for {lease['age_s']:.0f} s from host {lease.get('host')}"
+        return {**status, "state": "LOST", "error": status.get("error") or f"the job {why}"}
+    if launch and now - float(launch.get("time", now)) > STARTUP_GRACE_S:
+        return {**status, "state": "LOST", "error": status.get("error") or f"the job took no lease within "
+                f"{STARTUP_GRACE_S:.0f} s of its launch"}
     return status
 
 
@@ -209,11 +256,13 @@ def stage_eval_for_run(params: dict, run_id: str, stage: str) -> dict:
     return {"stage": stage, **stage_eval(stage_dir(cfg.data_root, run_id, stage))}
 
 
-def record_launch(out_dir: str | Path, argv: list[str], pid: int, try_number: int | None = None,
+def record_launch(out_dir: str | Path, argv: list[str], pid: int | None, try_number: int | None = None,
                   launched: float | None = None) -> dict:
     """``launch.json``: who started the stage's current job and when (rows older than ``time`` are not its own)."""
+    import socket
+
     info = {"pid": pid, "argv": argv, "out_dir": str(out_dir), "try_number": try_number,
-            "time": launched if launched is not None else time.time()}
+            "host": socket.gethostname(), "time": launched if launched is not None else time.time()}
     write_json(Path(out_dir) / "launch.json", info)
     return info
 

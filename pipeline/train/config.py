@@ -205,6 +205,11 @@ class TrainConfig:
     workers: int = _f(1, desc="Data-parallel ranks (msrun when > 1).", ge=1)
     checkpoint_every: int = _f(10, desc="Checkpoint every N steps.", ge=1)
     keep_checkpoints: int = _f(3, desc="Checkpoints kept per stage.", ge=1)
+    stall_timeout_min: float = _f(30.0, desc="Fail a stage's job when no optimizer step finishes for this many "
+                                  "minutes (the first step includes the graph compile), with its last log lines; "
+                                  "0: never.", ge=0)
+    stage_timeout_h: float = _f(0.0, desc="Airflow execution_timeout of each training stage task, in hours "
+                                "(0: none). A timeout kills the task, which cancels its job.", ge=0)
     peak_tflops: float = _f(0.0, desc="Peak TFLOP/s of one device at this precision, for MFU (0: no MFU).", ge=0)
     eval_tokens: int = _f(65536, desc="Validation tokens per domain scored after each stage (0: no evaluation).",
                           ge=0)

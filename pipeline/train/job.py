@@ -60,6 +60,7 @@ class TrainJob:
     threads: int = _recipe("threads")  # CPU intra-op threads; set to the cores the job owns
     checkpoint_every: int = _recipe("checkpoint_every")
     keep_checkpoints: int = _recipe("keep_checkpoints")
+    stall_timeout_min: float = _recipe("stall_timeout_min")  # no step for this long: the job fails (0: never)
     log_every: int = 10  # status.json refresh + log line period (metrics.jsonl gets every step)
     peak_flops: float = 0.0  # peak FLOP/s of ONE device at this precision, for MFU; 0: MFU not reported
     eval_data: dict = field(default_factory=dict)  # {domain: MindRecord dir} evaluated at the end of the stage

@@ -20,6 +20,7 @@ fresh init. Rerunning a finished stage is therefore a cheap no-op that rewrites 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,6 +39,7 @@ from . import testing_hooks
 from .data import DataPosition, TokenBatches
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
+from .lease import Lease
 from .metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
 from .model import CausalLMLoss, Transformer, attention_impl, count_cell_params
 from .optim import TrainStep, apply_precision, build_optimizer, build_scaler
@@ -80,23 +82,31 @@ def _distributed() -> tuple[int, int]:
 
 
 def run_training(job: TrainJob) -> dict:
-    """Train ``job.steps`` steps (resuming if possible), evaluate; returns the summary also in summary.json."""
+    """Train ``job.steps`` steps (resuming if possible), evaluate; returns the summary also in summary.json.
+
+    Rank 0 first takes the stage folder's lease (``lease.py``): a second trainer in the same folder fails here with
+    ``StageBusy`` before it writes anything.  While training, the lease's heartbeat tells every host the job is
+    alive; a cancel request stops it after the current step, and no step for ``stall_timeout_min`` ends it.
+    """
     _setup_context(job)
     rank, world = _distributed()
     status = StatusFile(job, enabled=rank == 0)
-    logger = JsonlLogger(os.path.join(job.out_dir, "metrics.jsonl")) if rank == 0 else NullLogger()
-    if rank == 0:
-        os.makedirs(job.out_dir, exist_ok=True)
-        job.to_json(os.path.join(job.out_dir, "job.json"))  # provenance: what produced this out_dir
-        ckpt.remove_stale_tmp(job.out_dir)
-    try:
-        status.write("RUNNING", 0)
-        return _train(job, rank, world, status, logger)
-    except BaseException as e:
-        status.write("FAILED", status.last_step, status.last_loss, error=f"{type(e).__name__}: {e}")
-        raise
-    finally:
-        logger.close()
+    held = Lease(job.out_dir, stall_timeout_s=job.stall_timeout_min * 60,
+                 on_stall=lambda msg: status.write("FAILED", status.last_step, status.last_loss, error=msg)) \
+        if rank == 0 else contextlib.nullcontext()
+    with held as lease:
+        logger = JsonlLogger(os.path.join(job.out_dir, "metrics.jsonl")) if rank == 0 else NullLogger()
+        if rank == 0:
+            job.to_json(os.path.join(job.out_dir, "job.json"))  # provenance: what produced this out_dir
+            ckpt.remove_stale_tmp(job.out_dir)
+        try:
+            status.write("RUNNING", 0)
+            return _train(job, rank, world, status, logger, lease)
+        except BaseException as e:
+            status.write("FAILED", status.last_step, status.last_loss, error=f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            logger.close()
 
 
 def _global_batch(job: TrainJob, world: int) -> int:
@@ -155,7 +165,7 @@ def _restore_scaler(scaler, meta: dict) -> None:
         scaler.counter.set_data(Tensor(meta["loss_scale_counter"], ms.int32))
 
 
-def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> dict:
+def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lease: Lease | None = None) -> dict:
     t_start = time.time()
     if job.world_size and job.world_size != world:
         raise ValueError(f"TrainJob.world_size={job.world_size}: the job was planned for {job.world_size} ranks "
@@ -213,6 +223,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger) -> 
                 log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
                          out["grad_norm"], out["loss_scale"], tok_s)
             testing_hooks.after_step(job, step)  # fail_at_step: tests of the resume path
+            if lease is not None:
+                lease.step_done(step)  # heartbeat progress; raises JobCancelled on a cancel request
             t_data = time.time()
         if step < job.steps:
             raise RuntimeError(f"data ended after step {step} of {job.steps}")

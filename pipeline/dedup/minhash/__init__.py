@@ -55,12 +55,12 @@ def build_manifest(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data
 
 
 def run_minhash(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data_root: str | Path,
-                release: str | None = None, input_stage: str = "exact_dedup") -> dict:
+                release: str | None = None, input_stage: str = "exact_dedup", quality=None) -> dict:
     """All four stages and the report, in order, in this process; returns the report."""
     rdir = Path(rdir)
     cfg = check_config(cfg)
     for shard in shards:
-        run_signatures_shard(rdir, shard, cfg, input_stage)
+        run_signatures_shard(rdir, shard, cfg, input_stage, quality)
     for spec in build_manifest(rdir, shards, cfg, data_root, release, input_stage):
         run_band(rdir, spec["band"], cfg)
     run_clusters(rdir, cfg)

@@ -168,7 +168,9 @@ def run_clusters(rdir: Path, cfg: MinhashConfig) -> dict:
 
     # 2. check every distinct pair; keep passing edges
     stats = {"candidate_edges": total_edges, "distinct_pairs": 0, "checked": 0, "false_positives": 0,
-             "index_pairs": 0, "index_false_positives": 0, "partitions": len(parts)}
+             "index_pairs": 0, "index_false_positives": 0, "partitions": len(parts), "member_pairs": 0,
+             "member_pairs_passed": 0}
+    failed: list[tuple[np.ndarray, np.ndarray]] = []
     edge_schema = pa.schema([("a", pa.uint64()), ("b", pa.uint64()), ("similarity", pa.float32()),
                              ("method", pa.string()), ("passed", pa.bool_())])
     passed_files = []
@@ -194,11 +196,25 @@ def run_clusters(rdir: Path, cfg: MinhashConfig) -> dict:
             stats["index_false_positives"] += int((~ok & old).sum())
             writer.write_table(pa.table({"a": a, "b": b, "similarity": sim.astype(np.float32), "method": method,
                                          "passed": ok}, schema=edge_schema))
+            failed.append((a[~ok & ~old], b[~ok & ~old]))
             keep = work / f"passed_{i:05d}.npy"
             np.save(keep, np.stack([a[ok], b[ok]], axis=1))
             np.save(work / f"passed_sim_{i:05d}.npy", sim[ok])
             passed_files.append(keep)
             path.unlink()
+        if store is not None and failed:      # a rejected anchor: check the bucket's other members pairwise
+            from pipeline.dedup.minhash.rescue import member_pairs
+
+            a, b = member_pairs(rdir, cfg.bands, *(np.concatenate(x) for x in zip(*failed, strict=True)))
+            sim = store.jaccard(a, b) if len(a) else np.zeros(0)
+            ok = sim >= cfg.threshold
+            stats["member_pairs"], stats["member_pairs_passed"] = len(a), int(ok.sum())
+            writer.write_table(pa.table({"a": a, "b": b, "similarity": sim.astype(np.float32),
+                                         "method": np.full(len(a), "exact_member"), "passed": ok},
+                                        schema=edge_schema))
+            np.save(work / f"passed_{len(parts):05d}.npy", np.stack([a[ok], b[ok]], axis=1))
+            np.save(work / f"passed_sim_{len(parts):05d}.npy", sim[ok])
+            passed_files.append(work / f"passed_{len(parts):05d}.npy")
     if store is not None:
         store.close()
 

@@ -34,7 +34,7 @@ from pipeline.configkit import ConfigError, _f
 SHINGLE_KINDS = ("auto", "word", "char", "code")
 SCHEMES = ("affine32", "legacy", "affine64")
 ENGINES = ("auto", "numba", "numpy")
-SURVIVOR_CRITERIA = ("score", "longest", "shortest", "source_priority", "first", "doc_id")
+SURVIVOR_CRITERIA = ("kept", "score", "longest", "shortest", "source_priority", "first", "doc_id")
 
 REASON_NEAR_DUP = "near_duplicate"
 REASON_PREVIOUS = "near_duplicate_of_previous_release"
@@ -80,11 +80,12 @@ class MinhashConfig:
                           ge=0, le=1)
     jaccard_check: bool = _f(True, desc="Check candidate pairs by the exact Jaccard similarity of their shingle "
                                         "sets (false: every LSH candidate counts).")
-    survivor_order: list[str] = _f(factory=lambda: ["score", "longest", "source_priority", "doc_id"],
+    survivor_order: list[str] = _f(factory=lambda: ["kept", "score", "longest", "source_priority", "doc_id"],
                                    desc="Criteria choosing the document a cluster keeps, most important first: "
                                         f"{', '.join(SURVIVOR_CRITERIA)}. Ties end on the document's position.")
-    score_column: str = _f("quality_score", desc="Numeric input column for criterion 'score' (higher wins); "
-                                                 "documents of shards without it rank last on that criterion.")
+    score_column: str = _f("", desc="Numeric input column for criterion 'score' (higher wins); empty: the share "
+                                    "of its quality chain's filters a document passes, computed in stage 1. "
+                                    "Documents without a score rank last on that criterion.")
     source_priority: list[str] = _f(factory=list, desc="Sources in order of preference for 'source_priority'; "
                                                        "unlisted sources rank after listed ones.")
     use_index: bool = _f(False, desc="Also remove documents that duplicate earlier releases in the dedup index "

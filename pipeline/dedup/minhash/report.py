@@ -95,6 +95,7 @@ def write_report(rdir: Path, cfg: MinhashConfig) -> dict:
         "largest_cluster": summary["largest_cluster"], "cluster_sizes": summary["cluster_sizes"],
         "candidate_edges": summary["candidate_edges"], "distinct_pairs": summary["distinct_pairs"],
         "false_positives_rejected": summary["false_positives"],
+        "member_pairs": summary.get("member_pairs", 0), "member_pairs_passed": summary.get("member_pairs_passed", 0),
         "index": {"releases": summary["index_releases"], "pairs": summary["index_pairs"],
                   "rejected": summary["index_false_positives"]},
         "removed": summary["removed"], "per_domain": per_domain, "examples": examples,

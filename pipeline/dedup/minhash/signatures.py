@@ -19,6 +19,7 @@ import logging
 import operator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -236,10 +237,16 @@ def band_keys(sig: np.ndarray, bands: int, rows: int) -> np.ndarray:
 # Stage 1 entry point
 
 
-def run_signatures_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage: str = "exact_dedup") -> dict:
-    """Signatures of one input shard → ``minhash/signatures/<shard>.parquet``; returns small stats."""
+def run_signatures_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage: str = "exact_dedup",
+                         quality: Any = None) -> dict:
+    """Signatures of one input shard → ``minhash/signatures/<shard>.parquet``; returns small stats.
+
+    With a :class:`~pipeline.config.QualityConfig`, the chain's verdicts go beside them (:mod:`.prescore`).
+    """
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from pipeline.dedup.minhash.prescore import EXTRA_COLUMNS, chain_verdicts, quality_digest
 
     cfg = check_config(cfg)
     if not cfg.enabled:
@@ -251,13 +258,15 @@ def run_signatures_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage
     if not src.exists():
         raise MinhashError(f"{src}: input shard of minhash stage 1 is missing (is stage {input_stage!r} done?)")
     src_sha256 = sha256_file(src)
-    if (done := completed(out)) and done.get("config") == digest and done.get("input_sha256") == src_sha256:
+    q_digest = quality_digest(quality)
+    if (done := completed(out)) and done.get("config") == digest and done.get("input_sha256") == src_sha256 \
+            and done.get("quality_sha256", "") == q_digest:
         return done["stats"]
     names = set(pq.read_schema(src).names)
     missing = {"doc_id", "text"} - names
     if missing:
         raise MinhashError(f"{src}: column(s) {sorted(missing)} missing (has {sorted(names)})")
-    cols = [c for c in ("doc_id", "domain", "source", "text", cfg.score_column) if c and c in names]
+    cols = [c for c in ("doc_id", "domain", "source", "text", cfg.score_column, *EXTRA_COLUMNS) if c and c in names]
     table = pq.read_table(src, columns=cols)
     n = table.num_rows
     texts = table.column("text").to_pylist()
@@ -272,13 +281,14 @@ def run_signatures_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage
             res = engine.compute([texts[i] for i in idx], dom)
             sig[idx], count[idx], kind[idx] = res.sig, res.count, res.kind
     keys = band_keys(sig, cfg.bands, cfg.rows)
+    keep, chain_score = chain_verdicts(quality, table, domains)
     score = (table.column(cfg.score_column).cast(pa.float64()).fill_null(float("nan"))
-             if cfg.score_column and cfg.score_column in names else pa.array(np.full(n, np.nan)))
+             if cfg.score_column and cfg.score_column in names else pa.array(chain_score))
     arrays = {"row": pa.array(np.arange(n, dtype=np.int32)), "doc_id": table.column("doc_id"),
               "domain": pa.array(domains, pa.string()),
               "source": table.column("source") if "source" in names else pa.array([""] * n, pa.string()),
               "n_chars": pa.array([len(t) for t in texts], pa.int64()), "score": score,
-              "shingles": pa.array(count), "kind": pa.array(kind)}
+              "keep": pa.array(keep), "shingles": pa.array(count), "kind": pa.array(kind)}
     for j in range(cfg.bands):
         arrays[band_column(j)] = pa.array(keys[:, j])
     flat = pa.array(sig.reshape(-1))
@@ -288,7 +298,7 @@ def run_signatures_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage
     stats = {"shard": shard, "docs": n, "no_shingles": int((count == 0).sum()), "engine": engine.engine,
              "shingles": int(count.sum()), "bytes": int(sum(len(t.encode("utf-8", "surrogatepass")) for t in texts))}
     write_marker(out, {"stats": stats, "docs": n, "domain": domain, "config": digest,
-                       "input_sha256": src_sha256})
+                       "input_sha256": src_sha256, "quality_sha256": q_digest})
     log.info("minhash signatures %s: %d docs, %d shingles (%s)", shard, n, stats["shingles"], engine.engine)
     return stats
 

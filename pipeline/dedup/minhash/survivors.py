@@ -1,8 +1,12 @@
 """Which document a cluster keeps: a documented, configurable, deterministic rule (part of stage 3).
 
-``survivor_order`` lists criteria, most important first (default ``score, longest, source_priority, doc_id``):
+``survivor_order`` lists criteria, most important first (default ``kept, score, longest, source_priority,
+doc_id``):
 
-* ``score``: highest value of the input column ``score_column`` (documents without one rank last);
+* ``kept``: a document the quality filters would keep, before one they would drop (verdicts from stage 1,
+  :mod:`pipeline.dedup.minhash.prescore`; unknown verdicts rank between the two);
+* ``score``: highest score: the input column ``score_column`` when set, else the share of its quality chain's
+  filters the document passes (stage 1); documents without one rank last;
 * ``longest`` / ``shortest``: most / fewest characters;
 * ``source_priority``: earliest in the configured ``source_priority`` list (unlisted sources after listed ones);
 * ``first``: earliest position in the run (shard order of the manifest, then row);
@@ -27,7 +31,7 @@ from pipeline.dedup.minhash.index import DedupIndex
 from pipeline.dedup.minhash.layout import gid_to_shard, read_rows, signature_path, split_index_node
 from pipeline.dedup.minhash.verify import is_index
 
-FIELDS = ("doc_id", "domain", "source", "n_chars", "score")
+FIELDS = ("doc_id", "domain", "source", "n_chars", "score", "keep")
 
 
 def doc_fields(rdir: Path, manifest: dict, gids: np.ndarray):
@@ -43,7 +47,8 @@ def doc_fields(rdir: Path, manifest: dict, gids: np.ndarray):
                                "domain": t.column("domain").cast(pa.string()),
                                "source": t.column("source").cast(pa.string()),
                                "n_chars": t.column("n_chars").cast(pa.int64()),
-                               "score": t.column("score").cast(pa.float64())}))
+                               "score": t.column("score").cast(pa.float64()),
+                               "keep": t.column("keep").cast(pa.int8())}))
     return pa.concat_tables(parts).combine_chunks()
 
 
@@ -54,7 +59,10 @@ def rank_keys(fields, gids: np.ndarray, order: list[str], source_priority: list[
 
     keys = []
     for crit in order:
-        if crit == "score":
+        if crit == "kept":          # 1 keep → 0, -1 unknown → 1, 0 drop → 2
+            keep = fields.column("keep").to_numpy(zero_copy_only=False).astype(np.int64)
+            keys.append(np.where(keep == 1, 0, np.where(keep < 0, 1, 2)))
+        elif crit == "score":
             score = fields.column("score").to_numpy(zero_copy_only=False).astype(np.float64)
             keys.append(np.where(np.isnan(score), np.inf, -score))
         elif crit in ("longest", "shortest"):

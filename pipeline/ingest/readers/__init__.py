@@ -10,12 +10,13 @@ from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, 
 from pipeline.ingest.readers.code import CodeReader
 from pipeline.ingest.readers.html import HtmlReader
 from pipeline.ingest.readers.jsonl import JsonlReader
+from pipeline.ingest.readers.mediawiki import MediawikiReader
 from pipeline.ingest.readers.parquet import ParquetReader
 from pipeline.ingest.readers.text import TextReader
 from pipeline.ingest.readers.warc import WarcReader
 
 READERS: dict[str, type[Reader]] = {cls.name: cls for cls in (JsonlReader, ParquetReader, TextReader, HtmlReader,
-                                                             WarcReader, CodeReader)}
+                                                             WarcReader, CodeReader, MediawikiReader)}
 
 __all__ = ["READERS", "FileRef", "ParsedDoc", "RawRecord", "ReadError", "Reader", "Rejection", "make_reader",
            "options_from_dict"]

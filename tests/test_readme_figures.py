@@ -1,0 +1,65 @@
+"""The README's benchmark figures come from benchmarks/results.json: the marked block is exactly what
+benchmarks/readme_block.py renders from it, and every number in the block is a number of results.json."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+
+from conftest import REPO
+
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import readme_block  # noqa: E402
+
+NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?")
+
+
+def _block() -> str:
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert text.count(readme_block.START) == 1 and text.count(readme_block.END) == 1
+    return text[text.index(readme_block.START):text.index(readme_block.END) + len(readme_block.END)]
+
+
+def _numbers_of(obj, out: list[float]) -> list[float]:
+    """Every number in results.json: numeric leaves and numbers inside its strings (versions, dates, labels)."""
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _numbers_of(k, out)
+            _numbers_of(v, out)
+    elif isinstance(obj, list):
+        for v in obj:
+            _numbers_of(v, out)
+    elif isinstance(obj, bool):
+        pass
+    elif isinstance(obj, int | float):
+        out.append(float(obj))
+    elif isinstance(obj, str):
+        out += [float(m.replace(",", "")) for m in NUMBER.findall(obj)]
+    return out
+
+
+def test_readme_block_is_generated_from_results_json():
+    results = json.loads((REPO / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    assert _block() == readme_block.render_block(results), "run benchmarks/run_all.py --report-only"
+
+
+def test_every_number_in_the_readme_block_is_in_results_json():
+    results = json.loads((REPO / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    # what the block shows: the metrics (values, targets, labels), the extractor comparison and the run's start;
+    # not every number of the raw results, so a stale figure cannot match some unrelated value by chance
+    extractors = results["topics"]["ingest"]["results"]["html_extractors.json"]
+    known = _numbers_of([results["metrics"], results["started"], results["mode"], extractors["pages"],
+                         extractors["extractors"]], [])
+    known += [float(len(m["runs"])) for m in results["metrics"]]         # the Runs column
+    body = re.sub(r"<!--.*?-->", "", _block(), flags=re.S)
+    missing = []
+    for token in NUMBER.findall(body):
+        shown = float(token.replace(",", ""))
+        digits = len(token.split(".")[1]) if "." in token else 0
+        tol = 0.5 * 10 ** -digits + 1e-9
+        if not any(abs(v - shown) <= tol or abs(100 * v - shown) <= tol for v in known):   # shares shown as %
+            missing.append(token)
+    assert not missing, f"numbers in the README block that results.json does not hold: {missing}"
+    assert "0.14×" in body                     # the end-to-end ingest ratio against datatrove is not left out
