@@ -62,13 +62,19 @@ demo: $(STAMP) corpus airflow-init
 	echo; echo "Airflow logs: $(AIRFLOW_HOME)/demo_corpus_build.log $(AIRFLOW_HOME)/demo_pretrain.log"; \
 	echo "demo took $$(( $$(date +%s) - start )) s (after setup)"
 
-# Debian packages some tests drive: headless Chromium (browser test), docker-compose (compose-file validation).
-# Installed when missing and we are root with apt; otherwise those tests skip and say why.
+# Debian packages some tests drive: headless Chromium (browser test), docker-compose (compose-file validation),
+# PostgreSQL and Redis servers (Celery live test; initdb may already be on PATH from the machine image, Debian keeps
+# it in /usr/lib/postgresql/<v>/bin).  Installed when missing and we are root with apt; otherwise those tests skip
+# and say why.
 system-deps:
-	@if { ! command -v chromium >/dev/null || ! command -v docker-compose >/dev/null; } \
-	    && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	  echo "installing chromium docker-compose (apt)"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium docker-compose) \
+	@pkgs=""; \
+	command -v chromium >/dev/null || pkgs="$$pkgs chromium"; \
+	command -v docker-compose >/dev/null || pkgs="$$pkgs docker-compose"; \
+	{ command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || pkgs="$$pkgs postgresql"; \
+	command -v redis-server >/dev/null || pkgs="$$pkgs redis-server"; \
+	if [ -n "$$pkgs" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	  echo "installing$$pkgs (apt)"; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs) \
 	    > .apt-install.log 2>&1 || { echo "apt install failed, see .apt-install.log"; tail -5 .apt-install.log; }; \
 	fi
 

@@ -1,7 +1,9 @@
 """Run a real Airflow deployment on loopback for end-to-end tests: api-server, scheduler, dag-processor, triggerer.
 
-SQLite and LocalExecutor in a throw-away ``AIRFLOW_HOME``, free ports, login admin/admin.  Every process runs in
-its own session so the whole group can be stopped, and its log is kept for the failure message.
+SQLite and LocalExecutor in a throw-away ``AIRFLOW_HOME`` by default, free ports, login admin/admin.  ``executor``,
+``db_url`` and ``extra_components`` (e.g. Celery workers, see ``celery_services.py``) turn the same class into a
+production-like deployment.  Every process runs in its own session so its whole group can be stopped (or killed
+and started again by a test), and its log is kept for the failure message.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import subprocess
 import sys
 import time
 import urllib.parse
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import httpx
@@ -29,16 +32,21 @@ def free_port() -> int:
 
 
 class AirflowDeployment:
-    def __init__(self, home: Path, config_path: Path, extra_env: dict[str, str] | None = None):
+    """``extra_components`` maps a name to ``(airflow CLI args, extra env)``; they start after the core four are
+    healthy and stop first.  ``procs`` holds the running ``Popen`` of every component by name."""
+
+    def __init__(self, home: Path, config_path: Path, extra_env: dict[str, str] | None = None, *,
+                 executor: str = "LocalExecutor", db_url: str | None = None,
+                 extra_components: Mapping[str, tuple[Sequence[str], Mapping[str, str]]] | None = None):
         self.home = home
         self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
         self.env.update({
             "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__CORE__EXECUTOR": executor,
             "AIRFLOW__CORE__PARALLELISM": "4",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": db_url or f"sqlite:///{home}/airflow.db",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
             "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(home / "passwords.json"),
             "AIRFLOW__API__HOST": "127.0.0.1", "AIRFLOW__API__PORT": str(self.port),
@@ -47,6 +55,7 @@ class AirflowDeployment:
             "AIRFLOW__API__SECRET_KEY": "mindloom-e2e-secret-key",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
             "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_HOST": "127.0.0.1",
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__TRIGGERER__TRIGGERER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
@@ -56,6 +65,10 @@ class AirflowDeployment:
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
         })
         self.env.update(extra_env or {})
+        self.commands: dict[str, tuple[list[str], dict[str, str]]] = {c: ([c], {}) for c in COMPONENTS}
+        self.extra = list(extra_components or {})
+        for name, (args, env) in (extra_components or {}).items():
+            self.commands[name] = (list(args), dict(env))
         self.procs: dict[str, subprocess.Popen] = {}
         self.token = ""
 
@@ -72,45 +85,79 @@ class AirflowDeployment:
         if res.returncode:
             raise RuntimeError(f"airflow db migrate failed:\n{res.stdout[-3000:]}\n{res.stderr[-3000:]}")
         for c in COMPONENTS:
-            log = open(self.home / f"{c}.log", "wb")
-            self.procs[c] = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), c], env=self.env,
-                                             stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                             start_new_session=True)
+            self.start_component(c)
         deadline = time.time() + timeout
         while time.time() < deadline:
-            self._check_alive()
+            self.check_alive()
             try:
                 health = httpx.get(f"{self.base}/api/v2/monitor/health", timeout=5).json()
                 if all(health.get(k, {}).get("status") == "healthy"
                        for k in ("metadatabase", "scheduler", "triggerer", "dag_processor")):
                     self.login()
+                    for c in self.extra:
+                        self.start_component(c)
                     return
             except (httpx.HTTPError, ValueError):
                 pass
             time.sleep(2)
         raise TimeoutError(f"Airflow not healthy after {timeout} s\n{self.logs_tail()}")
 
-    def _check_alive(self) -> None:
+    def start_component(self, name: str) -> subprocess.Popen:
+        """Start (or start again, appending to its log) one component in its own session."""
+        args, env = self.commands[name]
+        with open(self.home / f"{name}.log", "ab") as log:
+            self.procs[name] = subprocess.Popen([str(Path(sys.executable).parent / "airflow"), *args],
+                                                env={**self.env, **env}, stdout=log, stderr=subprocess.STDOUT,
+                                                stdin=subprocess.DEVNULL, start_new_session=True)
+        return self.procs[name]
+
+    def kill_component(self, name: str, sig: int = signal.SIGKILL, timeout: float = 40) -> int | None:
+        """Signal a component's whole process group and wait for its main process; returns its exit code.
+
+        Task processes and training jobs run in sessions of their own, so they outlive a killed worker (as on a
+        real host): a test that kills a worker waits for or stops those itself."""
+        proc = self.procs.pop(name)
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        try:
+            return proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return proc.wait(timeout=10)
+
+    def check_alive(self) -> None:
+        """Raise with the logs when a component has exited (a killed one is no longer in ``procs``)."""
         for c, p in self.procs.items():
             if p.poll() is not None:
                 raise RuntimeError(f"airflow {c} exited with {p.returncode}\n{self.logs_tail()}")
 
     def stop(self) -> None:
-        for p in self.procs.values():
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-        deadline = time.time() + 40
-        for p in self.procs.values():
-            try:
-                p.wait(timeout=max(deadline - time.time(), 1))
-            except subprocess.TimeoutExpired:
-                os.killpg(p.pid, signal.SIGKILL)
+        """SIGTERM every group (extra components such as workers first), SIGKILL what is left after 40 s."""
+        extra = [self.procs[c] for c in self.extra if c in self.procs]
+        core = [p for c, p in self.procs.items() if c not in self.extra]
+        for group in (extra, core):
+            for p in group:
+                try:
+                    os.killpg(p.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+            deadline = time.time() + 40
+            for p in group:
+                try:
+                    p.wait(timeout=max(deadline - time.time(), 1))
+                except subprocess.TimeoutExpired:
+                    pass
+                try:
+                    os.killpg(p.pid, signal.SIGKILL)    # leftovers of the group (the main process may be gone)
+                except ProcessLookupError:
+                    pass
+                p.wait(timeout=10)
 
     def logs_tail(self, n: int = 2500) -> str:
         out = []
-        for c in COMPONENTS:
+        for c in self.commands:
             f = self.home / f"{c}.log"
             if f.exists():
                 out.append(f"--- {c} ---\n{f.read_text(errors='replace')[-n:]}")
@@ -140,7 +187,7 @@ class AirflowDeployment:
         deadline = time.time() + timeout
         run: dict = {}
         while time.time() < deadline:
-            self._check_alive()
+            self.check_alive()
             run = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}").json()
             if run.get("state") in states:
                 return run

@@ -1,0 +1,137 @@
+"""Airflow on CeleryExecutor, Postgres and Redis on loopback: the corpus and the Asset-triggered training, end to end.
+
+One deployment for the module (``celery_services.CeleryStack``): ``corpus_build`` triggered over REST, then the
+``pretrain`` run its Asset event starts, both to success, with every task instance on the worker its queue names
+(data stages on ``data@mindloom``, ``train_*`` on ``train@mindloom``).  Then the train worker is restarted with
+``MINDLOOM_TRAIN_DEFERRABLE=1`` (workers parse the DAG file for each task, so the flag takes effect there) and a
+hand-triggered ``pretrain`` must see its stages deferred to the triggerer and still succeed.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import psutil
+import pytest
+from airflow_services import q
+from celery_services import WORKERS, CeleryStack, missing_services
+from conftest import tiny_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.live]
+
+_MISSING = missing_services()
+if _MISSING:
+    pytest.skip(f"Celery live test skipped: {_MISSING}", allow_module_level=True)
+
+DATA_NODE, TRAIN_NODE = WORKERS["worker-data"][1], WORKERS["worker-train"][1]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("celery")
+    st = CeleryStack(tmp / "airflow_home", tiny_config(tmp))
+    pids: set[int] = set()
+    try:
+        st.start()
+        for dag_id in ("corpus_build", "pretrain"):
+            st.airflow.wait_for_dag(dag_id)
+        yield st
+    finally:
+        pids = st.pids()
+        st.stop()
+    assert not _alive(pids), f"processes left behind: {_alive(pids)}"
+    assert not st.postgres.root.exists() and not st.redis.root.exists()
+
+
+def _alive(pids: set[int]) -> list[str]:
+    out = []
+    for pid in pids:
+        try:
+            proc = psutil.Process(pid)
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                out.append(f"{pid} {' '.join(proc.cmdline())}")
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def test_every_listening_socket_is_on_loopback(stack):
+    """Postgres, Redis, the api-server and the scheduler's health check; the log servers are off (skip-serve-logs)."""
+    sockets = stack.listening()
+    ports = {port for _, port, _ in sockets}
+    assert {stack.postgres.port, stack.redis.port, stack.airflow.port} <= ports, sockets
+    assert all(ip == "127.0.0.1" for ip, _, _ in sockets), sockets
+
+
+def task_instances(dep, dag_id: str, run_id: str) -> list[dict]:
+    r = dep.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances", params={"limit": 1000})
+    r.raise_for_status()
+    return r.json()["task_instances"]
+
+
+def assert_routed(tis: list[dict]) -> int:
+    """Every task instance that ran did so on the worker of its queue; returns how many ran on the train worker."""
+    wrong = []
+    for ti in tis:
+        if ti["state"] == "skipped":
+            continue
+        want = ("train", TRAIN_NODE) if ti["task_id"].startswith("train_") else ("data", DATA_NODE)
+        if (ti["queue"], ti["hostname"]) != want:
+            wrong.append(f"{ti['task_id']}[{ti['map_index']}] state={ti['state']} queue={ti['queue']} "
+                         f"hostname={ti['hostname']} (want {want})")
+    assert not wrong, "tasks not on their queue's worker:\n" + "\n".join(wrong)
+    return sum(ti["hostname"] == TRAIN_NODE for ti in tis)
+
+
+def wait_asset_run(dep, timeout: float = 240) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        runs = dep.api("GET", "/dags/pretrain/dagRuns").json()["dag_runs"]
+        run = next((r["dag_run_id"] for r in runs if r["run_type"] == "asset_triggered"), None)
+        if run:
+            return run
+        time.sleep(3)
+    raise AssertionError(f"pretrain was not started by the corpus publish\n{dep.logs_tail()}")
+
+
+def test_corpus_then_asset_triggered_pretrain_on_celery_workers(stack):
+    dep = stack.airflow
+    assert dep.api("PATCH", "/dags/corpus_build", json={"is_paused": False}).status_code == 200
+    r = dep.api("POST", "/dags/corpus_build/dagRuns",
+                json={"dag_run_id": "celery_build", "logical_date": None, "conf": {"run_name": "celery"}})
+    assert r.status_code == 200, r.text
+    assert dep.wait_run("corpus_build", "celery_build", timeout=900)["state"] == "success", dep.logs_tail()
+    corpus_tis = task_instances(dep, "corpus_build", "celery_build")
+    assert assert_routed(corpus_tis) == 0 and len(corpus_tis) > 5
+
+    run = wait_asset_run(dep)
+    assert dep.wait_run("pretrain", run, timeout=900)["state"] == "success", dep.logs_tail()
+    tis = task_instances(dep, "pretrain", run)
+    stages = [ti for ti in tis if ti["task_id"].startswith("train_")]
+    assert stages and assert_routed(tis) == len(stages)
+    assert all(ti["state"] == "success" for ti in tis), [(t["task_id"], t["state"]) for t in tis]
+
+
+def test_deferrable_stages_complete_through_the_triggerer(stack):
+    dep = stack.airflow
+    dep.kill_component("worker-train", sig=signal.SIGTERM)   # warm shutdown: no task is running
+    dep.commands["worker-train"][1]["MINDLOOM_TRAIN_DEFERRABLE"] = "1"
+    stack.restart_worker("worker-train")
+    r = dep.api("POST", "/dags/pretrain/dagRuns",
+                json={"dag_run_id": "celery_deferred", "logical_date": None, "conf": {}})
+    assert r.status_code == 200, r.text
+    deferred: set[str] = set()
+    deadline = time.time() + 900
+    while time.time() < deadline:
+        dep.check_alive()
+        tis = task_instances(dep, "pretrain", "celery_deferred")
+        deferred |= {ti["task_id"] for ti in tis if ti["state"] == "deferred"}
+        state = dep.api("GET", "/dags/pretrain/dagRuns/celery_deferred").json()["state"]
+        if state in ("success", "failed"):
+            break
+        time.sleep(1)
+    assert state == "success", dep.logs_tail()
+    stages = {ti["task_id"] for ti in tis if ti["task_id"].startswith("train_")}
+    assert stages and deferred == stages, f"deferred {sorted(deferred)}, stages {sorted(stages)}"
+    assert assert_routed(tis) == len(stages)      # execute_complete ran on the train worker too
