@@ -30,7 +30,9 @@ DATA_NODE, TRAIN_NODE = WORKERS["worker-data"][1], WORKERS["worker-train"][1]
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("celery")
-    st = CeleryStack(tmp / "airflow_home", tiny_config(tmp))
+    # A dead task supervisor is noticed after 20 s instead of 300 (the retry then reconnects to the job).
+    st = CeleryStack(tmp / "airflow_home", tiny_config(tmp),
+                     {"AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "20"})
     pids: set[int] = set()
     try:
         st.start()
@@ -111,6 +113,89 @@ def test_corpus_then_asset_triggered_pretrain_on_celery_workers(stack):
     stages = [ti for ti in tis if ti["task_id"].startswith("train_")]
     assert stages and assert_routed(tis) == len(stages)
     assert all(ti["state"] == "success" for ti in tis), [(t["task_id"], t["state"]) for t in tis]
+
+
+def _stage_dir(stack, run_id: str):
+    from pipeline.config import load_config
+    from pipeline.io import safe_run_id
+
+    cfg = load_config(stack.airflow.env["MINDLOOM_CONFIG"])
+    return __import__("pathlib").Path(cfg.data_root) / "train" / safe_run_id(run_id) / "main"
+
+
+def _wait_training(stage, min_step: int, timeout: float = 300) -> dict:
+    from pipeline.tasks.pretrain import job_state
+
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        st = job_state(stage) if stage.exists() else {"state": "PENDING", "step": 0}
+        if st["state"] == "RUNNING" and (st.get("step") or 0) >= min_step:
+            return st
+        assert st["state"] not in ("FAILED", "LOST", "SUCCEEDED"), st
+        time.sleep(1)
+    raise TimeoutError(f"stage {stage} never reached step {min_step}")
+
+
+def _kill_task_processes(dep, run_id: str, task_id: str) -> list[int]:
+    """SIGKILL the processes running the task (the worker's view of it); the training job, in its own session,
+    is left alone, as it would survive the loss of a worker host's Celery process."""
+    import psutil
+
+    ti = dep.api("GET", f"/dags/pretrain/dagRuns/{q(run_id)}/taskInstances/{task_id}").json()
+    killed = []
+    for proc in psutil.process_iter(["cmdline"]):
+        cmd = " ".join(proc.info["cmdline"] or [])
+        if proc.pid == ti.get("pid") or (task_id in cmd and run_id in cmd and "pipeline.train" not in cmd):
+            try:
+                proc.kill()
+                killed.append(proc.pid)
+            except psutil.NoSuchProcess:
+                pass
+    return killed
+
+
+def test_a_lost_train_worker_reconnects_to_the_job_and_marking_failed_cancels_it(stack):
+    from pipeline.io import read_json
+
+    dep = stack.airflow
+    run = "celery_kill"
+    r = dep.api("POST", "/dags/pretrain/dagRuns",
+                json={"dag_run_id": run, "logical_date": None, "conf": {"train_steps": 120}})
+    assert r.status_code == 200, r.text
+    stage = _stage_dir(stack, run)
+    _wait_training(stage, min_step=3)
+    dep.kill_component("worker-train")                     # the worker dies with its task processes
+    _kill_task_processes(dep, run, "train_main")
+    time.sleep(6)
+    from pipeline.tasks.pretrain import job_state
+
+    assert job_state(stage)["state"] == "RUNNING"           # the job keeps its lease
+    stack.restart_worker("worker-train")
+    assert dep.wait_run("pretrain", run, timeout=900)["state"] == "success", dep.logs_tail()
+    tries = dep.api("GET", f"/dags/pretrain/dagRuns/{run}/taskInstances/train_main/tries").json()
+    assert tries["total_entries"] >= 2
+    launch = read_json(stage / "launch.json")
+    assert launch["try_number"] == 1                         # the retry reconnected; nobody launched again
+    summary = read_json(stage / "summary.json")
+    assert summary["steps"] == 120 and summary["resumed_from"] is None
+
+    # Marking a running stage failed over REST stops its job (on_kill writes cancel.json, from any host).
+    run = "celery_cancel"
+    r = dep.api("POST", "/dags/pretrain/dagRuns",
+                json={"dag_run_id": run, "logical_date": None, "conf": {"train_steps": 400}})
+    assert r.status_code == 200, r.text
+    stage = _stage_dir(stack, run)
+    _wait_training(stage, min_step=3)
+    r = dep.api("PATCH", f"/dags/pretrain/dagRuns/{run}/taskInstances/train_main",
+                json={"new_state": "failed"})
+    assert r.status_code == 200, r.text
+    deadline = time.time() + 120
+    while time.time() < deadline and job_state(stage)["state"] == "RUNNING":
+        time.sleep(1)
+    st = job_state(stage)
+    assert st["state"] == "FAILED" and "cancelled" in (st.get("error") or ""), st
+    assert (st.get("step") or 0) < 400
+    assert dep.wait_run("pretrain", run, timeout=300)["state"] == "failed"
 
 
 def test_deferrable_stages_complete_through_the_triggerer(stack):

@@ -234,8 +234,6 @@ class TrainConfig:
         if self.workers % self.tensor_parallel:
             raise ConfigError(f"train.tensor_parallel: must divide train.workers ({self.workers}), "
                               f"got {self.tensor_parallel}")
-        from pipeline.train.memory_plan import check_layout
-
         try:
             check_layout(ModelConfig.from_preset(self.preset, **self.model_overrides), self.tensor_parallel,
                          where="train.tensor_parallel")
@@ -307,3 +305,13 @@ class TrainConfig:
 
 
 _NOT_PER_STAGE = ("preset", "model_overrides", "stages")
+
+
+def check_layout(cfg: ModelConfig, tp: int, where: str = "TrainJob.tensor_parallel") -> None:
+    """The head/vocab/FFN splits tensor parallel needs; the error names the field."""
+    if tp < 1:
+        raise ValueError(f"{where}={tp}: must be >= 1")
+    for name, n in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads), ("vocab_size", cfg.vocab_size),
+                    ("ffn_hidden", cfg.ffn_hidden)):
+        if n % tp:
+            raise ValueError(f"{where}={tp}: must divide ModelConfig.{name}={n}")

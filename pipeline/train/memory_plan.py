@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .config import ModelConfig
+from .config import ModelConfig, check_layout  # noqa: F401 - check_layout is part of this module's API
 
 GiB = 1 << 30
 HEADROOM = 0.10
@@ -52,16 +52,6 @@ PRESET_LAYOUTS: dict[str, Layout] = {
     "13b": Layout(tp=8, dp=4, zero=True, recompute=True, precision="bf16", seq_len=4096, micro_batch=1),
     "70b": Layout(tp=8, dp=16, zero=True, recompute=True, precision="bf16", seq_len=4096, micro_batch=1),
 }
-
-
-def check_layout(cfg: ModelConfig, tp: int, where: str = "TrainJob.tensor_parallel") -> None:
-    """The head/vocab/FFN splits tensor parallel needs; the error names the field."""
-    if tp < 1:
-        raise ValueError(f"{where}={tp}: must be >= 1")
-    for name, n in (("n_heads", cfg.n_heads), ("n_kv_heads", cfg.n_kv_heads), ("vocab_size", cfg.vocab_size),
-                    ("ffn_hidden", cfg.ffn_hidden)):
-        if n % tp:
-            raise ValueError(f"{where}={tp}: must divide ModelConfig.{name}={n}")
 
 
 def sharded_and_replicated_params(cfg: ModelConfig) -> tuple[int, int]:
@@ -128,7 +118,7 @@ def knob_to_change(p: MemoryPlan, layout: Layout) -> str:
     if p.activations >= max(state, p.optimizer):
         if not layout.recompute:
             return "enable model.recompute (activations are the largest term)"
-        return "lower train.batch_size (TrainJob.micro_batch) or TrainJob.seq_len (activations are the largest term)"
+        return "lower TrainJob.micro_batch (train.batch_size) or TrainJob.seq_len (activations are the largest term)"
     if p.optimizer >= state and not layout.zero and layout.dp > 1:
         return "set TrainJob.zero=true (shards the Adam moments over the data-parallel ranks)"
     return "raise TrainJob.tensor_parallel (weights and gradients are split only by tensor parallel)"
