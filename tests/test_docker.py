@@ -294,7 +294,8 @@ def test_dockerfiles_pass_the_lint(dockerfile):
 def test_airflow_image_runs_as_airflow_uid_gid0_in_both_targets():
     steps = instructions((DOCKER / "airflow.Dockerfile").read_text())
     froms = [rest for _, i, rest in steps if i == "FROM"]
-    assert froms == ["apache/airflow:3.3.2-python3.11 AS airflow", "airflow AS airflow-train"]
+    assert froms == ["${BASE_IMAGE} AS airflow", "airflow AS airflow-train"]
+    assert "ARG BASE_IMAGE=apache/airflow:3.3.2-python3.11" in (DOCKER / "airflow.Dockerfile").read_text()
     assert [rest for _, i, rest in steps if i == "USER"][-1] == "50000:0"
     assert not [rest for _, i, rest in steps[[i for _, i, _ in steps].index("FROM", 1):] if i == "USER"]
     run = " ".join(rest for _, i, rest in steps if i == "RUN")
