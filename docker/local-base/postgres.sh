@@ -5,7 +5,7 @@
 set -eu
 BIN=/usr/lib/postgresql/15/bin
 DATA=/var/lib/postgresql/data/pg15
-chown postgres:postgres /var/lib/postgresql/data
+mkdir -p /var/lib/postgresql/data && chown postgres:postgres /var/lib/postgresql/data
 if [ ! -s "$DATA/PG_VERSION" ]; then
   pw=$(mktemp) && printf '%s' "$POSTGRES_PASSWORD" > "$pw" && chown postgres "$pw"
   runuser -u postgres -- "$BIN/initdb" -D "$DATA" -U "$POSTGRES_USER" --pwfile="$pw" --auth=scram-sha-256 \
