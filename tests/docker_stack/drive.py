@@ -3,6 +3,9 @@
 Run by tests/docker_stack/run.sh (not collected by pytest: `make test` has no Docker).  Subcommands:
   config HOST_DIR CONTAINER_DIR   write the tiny config (tests/conftest.py tiny_config) with container paths
   run API_URL PASSWORD            log in, unpause, trigger, wait, check where tasks ran; exit 1 on failure
+  host-ports                      stdin -> stdout: a rendered compose model without `ports:` on host-network
+                                  services (compose v1 cannot unset a list in an override, and the engine refuses
+                                  published ports on host networking)
 """
 
 from __future__ import annotations
@@ -104,8 +107,20 @@ def drive(base: str, password: str) -> None:
     print("stack run: corpus_build and asset-triggered pretrain succeeded on Celery workers in containers")
 
 
+def drop_host_ports(text: str) -> str:
+    import yaml
+
+    model = yaml.safe_load(text)
+    for svc in model["services"].values():
+        if svc.get("network_mode") == "host":
+            svc.pop("ports", None)
+    return yaml.safe_dump(model, sort_keys=False)
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "config":
+    if sys.argv[1] == "host-ports":
+        sys.stdout.write(drop_host_ports(sys.stdin.read()))
+    elif sys.argv[1] == "config":
         write_config(Path(sys.argv[2]), sys.argv[3])
     elif sys.argv[1] == "run":
         drive(sys.argv[2], sys.argv[3])

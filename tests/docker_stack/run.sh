@@ -30,11 +30,11 @@ say "private dockerd up ($DOCKER_HOST, no bridge, no iptables)"
 
 STACK_DIR=$(mktemp -d "$STATE/stack.XXXX")
 PROJECT=mindloom-stack
-compose() { docker-compose -p "$PROJECT" --env-file "$STACK_DIR/stack.env" -f docker/docker-compose.yaml \
-              -f docker/compose.test.yaml "$@"; }
+# The base file + the test override, rendered once into one model without host-network `ports:`.
+compose() { docker-compose -p "$PROJECT" -f "$STACK_DIR/compose.yaml" "$@"; }
 teardown() {
   rc=$?
-  if [ -f "$STACK_DIR/stack.env" ]; then
+  if [ -f "$STACK_DIR/compose.yaml" ]; then
     [ $rc = 0 ] || compose logs --no-color --tail 80 > "$STATE/logs/compose-failure.log" 2>&1 || true
     compose down --volumes --remove-orphans --timeout 20 > "$STATE/logs/down.log" 2>&1 || true
   fi
@@ -88,6 +88,8 @@ v = {"AIRFLOW_JWT_SECRET": secrets.token_urlsafe(64), "AIRFLOW_API_SECRET_KEY": 
      "STACK_PG_PORT": "$PG", "STACK_REDIS_PORT": "$REDIS", "STACK_API_PORT": "$API", "STACK_HEALTH_PORT": "$HEALTH"}
 open(sys.argv[1], "w").write("".join(f"{k}={x}\n" for k, x in v.items()))
 PYEOF
+docker-compose --env-file "$STACK_DIR/stack.env" -f docker/docker-compose.yaml -f docker/compose.test.yaml config \
+  | "$PY" tests/docker_stack/drive.py host-ports > "$STACK_DIR/compose.yaml"
 say "compose up (api on 127.0.0.1:$API, postgres :$PG, redis :$REDIS)"
 compose up -d --no-build > "$STATE/logs/up.log" 2>&1 || { cat "$STATE/logs/up.log"; exit 1; }
 for _ in $(seq 120); do
