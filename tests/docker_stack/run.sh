@@ -47,6 +47,7 @@ teardown() {
   echo "test-docker: wall time $(( $(date +%s) - T0 )) s"
 }
 trap teardown EXIT
+trap "exit 143" INT TERM HUP   # so a killed run still tears down
 
 # -- images ------------------------------------------------------------------------------------------------------
 BASE=mindloom/bookworm-base:12
