@@ -13,6 +13,10 @@ case $cmd in
 start)
   [ "$(id -u)" = 0 ] || { echo "not root: a private dockerd needs root"; exit 3; }
   command -v dockerd >/dev/null || { echo "dockerd not installed (apt-get install -y docker.io failed)"; exit 3; }
+  # A daemon left by a killed earlier run on this state: reuse it (run.sh removes every container it holds).
+  if [ -f "$pid" ] && kill -0 "$(cat "$pid")" 2>/dev/null && docker -H "unix://$sock" info >/dev/null 2>&1; then
+    exit 0
+  fi
   mkdir -p "$state/exec" "$data"
   # Short exec-root path: containerd's socket path must stay under 108 bytes.
   exec_root=/run/mindloom-dockerd-$(echo "$state" | sha1sum | cut -c1-8)
