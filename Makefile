@@ -26,7 +26,7 @@ export MINDLOOM_CONFIG ?= $(CURDIR)/configs/default.yaml
 export MINDLOOM_TRAIN_EXECUTOR :=
 export PYTHONUNBUFFERED := 1
 
-.PHONY: setup demo test test-fast lint corpus airflow-init airflow system-deps screenshots clean
+.PHONY: setup demo test test-fast test-docker lint corpus airflow-init airflow system-deps screenshots clean
 
 setup: $(STAMP)
 
@@ -95,6 +95,12 @@ test: $(STAMP) system-deps
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
+
+# The images built on a Debian base made here (no Docker Hub), the compose stack (Postgres, Redis, Airflow, Celery
+# workers) run on loopback through corpus_build and the Asset-triggered pretrain, then torn down.  Needs root (a
+# private dockerd; installs docker.io and mmdebstrap with apt); otherwise one line says why it skipped.
+test-docker: $(STAMP)
+	tests/docker_stack/run.sh
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check pipeline operators dags tests

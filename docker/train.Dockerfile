@@ -1,4 +1,3 @@
-# syntax=docker/dockerfile:1
 # mindloom training image: MindSpore 2.10.0 + mindloom, entrypoint = validated multi-node msrun
 # (`python -m pipeline.train.launcher`, see pipeline/train/launcher.py).  One container per node; every node runs the same
 # image tag.  Build from the repository root:
@@ -48,10 +47,12 @@ ENV PATH=/opt/venv/bin:$PATH \
 
 # No Airflow in this image, so the whole dependency tree is pinned by requirements.lock (used as constraints).
 COPY requirements.lock /opt/mindloom/requirements.lock
-COPY docker/lock_pins.py docker/data-packages.txt docker/train-packages.txt /opt/mindloom/docker/
-RUN python /opt/mindloom/docker/lock_pins.py /opt/mindloom/requirements.lock /opt/mindloom/docker/data-packages.txt > /tmp/pins.txt \
+COPY docker/lock_pins.py docker/data-packages.txt docker/train-packages.txt docker/pip_install.sh /opt/mindloom/docker/
+# A CA bundle for pip may come in as the BuildKit secret `pip_ca` (see docker/pip_install.sh).
+RUN --mount=type=secret,id=pip_ca \
+    python /opt/mindloom/docker/lock_pins.py /opt/mindloom/requirements.lock /opt/mindloom/docker/data-packages.txt > /tmp/pins.txt \
  && python /opt/mindloom/docker/lock_pins.py /opt/mindloom/requirements.lock /opt/mindloom/docker/train-packages.txt >> /tmp/pins.txt \
- && pip install --no-cache-dir --constraint /opt/mindloom/requirements.lock --requirement /tmp/pins.txt \
+ && /opt/mindloom/docker/pip_install.sh --constraint /opt/mindloom/requirements.lock --requirement /tmp/pins.txt \
         "PyYAML>=6" "tqdm>=4.60" \
  && rm /tmp/pins.txt
 
@@ -60,7 +61,7 @@ COPY pipeline /opt/mindloom/pipeline
 COPY operators /opt/mindloom/operators
 COPY configs /opt/mindloom/configs
 COPY docker/train-entrypoint.sh /opt/mindloom/docker/train-entrypoint.sh
-RUN pip install --no-cache-dir --no-deps --editable /opt/mindloom \
+RUN --mount=type=secret,id=pip_ca /opt/mindloom/docker/pip_install.sh --no-deps --editable /opt/mindloom \
  && pip check \
  && python -c "import mindspore, pipeline.train.trainer, pipeline.train.launcher, shutil; assert shutil.which('msrun')"
 

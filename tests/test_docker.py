@@ -294,11 +294,15 @@ def test_dockerfiles_pass_the_lint(dockerfile):
 def test_airflow_image_runs_as_airflow_uid_gid0_in_both_targets():
     steps = instructions((DOCKER / "airflow.Dockerfile").read_text())
     froms = [rest for _, i, rest in steps if i == "FROM"]
-    assert froms == ["apache/airflow:3.3.2-python3.11 AS airflow", "airflow AS airflow-train"]
+    assert froms == ["${BASE_IMAGE} AS airflow", "airflow AS airflow-train"]
+    assert "ARG BASE_IMAGE=apache/airflow:3.3.2-python3.11" in (DOCKER / "airflow.Dockerfile").read_text()
     assert [rest for _, i, rest in steps if i == "USER"][-1] == "50000:0"
-    assert not [rest for _, i, rest in steps[[i for _, i, _ in steps].index("FROM", 1):] if i == "USER"]
+    second_from = [n for n, (_, i, _) in enumerate(steps) if i == "FROM"][1]
+    assert not [rest for _, i, rest in steps[second_from:] if i == "USER"]
     run = " ".join(rest for _, i, rest in steps if i == "RUN")
-    assert '"apache-airflow==${AIRFLOW_VERSION}"' in run and "pip check" in run
+    assert "docker/install_airflow.sh" in run and "pip check" in run
+    # Both base paths (official image, bare Python) re-pin Airflow itself.
+    assert (DOCKER / "install_airflow.sh").read_text().count('"apache-airflow==${AIRFLOW_VERSION}"') == 2
     assert ("ARG", "AIRFLOW_VERSION=3.3.2") in [(i, r) for _, i, r in steps]
 
 
