@@ -31,7 +31,54 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class AirflowDeployment:
+class AirflowRest:
+    """A REST client of one Airflow deployment (``base`` URL, admin token); subclasses say how it runs."""
+
+    base = ""
+    token = ""
+
+    def check_alive(self) -> None:
+        """Raise when the deployment has died (subclasses that own processes check them)."""
+
+    def logs_tail(self, n: int = 2500) -> str:
+        return ""
+
+    def login(self, user: str = "admin", password: str = "admin") -> None:
+        r = httpx.post(f"{self.base}/auth/token", json={"username": user, "password": password}, timeout=30)
+        r.raise_for_status()
+        self.token = r.json()["access_token"]
+
+    def api(self, method: str, path: str, **kw) -> httpx.Response:
+        return httpx.request(method, f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.token}"},
+                             timeout=60, **kw)
+
+    def wait_for_dag(self, dag_id: str, timeout: float = 180) -> None:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.api("GET", f"/dags/{dag_id}").status_code == 200:
+                return
+            time.sleep(2)
+        errors = self.api("GET", "/importErrors").text
+        raise TimeoutError(f"DAG {dag_id} not parsed after {timeout} s; import errors: {errors}")
+
+    def wait_run(self, dag_id: str, run_id: str, states=("success", "failed"), timeout: float = 600) -> dict:
+        deadline = time.time() + timeout
+        run: dict = {}
+        while time.time() < deadline:
+            self.check_alive()
+            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}").json()
+            if run.get("state") in states:
+                return run
+            time.sleep(3)
+        raise TimeoutError(f"{dag_id}/{run_id} still {run.get('state')} after {timeout} s\n{self.logs_tail()}")
+
+    def xcom(self, dag_id: str, run_id: str, task_id: str) -> object:
+        r = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/{task_id}/xcomEntries/return_value")
+        r.raise_for_status()
+        return r.json()["value"]
+
+
+class AirflowDeployment(AirflowRest):
     """``extra_components`` maps a name to ``(airflow CLI args, extra env)``; they start after the core four are
     healthy and stop first.  ``procs`` holds the running ``Popen`` of every component by name."""
 
@@ -165,39 +212,6 @@ class AirflowDeployment:
 
     # -- REST ------------------------------------------------------------------------------------------------
 
-    def login(self, user: str = "admin", password: str = "admin") -> None:
-        r = httpx.post(f"{self.base}/auth/token", json={"username": user, "password": password}, timeout=30)
-        r.raise_for_status()
-        self.token = r.json()["access_token"]
-
-    def api(self, method: str, path: str, **kw) -> httpx.Response:
-        return httpx.request(method, f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.token}"},
-                             timeout=60, **kw)
-
-    def wait_for_dag(self, dag_id: str, timeout: float = 180) -> None:
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.api("GET", f"/dags/{dag_id}").status_code == 200:
-                return
-            time.sleep(2)
-        errors = self.api("GET", "/importErrors").text
-        raise TimeoutError(f"DAG {dag_id} not parsed after {timeout} s; import errors: {errors}")
-
-    def wait_run(self, dag_id: str, run_id: str, states=("success", "failed"), timeout: float = 600) -> dict:
-        deadline = time.time() + timeout
-        run: dict = {}
-        while time.time() < deadline:
-            self.check_alive()
-            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}").json()
-            if run.get("state") in states:
-                return run
-            time.sleep(3)
-        raise TimeoutError(f"{dag_id}/{run_id} still {run.get('state')} after {timeout} s\n{self.logs_tail()}")
-
-    def xcom(self, dag_id: str, run_id: str, task_id: str) -> object:
-        r = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/{task_id}/xcomEntries/return_value")
-        r.raise_for_status()
-        return r.json()["value"]
 
 
 def q(run_id: str) -> str:

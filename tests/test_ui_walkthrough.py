@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from airflow_services import REPO, free_port, q
+from airflow_services import REPO, AirflowRest, free_port, q
 from conftest import tiny_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.live,
@@ -33,7 +33,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.live,
 BANNER = re.compile(r"mindloom: Airflow is ready at (http://127\.0\.0\.1:\d+)\s+\(login admin / admin\)")
 
 
-class MadeAirflow:
+class MadeAirflow(AirflowRest):
     """`make airflow` in a throw-away home on free ports, plus a REST client with the admin token."""
 
     def __init__(self, tmp: Path):
@@ -52,8 +52,6 @@ class MadeAirflow:
                     "AIRFLOW__TRIGGERER__TRIGGERER_LOG_SERVER_PORT": str(free_port()),
                     "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5"}
         self.proc: subprocess.Popen | None = None
-        self.base = ""
-        self.token = ""
 
     def start(self, timeout: float = 480) -> None:
         with open(self.log, "wb") as fh:
@@ -65,14 +63,12 @@ class MadeAirflow:
             m = BANNER.search(self.log.read_text(errors="replace"))
             if m:
                 self.base = m.group(1)
-                r = httpx.post(f"{self.base}/auth/token", json={"username": "admin", "password": "admin"}, timeout=30)
-                r.raise_for_status()
-                self.token = r.json()["access_token"]
+                self.login()
                 return
             if self.proc.poll() is not None:
                 break
             time.sleep(2)
-        raise RuntimeError(f"`make airflow` printed no ready banner:\n{self.tail()}")
+        raise RuntimeError(f"`make airflow` printed no ready banner:\n{self.logs_tail()}")
 
     def stop(self) -> None:
         """SIGTERM the whole process group (make, standalone and its components), then SIGKILL what is left."""
@@ -91,26 +87,8 @@ class MadeAirflow:
                     return
                 time.sleep(1)
 
-    def tail(self, n: int = 4000) -> str:
+    def logs_tail(self, n: int = 4000) -> str:
         return self.log.read_text(errors="replace")[-n:] if self.log.exists() else ""
-
-    def api(self, method: str, path: str, **kw) -> httpx.Response:
-        return httpx.request(method, f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.token}"},
-                             timeout=60, **kw)
-
-    def wait_run(self, dag_id: str, run_id: str, states=("success", "failed"), timeout: float = 600) -> dict:
-        deadline, run = time.time() + timeout, {}
-        while time.time() < deadline:
-            run = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}").json()
-            if run.get("state") in states:
-                return run
-            time.sleep(3)
-        raise TimeoutError(f"{dag_id}/{run_id} still {run.get('state')} after {timeout} s\n{self.tail()}")
-
-    def xcom(self, dag_id: str, run_id: str, task_id: str) -> object:
-        r = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/{task_id}/xcomEntries/return_value")
-        r.raise_for_status()
-        return r.json()["value"]
 
     def data(self) -> Path:
         return self.tmp / "data"
@@ -180,7 +158,7 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
         fill_form(dialog, page, "corpus_build", {"run_name": "walkthrough", "seq_len": 32})
         dialog.screenshot(path=str(shots / "corpus_build_trigger_form.png"))
         corpus_run = submit_trigger_form(page, dialog, "corpus_build")
-        assert made.wait_run("corpus_build", corpus_run)["state"] == "success", made.tail()
+        assert made.wait_run("corpus_build", corpus_run)["state"] == "success", made.logs_tail()
 
         # 2. The Asset starts pretrain on its first publish (pretrain was never unpaused by hand).
         deadline, asset_run = time.time() + 180, None
@@ -189,7 +167,7 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
             asset_run = next((r["dag_run_id"] for r in runs if r["run_type"] == "asset_triggered"), None)
             time.sleep(3)
         assert asset_run, "pretrain was not started by the first corpus publish"
-        assert made.wait_run("pretrain", asset_run)["state"] == "success", made.tail()
+        assert made.wait_run("pretrain", asset_run)["state"] == "success", made.logs_tail()
         metrics = made.xcom("pretrain", asset_run, "train_main")
         assert metrics["state"] == "SUCCEEDED" and metrics["final_loss"] < metrics["first_loss"]
 
@@ -199,7 +177,7 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
         fill_form(dialog, page, "pretrain", {"run_name": "fail-demo", "fail_at_step": 8, "fail_for_good": True})
         dialog.screenshot(path=str(shots / "pretrain_trigger_form.png"))
         run = submit_trigger_form(page, dialog, "pretrain")
-        assert made.wait_run("pretrain", run)["state"] == "failed", made.tail()
+        assert made.wait_run("pretrain", run)["state"] == "failed", made.logs_tail()
         tries = made.api("GET", f"/dags/pretrain/dagRuns/{q(run)}/taskInstances/train_main/tries").json()
         assert [t["state"] for t in tries["task_instances"]] == ["failed", "failed"]   # retries=1: both tries
 
@@ -216,7 +194,7 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
         deadline = time.time() + 60
         while time.time() < deadline and made.api("GET", f"/dags/pretrain/dagRuns/{q(run)}").json()["state"] == "failed":
             time.sleep(1)
-        assert made.wait_run("pretrain", run)["state"] == "success", made.tail()
+        assert made.wait_run("pretrain", run)["state"] == "success", made.logs_tail()
         resumed = made.xcom("pretrain", run, "train_main")
         assert resumed["resumed_from"] == 8 and resumed["steps"] == 12
 
@@ -249,7 +227,7 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
     deadline = time.time() + 60
     while time.time() < deadline and made.api("GET", f"/dags/pretrain/dagRuns/{q(run)}").json()["state"] == "success":
         time.sleep(1)
-    assert made.wait_run("pretrain", run)["state"] == "success", made.tail()
+    assert made.wait_run("pretrain", run)["state"] == "success", made.logs_tail()
     again = made.xcom("pretrain", run, "train_main")
     assert again["resumed_from"] is None and again["steps"] == 12 and again["start_step"] == 0
     assert (stage_root / "main.cleared-1" / "summary.json").exists()
