@@ -10,24 +10,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 import time
 import urllib.request
 from pathlib import Path
 
+from pipeline.train.lease import pid_alive
+
 COMPONENTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _healthy(base: str) -> bool:
@@ -55,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     base = f"http://127.0.0.1:{args.port}"
     deadline = time.time() + args.timeout
     while not _healthy(base):
-        if args.watch_pid and not _alive(args.watch_pid):
+        if args.watch_pid and not pid_alive(args.watch_pid):
             return 1
         if time.time() > deadline:
             print(f"mindloom: Airflow at {base} is not healthy after {args.timeout:.0f} s; see the output above",
@@ -63,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         time.sleep(2)
     while not _unpause("pretrain"):          # the DAG exists once the dag-processor has parsed it
-        if time.time() > deadline or (args.watch_pid and not _alive(args.watch_pid)):
+        if time.time() > deadline or (args.watch_pid and not pid_alive(args.watch_pid)):
             print("mindloom: could not unpause pretrain; unpause it in the UI", flush=True)
             break
         time.sleep(3)

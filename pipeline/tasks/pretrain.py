@@ -163,21 +163,6 @@ def launch_env() -> dict[str, str]:
 STARTUP_GRACE_S = 300.0
 
 
-def _pid_alive(pid: int) -> bool:
-    """Only meaningful on the host that launched the job; a zombie child of ours counts as dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
 def job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float | None = None,
               lease_timeout: float | None = None) -> dict:
     """The job's ``status.json``, decided from the stage folder alone, on any host.
@@ -190,7 +175,7 @@ def job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float |
     """
     import socket
 
-    from pipeline.train.lease import LEASE_TIMEOUT_S, lease_state
+    from pipeline.train.lease import LEASE_TIMEOUT_S, lease_state, pid_alive
 
     out_dir = Path(out_dir)
     now = time.time() if now is None else now
@@ -207,7 +192,7 @@ def job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float |
     here = socket.gethostname()
     pids = [p for p in (launcher_pid, launch.get("pid"),
                         lease.get("pid") if lease and lease.get("host") == here else None) if p]
-    if same_host and pids and not any(_pid_alive(p) for p in pids):
+    if same_host and pids and not any(pid_alive(p) for p in pids):
         return {**status, "state": "LOST", "error": status.get("error") or "the job's processes ended without a "
                 "final status (killed?); see the launcher log"}
     if lease is not None:

@@ -46,6 +46,21 @@ class JobCancelled(RuntimeError):
     """A cancel request (``cancel.json``) stopped the job."""
 
 
+def pid_alive(pid: int) -> bool:
+    """Only meaningful on the host that launched the job; a zombie child of ours counts as dead."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
 def request_cancel(out_dir: str | Path, reason: str) -> Path:
     """Ask the job in ``out_dir`` to stop (from any host); it stops within one step or ``CANCEL_GRACE_S``."""
     path = Path(out_dir) / CANCEL
