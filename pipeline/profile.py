@@ -1,0 +1,93 @@
+"""What a task cost: wall time, CPU-seconds and peak memory of its process tree, written next to its outputs.
+
+Every corpus task runs inside :func:`measured`, which writes ``<run>/profile/<stage>/<unit>.json``.  The figures
+are what ``make bench-scale`` reports per stage and what a user reads when a task is slower or larger than expected:
+
+* ``wall_s``: elapsed time of the block;
+* ``cpu_s``: user + system time of this process and of every child it waited for (process pools, readers);
+* ``peak_rss_mb``: the largest sum of resident memory over this process and its live descendants, sampled every
+  ``SAMPLE_S`` seconds (a pool's workers count together, as they would against a worker's memory limit);
+* ``input_bytes`` when the caller knows it, and whatever the caller adds to the yielded dict.
+
+Sampling costs one ``/proc`` read per process per 0.1 s; a short spike between samples can be missed, so peaks are
+a lower bound within one sampling period.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from pipeline.io import write_json
+
+SAMPLE_S = 0.1
+PROFILE_DIR = "profile"
+
+
+def tree_rss(proc) -> int:
+    """Resident bytes of ``proc`` plus its live descendants (0 for any that exited meanwhile)."""
+    import psutil
+
+    total = 0
+    for p in [proc, *proc.children(recursive=True)]:
+        try:
+            total += p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            pass
+    return total
+
+
+class _Sampler(threading.Thread):
+    def __init__(self):
+        import psutil
+
+        super().__init__(daemon=True, name="mindloom-rss-sampler")
+        self.proc = psutil.Process()
+        self.peak = tree_rss(self.proc)
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        while not self.stop.wait(SAMPLE_S):
+            self.peak = max(self.peak, tree_rss(self.proc))
+
+
+def _cpu() -> float:
+    t = os.times()
+    return t.user + t.system + t.children_user + t.children_system
+
+
+@contextmanager
+def measured(rdir: str | Path | None, stage: str, unit: str, input_bytes: int | None = None) -> Iterator[dict]:
+    """Measure the block; write ``<rdir>/profile/<stage>/<unit>.json`` (not when ``rdir`` is None).
+
+    Yields the dict that is written, so the block can add its own counts (documents, tokens, shards).
+    """
+    out: dict = {"stage": stage, "unit": unit}
+    if input_bytes is not None:
+        out["input_bytes"] = int(input_bytes)
+    sampler = _Sampler()
+    sampler.start()
+    t0, c0 = time.perf_counter(), _cpu()
+    try:
+        yield out
+    finally:
+        sampler.stop.set()
+        sampler.join()
+        out.update(wall_s=round(time.perf_counter() - t0, 3), cpu_s=round(_cpu() - c0, 3),
+                   peak_rss_mb=round(max(sampler.peak, tree_rss(sampler.proc)) / 2**20, 1), pid=os.getpid(),
+                   finished=time.time())
+        if rdir is not None:
+            safe = unit.replace("/", "_").replace(" ", "_")
+            write_json(Path(rdir) / PROFILE_DIR / stage / f"{safe}.json", out)
+
+
+def read_profiles(rdir: str | Path) -> dict[str, list[dict]]:
+    """Every profile of a run, by stage."""
+    from pipeline.io import read_json
+
+    base = Path(rdir) / PROFILE_DIR
+    return {d.name: [read_json(f) for f in sorted(d.glob("*.json"))] for d in sorted(base.glob("*")) if d.is_dir()}
