@@ -5,8 +5,10 @@
 
 Wiring only: every task body is one call into ``pipeline.tasks.corpus``.  The shard plan is a file in the run folder;
 every per-shard stage is mapped over ``parallelism`` batch handles of it (``pipeline.tasks.batches``), so the task
-count per stage is fixed whatever the corpus size ("specs" below are those handles).  Outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs
-have no logical date).  The last task publishes the MindRecord set as the ``mindloom_corpus`` Asset, which
+count per stage is fixed whatever the corpus size ("specs" below are those handles).  The sink is a shuffle: each
+shard's training copies are scattered to output files by their order key, then the writer tasks (mapped over
+batches of output files) pack and write one MindRecord file each, and ``write_mindrecord`` assembles the set.
+Outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs have no logical date).  The last task publishes the MindRecord set as the ``mindloom_corpus`` Asset, which
 schedules the ``pretrain`` DAG.
 """
 
@@ -177,11 +179,31 @@ def corpus_chain():
 
             return run(specs)
 
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def scatter(batch: dict) -> dict:
+            from pipeline.tasks.corpus import run_stage_batch
+
+            _label(batch)
+            return run_stage_batch("sink_scatter", batch)
+
+        @task
+        def output_files(specs: list[dict]) -> list[dict]:
+            from pipeline.tasks.corpus import sink_file_batches
+
+            return sink_file_batches(specs)
+
+        @task(map_index_template=SHARD_LABEL, multiple_outputs=False)
+        def write_files(batch: dict) -> dict:
+            from pipeline.tasks.corpus import write_file_batch
+
+            _label(batch)
+            return write_file_batch(batch)
+
         @task(multiple_outputs=False)
         def write_mindrecord(specs: list[dict]) -> dict:
-            from pipeline.tasks.corpus import write_mindrecord as run
+            from pipeline.tasks.corpus import finalize_mindrecord
 
-            return run(specs)
+            return finalize_mindrecord(specs)
 
         @task(multiple_outputs=False)
         def write_validation(specs: list[dict]) -> dict:
@@ -190,8 +212,11 @@ def corpus_chain():
             return run(specs)
 
         mix = plan_mixture(specs)
-        written = [write_mindrecord(specs), write_validation(specs)]
-        mix >> written
+        scattered = scatter.expand(batch=specs)
+        files = output_files(specs)
+        mix >> scattered >> files
+        written = [write_files.expand(batch=files) >> write_mindrecord(specs), write_validation(specs)]
+        mix >> written[1]
         return mix, written
 
     @task(outlets=[CORPUS], multiple_outputs=False)

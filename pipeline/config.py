@@ -43,6 +43,10 @@ class MindloomConfig:
                                    "shards in order, so the task count stays fixed (and within Airflow's "
                                    "max_map_length) whatever the corpus size. Size it to the deployment's worker "
                                    "slots.", ge=1, le=1024)
+    task_workers: int = _f(0, desc="Processes inside one per-shard task for the stages that handle a shard in one "
+                                   "process (exact dedup, MinHash signatures and removal, sink scatter); 0: every "
+                                   "core of the worker. Memory of such a task is this many times one shard's.",
+                           ge=0, le=256)
     domains: list[str] = _f(factory=list, desc="Domains to include (empty: every configured source).")
     sources: list[SourceConfig] = _f(factory=list, desc="Inputs per domain.")
     ingest: IngestConfig = _f(factory=IngestConfig)

@@ -12,13 +12,18 @@ class PackConfig:
     seq_len: int = _f(128, desc="Training context; rows hold seq_len + 1 tokens (mindformers convention).",
                       ge=8, le=1_048_576)
     add_bos: bool = _f(False, desc="Put BOS before every document (EOS always follows every document).")
-    shard_num: int = _f(2, desc="MindRecord shard files (a multiple of the data-parallel world size).", ge=1, le=1000)
+    shard_num: int = _f(2, desc="MindRecord files: at least this many and always a multiple of it (make it a "
+                        "multiple of the data-parallel world size).", ge=1, le=1000)
+    shard_mb: int = _f(256, desc="Largest MindRecord file in MiB of row tokens; more data gives more files, never "
+                       "larger ones (a writer task holds one file's tokens: about 2x this in memory).",
+                       ge=1, le=65536)
     remainder: str = _f("drop", desc="Tail shorter than a row: drop it (mindformers) or pad it with pad_id.",
                         choices=("drop", "pad"))
     domain_field: bool = _f(True, desc="Write a domain_id column (domain of each row's first token, indexed).")
     boundaries: bool = _f(False, desc="Write a segment_starts column (positions where a document starts in the "
                           "row, 0 always listed) so attention can be reset at document boundaries.")
-    write_workers: int = _f(1, desc="Processes writing MindRecord shard files in parallel.", ge=1, le=256)
+    write_workers: int = _f(0, desc="Processes writing MindRecord files in parallel inside one writer task "
+                            "(0: every core of the worker).", ge=0, le=256)
 
 
 @dataclass

@@ -18,13 +18,14 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
 
 from pipeline.io import read_json, read_parquet, sha256_file, write_json
-from pipeline.sink.packing import order_keys, pack
+from pipeline.sink import scatter
+from pipeline.sink import shards as shards_mod
+from pipeline.sink.packing import pack
 from pipeline.sink.writer import (
     COLUMN,
     DOMAIN_COLUMN,
@@ -100,58 +101,92 @@ def write_token_set(out_dir: Path, doc_domains: list[str], doc_tokens: list, *, 
 def write_mindrecord(rdir: Path, shards: list[str], *, seq_len: int, shard_num: int, add_bos: bool, seed: int,
                      tokenizer_sha256: str, config_sha256: str, eos_id: int, bos_id: int, vocab_size: int,
                      pad_id: int | None = None, mixture: bool = False, remainder: str = "drop",
-                     domain_field: bool = True, boundaries: bool = False, workers: int = 1) -> dict:
-    """Pack every tokenized shard and write ``mindrecord/`` with its manifest; return the manifest.
+                     domain_field: bool = True, boundaries: bool = False, workers: int = 1,
+                     shard_mb: int = 256) -> dict:
+    """The whole sink in one process (CLI, tests): scatter every shard, write every file, assemble the set.
 
     With ``mixture`` the per-document decisions of :func:`pipeline.sink.mixture.plan_mixture` apply (``copies``
     per document: 0 for held-out and downsampled documents, more than 1 for upsampled ones); without it every
-    document goes in once.
+    document goes in once (a mixture of one copy each is written first).  The DAG runs the same three steps as
+    mapped tasks (:mod:`pipeline.tasks.corpus`).
     """
-    import numpy as np
-    import pyarrow.compute as pc
-
     final = rdir / "mindrecord"
     if (final / MANIFEST).exists():
         manifest = read_json(final / MANIFEST)
         verify(final, full_read=False)
         return manifest
-    doc_ids, doc_domains, flats, lens_parts, copies, lineage = [], [], [], [], [], []
+    if not mixture:
+        write_single_copies(rdir, shards)
+    layout = sink_layout(rdir, seq_len=seq_len, shard_mb=shard_mb, shard_num=shard_num, add_bos=add_bos)
     for shard in sorted(shards):
-        path = rdir / "tokenize" / f"{shard}.parquet"
-        t = read_parquet(path, columns=["doc_id", "domain", "tokens"])
-        ids = t.column("doc_id").to_pylist()
-        tokens = t.column("tokens").combine_chunks()
-        lens_parts.append(pc.list_value_length(tokens).to_numpy(zero_copy_only=False).astype(np.int64))
-        flats.append(tokens.flatten().to_numpy(zero_copy_only=False).astype(np.int32))
-        if mixture:
-            dec = read_parquet(rdir / "mixture" / f"{shard}.parquet", columns=["doc_id", "copies"])
-            if dec.column("doc_id").to_pylist() != ids:
-                raise ValueError(f"{rdir / 'mixture' / shard}.parquet: documents differ from {path}; "
-                                 "rerun the mixture plan after tokenization")
-            copies.append(dec.column("copies").to_numpy().astype(np.int64))
-        else:
-            copies.append(np.ones(len(ids), np.int64))
-        doc_ids += ids
-        doc_domains += t.column("domain").to_pylist()
-        lineage.append({"shard": shard, "sha256": sha256_file(path), "docs": t.num_rows,
-                        **({"mixture_sha256": sha256_file(rdir / "mixture" / f"{shard}.parquet")} if mixture else {})})
-    lens = np.concatenate(lens_parts) if lens_parts else np.zeros(0, np.int64)
-    flat = np.concatenate(flats) if flats else np.zeros(0, np.int32)
-    idx, keys = order_keys(seed, doc_ids, np.concatenate(copies) if copies else [])
-    order = idx[np.argsort(keys, kind="stable")]
-    tmp = rdir / f".mindrecord.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    extra = {"vocab_size": vocab_size, "tokenizer_sha256": tokenizer_sha256, "config_sha256": config_sha256,
-             "inputs": lineage, "unique_documents": int(len(set(order.tolist()))), "seed": seed,
-             "mixture": read_json(rdir / "mixture" / "report.json") if mixture else None}
-    manifest = write_token_set(
-        tmp, doc_domains, (flat, np.cumsum(lens) - lens, lens, order), seq_len=seq_len, shard_num=shard_num,
-        name="corpus", eos_id=eos_id, bos_id=bos_id if add_bos else None, pad_id=pad_id, remainder=remainder,
-        domain_field=domain_field, boundaries=boundaries, extra=extra, workers=workers)
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    return manifest
+        scatter.run_scatter_shard(rdir, shard, seed=seed, n_files=layout["n_files"], domains=layout["domains"])
+    args = dict(seq_len=seq_len, eos_id=eos_id, bos_id=bos_id if add_bos else None,
+                pad_id=FILE_PAD if pad_id is None or pad_id < 0 else pad_id, remainder=remainder,
+                domain_field=domain_field, boundaries=boundaries, n_domains=len(layout["domains"]))
+    ks = range(layout["n_files"])
+    if workers > 1 and layout["n_files"] > 1:
+        with ProcessPoolExecutor(min(workers, layout["n_files"]), mp_context=get_context("spawn")) as pool:
+            list(pool.map(write_file_job, [(rdir, k, layout["n_files"], sorted(shards), args) for k in ks]))
+    else:
+        for k in ks:
+            write_file_job((rdir, k, layout["n_files"], sorted(shards), args))
+    return shards_mod.finalize_set(rdir, layout["n_files"], sorted(shards), seq_len=seq_len,
+                                   domains=layout["domains"], domain_field=domain_field, boundaries=boundaries,
+                                   extra=set_extra(rdir, layout, seed=seed, vocab_size=vocab_size,
+                                                   tokenizer_sha256=tokenizer_sha256, config_sha256=config_sha256,
+                                                   mixture=mixture, **args))
+
+
+def write_file_job(job: tuple) -> dict:
+    """One output file from a picklable ``(rdir, k, n_files, shards, args)`` (what writer pools map over)."""
+    rdir, k, n, shards, args = job
+    return shards_mod.write_output_file(rdir, k, n, shards, **args)
+
+
+def sink_layout(rdir: Path, *, seq_len: int, shard_mb: int, shard_num: int,
+                add_bos: bool) -> dict:
+    """Output files and the domain list, from the mixture report: written once to ``sink/layout.json``, so every
+    task of the run uses the same (the report is final once the mixture task has finished)."""
+    path = rdir / "sink" / "layout.json"
+    if path.exists():
+        return read_json(path)
+    report = read_json(rdir / "mixture" / "report.json")
+    tokens = scatter.stream_tokens(report, add_bos)
+    n_files = scatter.n_output_files(tokens, shard_mb, shard_num)
+    if tokens // (seq_len + 1) < n_files:
+        raise ValueError(f"pack.shard_num: {n_files} files need at least as many rows of {seq_len + 1} tokens, but "
+                         f"the mixture selects {tokens} tokens")
+    layout = {"n_files": n_files, "domains": sorted(report["domains"]), "stream_tokens": tokens,
+              "shard_mb": shard_mb, "shard_num": shard_num}
+    write_json(path, layout)
+    return layout
+
+
+def set_extra(rdir: Path, layout: dict, *, seed: int, vocab_size: int, tokenizer_sha256: str, config_sha256: str,
+              remainder: str, mixture: bool, eos_id: int, bos_id: int | None, pad_id: int, **_) -> dict:
+    """The corpus manifest's keys beyond the files: tokenizer, config, mixture report, packing settings."""
+    return {"remainder": remainder, "eos_id": eos_id, "bos_id": bos_id, "pad_id": pad_id, "vocab_size": vocab_size,
+            "tokenizer_sha256": tokenizer_sha256, "config_sha256": config_sha256, "seed": seed,
+            "shard_mb": layout["shard_mb"],
+            "mixture": read_json(rdir / "mixture" / "report.json") if mixture else None}
+
+
+def write_single_copies(rdir: Path, shards: list[str]) -> None:
+    """Without a mixture plan every document trains once: write those decisions and a minimal report."""
+    import pyarrow as pa
+
+    from pipeline.io import write_parquet
+
+    totals = {"total_selected_tokens": 0, "total_selected_docs": 0, "domains": {}}
+    for shard in shards:
+        t = read_parquet(rdir / "tokenize" / f"{shard}.parquet", columns=["doc_id", "domain", "n_tokens"])
+        write_parquet(pa.table({"doc_id": t.column("doc_id"), "copies": pa.array([1] * t.num_rows, pa.int32())}),
+                      rdir / "mixture" / f"{shard}.parquet")
+        totals["total_selected_tokens"] += sum(t.column("n_tokens").to_pylist())
+        totals["total_selected_docs"] += t.num_rows
+        for d in set(t.column("domain").to_pylist()):
+            totals["domains"][d] = {}
+    write_json(rdir / "mixture" / "report.json", totals)
 
 
 def dataset_files(mr_dir: str | Path) -> list[str]:

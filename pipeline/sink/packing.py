@@ -33,50 +33,114 @@ def pack(flat, starts, lens, dom, order, *, seq_len: int, eos_id: int, bos_id: i
 
     ``flat`` holds every document's tokens back to back.  Returns rows int32 ``[n, seq_len + 1]``, the domain index
     of each row's first token, per-row segment starts (when ``boundaries``), token counts per domain index in
-    the rows, and the tail dropped or padded.
+    the rows, and the tail dropped or padded.  The whole set in one call (validation sets, tests); the corpus sink
+    feeds :class:`StreamPacker` chunk by chunk instead, which gives the same rows.
     """
     import numpy as np
 
+    packer = StreamPacker(seq_len=seq_len, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id, boundaries=boundaries,
+                          n_domains=int(dom.max()) + 1 if len(dom) else 0)
+    parts = list(packer.feed(flat, starts, lens, dom, order))
+    parts += list(packer.finish(remainder))
     width = seq_len + 1
-    pre = 0 if bos_id is None else 1
-    n = lens[order].astype(np.int64)
-    src = starts[order].astype(np.int64)
-    seg = n + 1 + pre
-    seg_start = np.cumsum(seg) - seg
-    total = int(seg.sum())
-    stream = np.empty(total, np.int32)
-    if pre:
-        stream[seg_start] = bos_id
-    stream[seg_start + pre + n] = eos_id
-    n_tok = int(n.sum())
-    if n_tok:
-        before = np.cumsum(n) - n
-        ramp = np.arange(n_tok, dtype=np.int64)
-        stream[np.repeat(seg_start + pre - before, n) + ramp] = flat[np.repeat(src - before, n) + ramp]
-    owner = np.repeat(dom[order].astype(np.int32), seg)
-    n_rows, tail = divmod(total, width)
-    padded = dropped = 0
-    if tail and remainder == "pad":
-        padded = width - tail
-        stream = np.concatenate([stream, np.full(padded, pad_id, np.int32)])
-        owner = np.concatenate([owner, np.full(padded, -1, np.int32)])
-        n_rows += 1
-    else:
-        dropped = tail
-    used = n_rows * width
-    rows = stream[:used].reshape(n_rows, width)
-    real = owner[:used]
-    counts = np.bincount(real[real >= 0], minlength=int(dom.max()) + 1 if len(dom) else 0)
-    out = {"rows": rows, "row_domain": owner[:used:width].copy() if n_rows else np.zeros(0, np.int32),
-           "tokens_per_domain": counts, "dropped_tail_tokens": int(dropped), "padded_tokens": int(padded),
-           "row_starts": None}
-    if boundaries:
-        s = seg_start[seg_start < used]
-        row_of = s // width
-        cuts = np.searchsorted(row_of, np.arange(n_rows + 1))
-        out["row_starts"] = [_with_zero((s[cuts[r]:cuts[r + 1]] - r * width).astype(np.int32))
-                             for r in range(n_rows)]
-    return out
+    rows = np.concatenate([p[0] for p in parts]) if parts else np.zeros((0, width), np.int32)
+    return {"rows": rows,
+            "row_domain": np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.int32),
+            "tokens_per_domain": packer.tokens_per_domain, "dropped_tail_tokens": packer.dropped_tail_tokens,
+            "padded_tokens": packer.padded_tokens,
+            "row_starts": [s for p in parts for s in p[2]] if boundaries else None}
+
+
+class StreamPacker:
+    """Packs a document stream into rows chunk by chunk, carrying the partial row from one chunk to the next.
+
+    :meth:`feed` takes documents in their final order (indices into ``starts``/``lens``/``dom`` over ``flat``)
+    and yields ``(rows, row_domain, row_starts)`` for every complete row; :meth:`finish` applies the remainder
+    policy to the carried tail.  Feeding a stream in any chunking gives the same rows as feeding it at once, so
+    memory is bounded by the chunk (about 30 bytes per token of the chunk for the index arithmetic) plus the
+    carried partial row.  ``tokens_per_domain`` counts the real tokens of emitted rows per domain index.
+    """
+
+    def __init__(self, *, seq_len: int, eos_id: int, bos_id: int | None, pad_id: int, boundaries: bool = False,
+                 n_domains: int = 0):
+        import numpy as np
+
+        self.width = seq_len + 1
+        self.eos_id, self.bos_id, self.pad_id, self.boundaries = eos_id, bos_id, pad_id, boundaries
+        self.tail = np.zeros(0, np.int32)         # tokens of the partial row
+        self.tail_owner = np.zeros(0, np.int32)   # their domain index
+        self.tail_starts = np.zeros(0, np.int64)  # document starts inside the partial row
+        self.tokens_per_domain = np.zeros(n_domains, np.int64)
+        self.dropped_tail_tokens = self.padded_tokens = 0
+
+    def _count(self, owner) -> None:
+        import numpy as np
+
+        real = owner[owner >= 0]
+        counts = np.bincount(real, minlength=len(self.tokens_per_domain))
+        if len(counts) > len(self.tokens_per_domain):
+            self.tokens_per_domain = np.concatenate(
+                [self.tokens_per_domain, np.zeros(len(counts) - len(self.tokens_per_domain), np.int64)])
+        self.tokens_per_domain[: len(counts)] += counts
+
+    def _emit(self, stream, owner, seg_start, n_rows: int):
+        import numpy as np
+
+        used = n_rows * self.width
+        rows = stream[:used].reshape(n_rows, self.width)
+        self._count(owner[:used])
+        row_starts = []
+        if self.boundaries:
+            s = seg_start[seg_start < used]
+            row_of = s // self.width
+            cuts = np.searchsorted(row_of, np.arange(n_rows + 1))
+            row_starts = [_with_zero((s[cuts[r]:cuts[r + 1]] - r * self.width).astype(np.int32))
+                          for r in range(n_rows)]
+        return rows, owner[:used:self.width].copy(), row_starts
+
+    def feed(self, flat, starts, lens, dom, order):
+        """Append documents ``order`` to the stream; yield the complete rows (one tuple per call, if any)."""
+        import numpy as np
+
+        pre = 0 if self.bos_id is None else 1
+        n = lens[order].astype(np.int64)
+        src = starts[order].astype(np.int64)
+        seg = n + 1 + pre
+        carry = len(self.tail)
+        seg_start = np.cumsum(seg) - seg + carry
+        total = carry + int(seg.sum())
+        stream = np.empty(total, np.int32)
+        stream[:carry] = self.tail
+        if pre:
+            stream[seg_start] = self.bos_id
+        stream[seg_start + pre + n] = self.eos_id
+        n_tok = int(n.sum())
+        if n_tok:
+            before = np.cumsum(n) - n
+            ramp = np.arange(n_tok, dtype=np.int64)
+            stream[np.repeat(seg_start + pre - before, n) + ramp] = flat[np.repeat(src - before, n) + ramp]
+        owner = np.concatenate([self.tail_owner, np.repeat(dom[order].astype(np.int32), seg)])
+        seg_start = np.concatenate([self.tail_starts, seg_start])
+        n_rows = total // self.width
+        used = n_rows * self.width
+        if n_rows:
+            yield self._emit(stream, owner, seg_start, n_rows)
+        self.tail, self.tail_owner = stream[used:].copy(), owner[used:].copy()
+        self.tail_starts = seg_start[seg_start >= used] - used
+
+    def finish(self, remainder: str = "drop"):
+        """The carried tail: padded with ``pad_id`` into one last row (``remainder="pad"``), or dropped."""
+        import numpy as np
+
+        tail = len(self.tail)
+        if tail and remainder == "pad":
+            self.padded_tokens = self.width - tail
+            stream = np.concatenate([self.tail, np.full(self.padded_tokens, self.pad_id, np.int32)])
+            owner = np.concatenate([self.tail_owner, np.full(self.padded_tokens, -1, np.int32)])
+            yield self._emit(stream, owner, self.tail_starts, 1)
+        else:
+            self.dropped_tail_tokens = tail
+        self.tail = self.tail[:0]
 
 
 def _with_zero(pos):

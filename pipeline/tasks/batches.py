@@ -1,45 +1,92 @@
-"""Per-shard stages in a fixed number of Airflow tasks: the plan lives in a file, XCom carries small batch handles.
+"""Per-shard stages in a fixed number of Airflow tasks: the plan lives in files, XCom carries small batch handles.
 
 Why: Airflow refuses to map a task over more than ``[core] max_map_length`` (1024) items, and every mapped item's
 argument is an XCom row in the metadata DB.  Mapping one task per shard stopped the chain at about 1,024 shards
 (1.2 GB of text with the default shard size).  Instead the plan (``plan.json``: one spec per shard) stays in the run
-folder, and each per-shard stage is mapped over ``parallelism`` batches, each a contiguous range of shard indices.
-A batch task runs its shards in order; every shard's output has its completion marker, so a retry redoes only the
-shards that are missing.  The handle of a batch is a few numbers, so the XCom payload does not grow with the corpus.
+folder, split into one file per batch (``plan/batch-<k>.json``, so a task reads only its own specs), and each
+per-shard stage is mapped over ``parallelism`` batches, each a contiguous range of shard indices.  A batch task runs
+its shards in order (or, for stages that use one process per shard, in a pool of ``task_workers`` processes);
+every shard's output has its completion marker, so a retry redoes only the shards that are missing.  The handle of
+a batch is a few numbers, so the XCom payload does not grow with the corpus.  The sink's writer tasks are mapped the
+same way over the output files (``kind: files``).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
-from pipeline.io import read_json
+from pipeline.io import read_json, write_json
 
 PLAN = "plan.json"
+PLAN_DIR = "plan"
 
 
-def plan_batches(run_dir: str | Path, n_shards: int, parallelism: int) -> list[dict]:
-    """``min(parallelism, n_shards)`` handles ``{run_dir, task, of, first, last}``; shard ranges differ by at most 1."""
-    tasks = max(1, min(parallelism, n_shards))
-    bounds = [k * n_shards // tasks for k in range(tasks + 1)]
-    return [{"run_dir": str(run_dir), "task": k, "of": tasks, "first": bounds[k], "last": bounds[k + 1] - 1}
-            for k in range(tasks) if bounds[k + 1] > bounds[k]]
+def plan_batches(run_dir: str | Path, n_items: int, parallelism: int, kind: str = "shards") -> list[dict]:
+    """``min(parallelism, n_items)`` handles ``{run_dir, task, of, first, last[, kind]}``; ranges differ by <= 1.
+
+    For shard batches, :func:`split_plan` then writes each batch's own plan file.
+    """
+    tasks = max(1, min(parallelism, n_items))
+    bounds = [k * n_items // tasks for k in range(tasks + 1)]
+    handles = [{"run_dir": str(run_dir), "task": k, "of": tasks, "first": bounds[k], "last": bounds[k + 1] - 1,
+                **({"kind": kind} if kind != "shards" else {})} for k in range(tasks) if bounds[k + 1] > bounds[k]]
+    return handles
+
+
+def split_plan(specs: list[dict], handles: list[dict]) -> None:
+    """Write ``plan/batch-<k>-of-<n>.json`` for every shard batch, so a task reads only its own specs."""
+    for h in handles:
+        write_json(_batch_file(h), specs[h["first"]: h["last"] + 1])
+
+
+def _batch_file(batch: dict) -> Path:
+    return Path(batch["run_dir"]) / PLAN_DIR / f"batch-{batch['task']:05d}-of-{batch['of']:05d}.json"
 
 
 def batch_label(batch: dict) -> str:
     """The mapped task's label in the UI: ``task 3/64: shards 120-159``."""
-    return f"task {batch['task'] + 1}/{batch['of']}: shards {batch['first']}-{batch['last']}"
+    return f"task {batch['task'] + 1}/{batch['of']}: {batch.get('kind', 'shards')} {batch['first']}-{batch['last']}"
+
+
+def batch_unit(batch: dict) -> str:
+    """The batch's name in profiles and logs: ``task-0003-of-0064``."""
+    return f"task-{batch['task']:04d}-of-{batch['of']:04d}"
 
 
 def batch_specs(batch: dict) -> list[dict]:
-    """The shard specs of one batch, read from the run's plan file."""
-    specs = read_json(Path(batch["run_dir"]) / PLAN)
-    return specs[batch["first"]: batch["last"] + 1]
+    """The shard specs of one batch, from its own plan file (or the run's plan file when there is none)."""
+    path = _batch_file(batch)
+    if path.exists():
+        return read_json(path)
+    return read_json(Path(batch["run_dir"]) / PLAN)[batch["first"]: batch["last"] + 1]
 
 
-def run_batch(fn: Callable[[dict], dict], batch: dict) -> dict:
-    """Run a per-shard stage over the batch's shards in order; returns counts, not the per-shard stats (those are
-    in each shard's marker and ``stats/``)."""
-    done = [fn(spec) for spec in batch_specs(batch)]
+def worker_cores() -> int:
+    """Cores this worker may use (its CPU affinity, which containers and cgroup cpusets set)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:       # not Linux
+        return os.cpu_count() or 1
+
+
+def pool_size(configured: int, items: int) -> int:
+    """``configured`` processes (0: every core of the worker), never more than there are items."""
+    return max(1, min(configured or worker_cores(), items))
+
+
+def run_batch(fn: Callable[[dict], dict], batch: dict, workers: int = 1) -> dict:
+    """Run a per-shard stage over the batch's shards in order; with ``workers`` > 1 in a pool of spawned processes
+    (results in shard order).  Returns counts, not the per-shard stats (those are in each shard's marker and
+    ``stats/``)."""
+    specs = batch_specs(batch)
+    if workers > 1 and len(specs) > 1:
+        with ProcessPoolExecutor(min(workers, len(specs)), mp_context=get_context("spawn")) as pool:
+            done = list(pool.map(fn, specs))
+    else:
+        done = [fn(spec) for spec in specs]
     return {"task": batch["task"], "of": batch["of"], "first": batch["first"], "last": batch["last"],
-            "shards": len(done)}
+            "shards": len(done), "input_bytes": sum(s.get("bytes", 0) for s in specs)}

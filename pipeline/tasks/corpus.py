@@ -18,9 +18,11 @@ from pipeline.dedup import exact as exact_dedup
 from pipeline.form import config_from_params
 from pipeline.ingest import run as ingest
 from pipeline.io import read_json, run_dir, write_json
+from pipeline.profile import measured
 from pipeline.quality import run as quality
 from pipeline.report.html import write_report
-from pipeline.sink import mindrecord, mixture, validation
+from pipeline.sink import mindrecord, mixture, scatter, validation
+from pipeline.sink import shards as sink_files
 from pipeline.tasks import batches
 from pipeline.tokenizer import run as tokenizer
 
@@ -82,12 +84,39 @@ def plan_tasks(params: dict | MindloomConfig, run_id: str, config_path: str | No
     is mapped over; see :mod:`pipeline.tasks.batches`)."""
     specs = prepare_run(params, run_id, config_path)
     rdir = Path(specs[0]["run_dir"])
-    return batches.plan_batches(rdir, len(specs), load_run_config(rdir).parallelism)
+    handles = batches.plan_batches(rdir, len(specs), load_run_config(rdir).parallelism)
+    batches.split_plan(specs, handles)
+    return handles
 
 
 def run_stage_batch(stage: str, batch: dict) -> dict:
-    """One mapped task of a per-shard stage: ``stage`` over the batch's shards, in order."""
-    return batches.run_batch(SHARD_STAGES[stage], batch)
+    """One mapped task of a per-shard stage: ``stage`` over the batch's shards (profiled under ``profile/``).
+
+    Stages that handle a shard in one process run the batch in a pool of ``task_workers`` processes; the others
+    (ingest, quality, tokenize) parallelise inside a shard with their own ``workers`` settings.
+    """
+    cfg = load_run_config(batch["run_dir"])
+    workers = batches.pool_size(cfg.task_workers, batch["last"] - batch["first"] + 1) if stage in POOLED else 1
+    with measured(batch["run_dir"], stage, batches.batch_unit(batch)) as prof:
+        out = batches.run_batch(SHARD_STAGES[stage], batch, workers)
+        prof.update(shards=out["shards"], input_bytes=out["input_bytes"], workers=workers)
+    return out
+
+
+def _profiled(stage: str):
+    """Profile a task that takes the run's specs (or one band/partition spec) under ``profile/<stage>/``."""
+    import functools
+
+    def deco(fn):
+        @functools.wraps(fn)
+        def wrapper(first, *args, **kwargs):
+            ref = first[0] if isinstance(first, list) else first
+            unit = "all" if isinstance(first, list) and not args else "-".join(map(str, args)) or ref.get(
+                "band", ref.get("task", "all"))
+            with measured(ref["run_dir"], stage, f"{unit}"):
+                return fn(first, *args, **kwargs)
+        return wrapper
+    return deco
 
 
 def ingest_shard(spec: dict) -> dict:
@@ -105,6 +134,7 @@ def exact_partitions(specs: list[dict]) -> list[int]:
     return list(range(load_run_config(specs[0]["run_dir"]).dedup.exact_partitions))
 
 
+@_profiled("exact_partition")
 def exact_partition(specs: list[dict], partition: int) -> dict:
     """Exact dedup, step 2 (per hash partition): the first copy of each text in shard order survives."""
     rdir, shards = _run_of(specs)
@@ -113,6 +143,7 @@ def exact_partition(specs: list[dict], partition: int) -> dict:
                                            enabled=cfg.dedup.exact)
 
 
+@_profiled("exact_index")
 def exact_index(specs: list[dict]) -> dict:
     """Steps 1 and 2 in one call (the CLI path)."""
     rdir, shards = _run_of(specs)
@@ -136,6 +167,7 @@ def minhash_signatures(spec: dict) -> dict:
                                         quality=cfg.quality)
 
 
+@_profiled("minhash_bands")
 def minhash_bands(specs: list[dict]) -> list[dict]:
     """Near dedup: record the stage-1 layout (checked by stage 4); return one spec per band for stage 2."""
     from pipeline.dedup import minhash
@@ -145,6 +177,7 @@ def minhash_bands(specs: list[dict]) -> list[dict]:
     return minhash.build_manifest(rdir, shards, cfg.minhash, cfg.data_root, release=rdir.name)
 
 
+@_profiled("minhash_band")
 def minhash_band(band_spec: dict) -> dict:
     """Near dedup, stage 2 (per band): sort and merge the band's bucket keys into candidate pairs."""
     from pipeline.dedup import minhash
@@ -153,6 +186,7 @@ def minhash_band(band_spec: dict) -> dict:
     return minhash.run_band(rdir, band_spec["band"], load_run_config(rdir).minhash)
 
 
+@_profiled("minhash_clusters")
 def minhash_clusters(specs: list[dict]) -> dict:
     """Near dedup, stage 3: union-find over (checked) candidate pairs; survivors chosen by the configured rule."""
     from pipeline.dedup import minhash
@@ -168,6 +202,7 @@ def minhash_removal(spec: dict) -> dict:
     return minhash.run_removal_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash)
 
 
+@_profiled("minhash_report")
 def minhash_report(specs: list[dict]) -> dict:
     from pipeline.dedup import minhash
 
@@ -180,6 +215,7 @@ def quality_shard(spec: dict) -> dict:
                                      input_stage="minhash")
 
 
+@_profiled("train_tokenizer")
 def train_tokenizer(specs: list[dict]) -> dict:
     rdir, shards = _run_of(specs)
     cfg = load_run_config(rdir)
@@ -191,6 +227,7 @@ def tokenize_shard(spec: dict) -> dict:
     return tokenizer.run_tokenize_shard(Path(spec["run_dir"]), spec["shard"], workers=cfg.tokenizer.encode_workers)
 
 
+@_profiled("plan_mixture")
 def plan_mixture(specs: list[dict]) -> dict:
     """Held-out split and per-document copies for the target domain mixture; returns target vs achieved."""
     rdir, shards = _run_of(specs)
@@ -202,22 +239,90 @@ def _tokenizer_info(rdir: Path) -> dict:
     return read_json(rdir / "tokenizer" / "spm.model.done")["info"]
 
 
-def write_mindrecord(specs: list[dict]) -> dict:
-    """Pack, write and verify the training MindRecord set; return a summary of the manifest."""
-    rdir, shards = _run_of(specs)
+def sink_scatter_shard(spec: dict) -> dict:
+    """Sink step 1 (per shard): assign the shard's training copies to the output files."""
+    rdir = Path(spec["run_dir"])
+    layout = _sink_layout(rdir)
+    cfg = load_run_config(rdir)
+    return scatter.run_scatter_shard(rdir, spec["shard"], seed=cfg.seed, n_files=layout["n_files"],
+                                     domains=layout["domains"])
+
+
+def _sink_layout(rdir: Path) -> dict:
+    p = load_run_config(rdir).pack
+    return mindrecord.sink_layout(rdir, seq_len=p.seq_len, shard_mb=p.shard_mb, shard_num=p.shard_num,
+                                  add_bos=p.add_bos)
+
+
+def _write_args(rdir: Path) -> dict:
     cfg = load_run_config(rdir)
     tok = _tokenizer_info(rdir)
     p = cfg.pack
-    manifest = mindrecord.write_mindrecord(
-        rdir, shards, seq_len=p.seq_len, shard_num=p.shard_num, add_bos=p.add_bos, seed=cfg.seed,
-        tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), eos_id=tok.get("eos_id", tokenizer.EOS_ID),
-        bos_id=tok.get("bos_id", tokenizer.BOS_ID), vocab_size=tok["vocab_size"],
-        pad_id=tok.get("pad_id", tokenizer.PAD_ID), mixture=True, remainder=p.remainder,
-        domain_field=p.domain_field, boundaries=p.boundaries, workers=p.write_workers)
+    pad = tok.get("pad_id", tokenizer.PAD_ID)
+    return dict(seq_len=p.seq_len, eos_id=tok.get("eos_id", tokenizer.EOS_ID),
+                bos_id=tok.get("bos_id", tokenizer.BOS_ID) if p.add_bos else None,
+                pad_id=mindrecord.FILE_PAD if pad is None or pad < 0 else pad, remainder=p.remainder,
+                domain_field=p.domain_field, boundaries=p.boundaries,
+                n_domains=len(_sink_layout(rdir)["domains"]))
+
+
+@_profiled("sink_files")
+def sink_file_batches(specs: list[dict]) -> list[dict]:
+    """The writer tasks: ``parallelism`` handles over the output files (after every shard is scattered)."""
+    rdir = Path(specs[0]["run_dir"])
+    return batches.plan_batches(rdir, _sink_layout(rdir)["n_files"], load_run_config(rdir).parallelism, "files")
+
+
+def write_file_batch(batch: dict) -> dict:
+    """Sink step 2 (per output file): pack and write the batch's MindRecord files, ``pack.write_workers`` at once."""
+    rdir = Path(batch["run_dir"])
+    _, shards = _run_of([batch])
+    n_files = _sink_layout(rdir)["n_files"]
+    files = list(range(batch["first"], batch["last"] + 1))
+    workers = batches.pool_size(load_run_config(rdir).pack.write_workers, len(files))
+    jobs = [(rdir, k, n_files, sorted(shards), _write_args(rdir)) for k in files]
+    with measured(rdir, "sink_write", batches.batch_unit(batch)) as prof:
+        if workers > 1:
+            from concurrent.futures import ProcessPoolExecutor
+            from multiprocessing import get_context
+
+            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+                entries = list(pool.map(mindrecord.write_file_job, jobs))
+        else:
+            entries = [mindrecord.write_file_job(j) for j in jobs]
+        prof.update(files=len(files), samples=sum(e["samples"] for e in entries), workers=workers)
+    return {"task": batch["task"], "of": batch["of"], "files": len(files),
+            "samples": sum(e["samples"] for e in entries)}
+
+
+@_profiled("sink_finalize")
+def finalize_mindrecord(specs: list[dict]) -> dict:
+    """Sink step 3: assemble and verify the training MindRecord set; return a summary of the manifest."""
+    rdir, shards = _run_of(specs)
+    cfg = load_run_config(rdir)
+    tok = _tokenizer_info(rdir)
+    layout = _sink_layout(rdir)
+    args = _write_args(rdir)
+    manifest = sink_files.finalize_set(
+        rdir, layout["n_files"], sorted(shards), seq_len=cfg.pack.seq_len, domains=layout["domains"],
+        domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries,
+        extra=mindrecord.set_extra(rdir, layout, seed=cfg.seed, vocab_size=tok["vocab_size"],
+                                   tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), mixture=True, **args))
     mindrecord.verify(rdir / "mindrecord", full_read=True, num_shards=cfg.train.workers)
     return manifest_summary(rdir, manifest)
 
 
+def write_mindrecord(specs: list[dict]) -> dict:
+    """The three sink steps one after the other (the CLI path)."""
+    rdir, shards = _run_of(specs)
+    for shard in shards:
+        sink_scatter_shard({"run_dir": str(rdir), "shard": shard})
+    for batch in sink_file_batches(specs):
+        write_file_batch(batch)
+    return finalize_mindrecord(specs)
+
+
+@_profiled("write_validation")
 def write_validation(specs: list[dict]) -> dict:
     """Write and verify the held-out MindRecord sets, one per domain (``mindrecord_val/<domain>/``)."""
     rdir, _ = _run_of(specs)
@@ -262,6 +367,7 @@ def collect_stats(rdir: str | Path) -> dict:
     return out
 
 
+@_profiled("publish")
 def publish(specs: list[dict]) -> dict:
     """Record the finished corpus as the latest one (``<data_root>/corpus/LATEST.json``) and summarise it."""
     rdir, _ = _run_of(specs)
@@ -287,7 +393,10 @@ def publish(specs: list[dict]) -> dict:
 #: The per-shard stages, by the name the DAG's batch tasks use.
 SHARD_STAGES = {"ingest": ingest_shard, "exact_hash": exact_hash_shard, "exact_dedup": exact_dedup_shard,
                 "minhash_signatures": minhash_signatures, "minhash_removal": minhash_removal,
-                "quality": quality_shard, "tokenize": tokenize_shard}
+                "quality": quality_shard, "tokenize": tokenize_shard, "sink_scatter": sink_scatter_shard}
+
+#: Stages that handle one shard in one process: their batch tasks run a pool of ``task_workers`` processes.
+POOLED = {"exact_hash", "exact_dedup", "minhash_signatures", "minhash_removal", "sink_scatter"}
 
 
 def latest_corpus(data_root: str | Path) -> dict:
