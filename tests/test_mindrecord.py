@@ -257,3 +257,38 @@ def test_test_sets_and_repacks_use_the_sink_writer_and_manifest(tmp_path):
     assert manifest["fields"] == ["input_ids"] and manifest["row_length"] == 64
     assert all(s["content_sha256"] for s in manifest["shards"])
     assert mindrecord.verify(tmp_path / "set", num_shards=2)["read"] == len(rows)
+
+
+def test_long_context_repacking_reads_the_corpus_files_as_contiguous_streams(run):
+    from pipeline.train.repack import stream_rows
+
+    rdir, built = run
+    digest: dict = {}
+    rows = list(stream_rows(str(rdir / "mindrecord"), digest))
+    assert digest == {"rows": built["train"]["samples"], "sha256": built["train"]["rows_sha256"],
+                      "contiguous_verified": True}
+    assert len(rows) == built["train"]["samples"]
+
+
+@pytest.mark.parametrize("remainder,bos,boundaries", [("drop", None, False), ("pad", 1, True)])
+def test_stream_packer_gives_the_same_rows_in_any_chunking(remainder, bos, boundaries):
+    rng = np.random.default_rng(3)
+    lens = rng.integers(0, 40, size=300).astype(np.int64)
+    flat = rng.integers(4, 900, size=int(lens.sum())).astype(np.int32)
+    starts, dom = np.cumsum(lens) - lens, rng.integers(0, 3, size=300).astype(np.int32)
+    order = rng.permutation(300)
+    kw = dict(seq_len=15, eos_id=2, bos_id=bos, pad_id=0)
+    whole = packing.pack(flat, starts, lens, dom, order, remainder=remainder, boundaries=boundaries, **kw)
+    packer = packing.StreamPacker(boundaries=boundaries, n_domains=3, **kw)
+    parts = []
+    for chunk in np.split(order, [1, 2, 50, 51, 200]):
+        parts += list(packer.feed(flat, starts, lens, dom, chunk))
+    parts += list(packer.finish(remainder))
+    assert np.array_equal(np.concatenate([p[0] for p in parts]), whole["rows"])
+    assert np.array_equal(np.concatenate([p[1] for p in parts]), whole["row_domain"])
+    assert packer.tokens_per_domain.tolist() == whole["tokens_per_domain"].tolist()
+    assert (packer.dropped_tail_tokens, packer.padded_tokens) == (whole["dropped_tail_tokens"],
+                                                                   whole["padded_tokens"])
+    if boundaries:
+        got = [s.tolist() for p in parts for s in p[2]]
+        assert got == [s.tolist() for s in whole["row_starts"]]

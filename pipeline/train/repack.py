@@ -10,9 +10,11 @@ own rows instead of requiring a corpus packed at that length.
 * Anything else is refused (``TrainJob.seq_len``): a non-integer ratio would straddle rows arbitrarily.
 
 "Consecutive" must mean consecutive in the packed token stream, or a long row would glue unrelated text. The
-corpus packer (``pipeline/sink/mindrecord.py``) deals stream rows round-robin over its shard files and lists the files in
-``manifest.json``; :func:`stream_rows` undoes that interleave and checks the result against the manifest's
-``rows_sha256`` (reported as ``contiguous_verified``). A folder without such a manifest is read file by file in name
+corpus sink (``pipeline/sink/shards.py``) packs every file as its own stream (manifest ``layout: contiguous``):
+:func:`stream_rows` reads the files in manifest order and checks the per-file ``rows_sha256`` digests (joined,
+the set's ``rows_sha256``; reported as ``contiguous_verified``).  Sets written by :func:`pipeline.sink.writer.write_rows`
+(and corpus sets from before the streaming sink) deal stream rows round-robin over their files; :func:`stream_rows`
+undoes that interleave and checks the manifest's ``rows_sha256``. A folder without such a manifest is read file by file in name
 order (``contiguous_verified: false``).
 
 The re-packed set is written once per stage (``<out_dir>/data/seq<N>/``, temp folder + rename, idempotent by a
@@ -73,9 +75,21 @@ def stream_rows(data_dir: str, digest: dict | None = None) -> Iterator[np.ndarra
     """Rows in packed-stream order. ``digest`` (a dict) receives ``rows``, ``sha256`` and ``contiguous_verified``
     once the iterator is exhausted."""
     files, interleaved = stream_files(data_dir)
+    manifest = _manifest(data_dir) or {}
+    contiguous = interleaved and manifest.get("layout") == "contiguous"
     h = hashlib.sha256()
     n = 0
-    if interleaved:
+    if contiguous:          # the corpus sink: every file is its own stream; the set hashes the files' digests
+        per_file = []
+        for f in files:
+            hf = hashlib.sha256()
+            for row in _file_rows(f):
+                hf.update(np.ascontiguousarray(row).tobytes())
+                n += 1
+                yield row
+            per_file.append(hf.hexdigest())
+        h = hashlib.sha256("".join(per_file).encode())
+    elif interleaved:
         its = [_file_rows(f) for f in files]
         live = list(range(len(its)))
         while live:
@@ -96,7 +110,7 @@ def stream_rows(data_dir: str, digest: dict | None = None) -> Iterator[np.ndarra
                 n += 1
                 yield row
     if digest is not None:
-        want = (_manifest(data_dir) or {}).get("rows_sha256") if interleaved else None
+        want = manifest.get("rows_sha256") if interleaved else None
         digest.update(rows=n, sha256=h.hexdigest(), contiguous_verified=bool(want) and want == h.hexdigest())
 
 
