@@ -1,5 +1,5 @@
-"""Bounded task count: a plan of 100,000 shards maps onto ``parallelism`` tasks with a small XCom payload, and the
-batches cover every shard exactly once, in plan order."""
+"""Bounded task count: a plan of 100,000 shards (line-aligned byte ranges of one JSONL file) maps onto
+``parallelism`` tasks with a small XCom payload, and the batches cover every shard exactly once, in plan order."""
 
 from __future__ import annotations
 
@@ -19,9 +19,9 @@ def test_a_plan_of_100k_units_maps_onto_parallelism_tasks(tmp_path):
     n = 100_000
     src = tmp_path / "in" / "lines.jsonl"
     src.parent.mkdir(parents=True)
-    with open(src, "w", encoding="utf-8") as fh:
+    with open(src, "w", encoding="utf-8") as fh:  # lines of one width: byte ranges of exactly one line each
         for i in range(n):
-            fh.write(json.dumps({"id": f"d{i}", "text": f"document number {i}"}) + "\n")
+            fh.write(json.dumps({"id": f"d{i:06d}", "text": f"document number {i:06d}"}) + "\n")
     cfg_path = tmp_path / "mindloom.yaml"
     cfg_path.write_text(yaml.safe_dump({
         "data_root": str(tmp_path / "data"), "parallelism": 64, "ingest": {"docs_per_shard": 1},
@@ -31,6 +31,9 @@ def test_a_plan_of_100k_units_maps_onto_parallelism_tasks(tmp_path):
     assert len(json.dumps(handles)) < 10_000                    # what goes through XCom: not the plan
     plan = json.loads((tmp_path / "data" / "runs" / "big" / "plan.json").read_text())
     assert len(plan) == n and sum(len(u["units"]) for u in plan) == n
+    width = src.stat().st_size // n                             # 100,000 line-aligned byte ranges of one file
+    assert [(s["units"][0]["start"], s["units"][0]["end"]) for s in plan[:2]] == [(0, width), (width, 2 * width)]
+    assert plan[-1]["units"][0]["end"] == src.stat().st_size
     covered = [s["shard"] for h in (handles[0], handles[-1]) for s in batch_specs(h)]
     assert covered[0] == plan[0]["shard"] and covered[-1] == plan[-1]["shard"]
     sizes = [h["last"] - h["first"] + 1 for h in handles]

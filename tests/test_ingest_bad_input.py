@@ -57,24 +57,28 @@ def test_malformed_json_line(tmp_path, caplog):
     path = tmp_path / "p.jsonl"
     path.write_bytes(jsonl_bytes(recs[:1]) + b'{"text": "unterminated\n' + jsonl_bytes(recs[1:]))
     out = run(tmp_path, [{"domain": "p", "paths": [str(path)]}])
-    assert len(out["docs"]) == 3 and reasons(out) == [("p.jsonl", "line 2", "malformed_json")]
+    at = f"byte {len(jsonl_bytes(recs[:1]))}"            # plain JSONL lines are located by byte offset
+    assert len(out["docs"]) == 3 and reasons(out) == [("p.jsonl", at, "malformed_json")]
     assert out["rejects"][0]["detail"] == "Invalid control character at (column 23)"
     assert out["rejects"][0]["nbytes"] == 23
-    assert f"{path}:line 2: malformed_json" in caplog.text
-    assert f"{path}:line 2: malformed_json: Invalid control character" in strict_message(
+    assert f"{path}:{at}: malformed_json" in caplog.text
+    assert f"{path}:{at}: malformed_json: Invalid control character" in strict_message(
         tmp_path, [{"domain": "p", "paths": [str(path)]}])
 
 
 def test_wrong_type_in_text_field(tmp_path):
     recs = prose_records(2)
     path = tmp_path / "p.jsonl"
-    path.write_bytes(jsonl_bytes([recs[0], {"id": "x", "text": ["a", "list"]}, {"id": "y", "text": None}, recs[1]]))
+    lines = [recs[0], {"id": "x", "text": ["a", "list"]}, {"id": "y", "text": None}, recs[1]]
+    path.write_bytes(jsonl_bytes(lines))
     out = run(tmp_path, [{"domain": "p", "paths": [str(path)]}])
     assert len(out["docs"]) == 2
-    assert reasons(out) == [("p.jsonl", "line 2", "wrong_text_type"), ("p.jsonl", "line 3", "wrong_text_type")]
+    second, third = len(jsonl_bytes(lines[:1])), len(jsonl_bytes(lines[:2]))
+    assert reasons(out) == [("p.jsonl", f"byte {second}", "wrong_text_type"),
+                            ("p.jsonl", f"byte {third}", "wrong_text_type")]
     assert [r["detail"] for r in out["rejects"]] == ["field 'text' is list, not a string",
                                                      "field 'text' is null, not a string"]
-    assert "line 2: wrong_text_type: field 'text' is list" in strict_message(
+    assert f"byte {second}: wrong_text_type: field 'text' is list" in strict_message(
         tmp_path, [{"domain": "p", "paths": [str(path)]}])
 
 
@@ -83,7 +87,8 @@ def test_invalid_utf8(tmp_path):
     path = tmp_path / "p.jsonl"
     path.write_bytes(jsonl_bytes(recs[:1]) + b'{"text": "caf\xe9 au lait"}\n' + jsonl_bytes(recs[1:]))
     out = run(tmp_path, [{"domain": "p", "paths": [str(path)]}])
-    assert len(out["docs"]) == 2 and reasons(out) == [("p.jsonl", "line 2", "invalid_utf8")]
+    at = f"byte {len(jsonl_bytes(recs[:1]))}"
+    assert len(out["docs"]) == 2 and reasons(out) == [("p.jsonl", at, "invalid_utf8")]
     assert out["rejects"][0]["detail"] == "byte 13: invalid continuation byte"
 
 
@@ -114,7 +119,7 @@ def test_empty_and_zero_byte_files(tmp_path):
     out = run(tmp_path, [{"domain": "j", "paths": [str(folder / "*.jsonl*")]},
                          {"domain": "t", "reader": "text", "paths": [str(folder / "*.txt")]}])
     assert len(out["docs"]) == 1
-    assert sorted(reasons(out)) == [("blank.jsonl", "line 1", "blank_line"), ("blank.jsonl", "line 2", "blank_line"),
+    assert sorted(reasons(out)) == [("blank.jsonl", "byte 0", "blank_line"), ("blank.jsonl", "byte 1", "blank_line"),
                                     ("empty.jsonl.gz", "", "empty_file"), ("spaces.txt", "", "empty_text"),
                                     ("zero.jsonl", "", "empty_file"), ("zero.txt", "", "empty_file")]
     assert {r["detail"] for r in out["rejects"] if r["reason"] == "empty_file"} == {
@@ -141,7 +146,8 @@ def test_single_100mb_line_is_streamed_not_held(tmp_path):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert len(out["docs"]) == 2 and reasons(out) == [("big.jsonl", "line 2", "record_too_large")]
+    at = f"byte {len(jsonl_bytes(recs[:1]))}"
+    assert len(out["docs"]) == 2 and reasons(out) == [("big.jsonl", at, "record_too_large")]
     assert out["rejects"][0]["nbytes"] == line_bytes and out["rejects"][0]["snippet"].startswith('{"text": "xxx')
     assert peak < 12 << 20, f"peak {peak / 2**20:.1f} MiB: the line was held in memory"
     # with the default limit (64 MiB) one bounded read is held, never the whole 100 MB line or copies of it
@@ -151,7 +157,7 @@ def test_single_100mb_line_is_streamed_not_held(tmp_path):
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
-    assert reasons(out) == [("big.jsonl", "line 2", "record_too_large")]
+    assert reasons(out) == [("big.jsonl", at, "record_too_large")]
     assert peak < 72 << 20, f"peak {peak / 2**20:.1f} MiB"
 
 

@@ -59,8 +59,11 @@ def test_jsonl_plain_and_compressed(tmp_path, suffix, compress):
     offsets = [sum(map(len, lines[:i])) for i in range(40)]
     assert [d["doc_id"] for d in out["docs"]] == [doc_id("zh", f"zh/zh.jsonl{suffix}", o) for o in offsets]
     assert [json.loads(d["meta"])["source_id"] for d in out["docs"]] == [r["id"] for r in records]
-    assert out["docs"][0]["source"] == "fortunes-zh" and out["docs"][0]["origin"] == f"zh.jsonl{suffix}:line 1"
-    # plain files are cut into line ranges, compressed ones cannot be entered mid-stream
+    assert out["docs"][0]["source"] == "fortunes-zh"
+    # a plain file's lines are located by byte offset (its ranges start mid-file), a compressed file's by line number
+    where = ["byte 0", f"byte {offsets[1]}"] if not suffix else ["line 1", "line 2"]
+    assert [d["origin"] for d in out["docs"][:2]] == [f"zh.jsonl{suffix}:{w}" for w in where]
+    # plain files are cut into line-aligned byte ranges, compressed ones cannot be entered mid-stream
     assert len(out["specs"]) == (3 if not suffix else 1)
     assert out["rejects"] == []
 

@@ -38,10 +38,21 @@ class SourceConfig:
 
 @dataclass
 class IngestConfig:
-    docs_per_shard: int = _f(2000, desc="Documents (JSONL lines, Parquet rows, files) per shard; shards map 1:1 "
-                                        "onto Airflow mapped tasks. Compressed JSONL and WARC files are one shard "
-                                        "each.", ge=1)
-    shard_bytes: int = _f(256 << 20, desc="Input bytes per shard when many files are grouped into one.", ge=1)
+    """Shard planning and per-record limits of the ingest stage.
+
+    ``shard_bytes`` defaults to 64 MiB (it was 256 MiB when only grouped files used it): it is now also the largest
+    byte range of a plain JSONL file, so a 1 GB file with long documents still becomes 16 parallel tasks, each a
+    minute or so of parsing, while a 1 TB corpus stays at ~16,000 shards, well within what the batched mapped
+    tasks handle (``pipeline/tasks/batches.py``).  ``docs_per_shard`` usually cuts first: a range holds about that
+    many lines, estimated from the file's first 64 KiB.
+    """
+
+    docs_per_shard: int = _f(2000, desc="Target documents per shard (JSONL lines, Parquet rows, files); shards "
+                                        "map 1:1 onto Airflow mapped tasks. Plain JSONL is cut into line-aligned "
+                                        "byte ranges of about this many lines (estimated from the file's head); "
+                                        "compressed JSONL and WARC files are one shard each.", ge=1)
+    shard_bytes: int = _f(64 << 20, desc="Most input bytes per shard: the largest JSONL byte range, and the limit "
+                                         "when many files are grouped into one shard.", ge=1)
     strict: bool = _f(False, desc="Fail on the first bad record instead of quarantining it in the rejects table.")
     max_doc_chars: int = _f(20_000_000, desc="Records with longer text are rejected (reason too_long).", ge=1)
     max_record_bytes: int = _f(64 << 20, desc="Raw records (lines, files, HTTP bodies) above this many bytes are "

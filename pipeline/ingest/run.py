@@ -2,11 +2,18 @@
 
 Two entry points, matching two Airflow tasks:
 
-* :func:`plan_ingest` lists every source's paths (local or object storage) and cuts the input into shards of about
-  ``ingest.docs_per_shard`` documents (JSONL line ranges, Parquet row groups, groups of files; a compressed JSONL or
-  WARC file is one shard) and at most ``ingest.shard_bytes``.  Each shard is one JSON-serialisable spec, one mapped
-  task, one output file.  Paths that cannot be listed (missing, unreadable, symlink loops) become units of their
-  own, so they are counted in a shard like any bad document.
+* :func:`plan_ingest` lists every source's paths (local or object storage) and splits the input into work units
+  without reading it: byte ranges of plain JSONL aligned to line starts, Parquet row groups (footer only), and
+  whole files otherwise (compressed JSONL, WARC, text, HTML, code, MediaWiki dumps: planned from their listed size,
+  never opened).  A JSONL range is found from the file size and a short scan to the next newline at each cut
+  (``readers/jsonl.py``: one small ranged read per unit, so a 1 TB corpus on S3 is planned by reading a few MB);
+  its target size is ``min(ingest.shard_bytes, ingest.docs_per_shard × bytes per line)`` measured on the file's
+  head, so small files still give shards of about ``docs_per_shard`` lines.  Units are then packed in order into
+  shards of at most about ``docs_per_shard`` documents and ``shard_bytes`` bytes.  Document counts at plan time
+  are estimates (``docs_estimate``); the real counts come from ingest.  The plan depends only on the listed files'
+  bytes and the config, so rerunning it gives the same shards.  Each shard is one JSON-serialisable spec, one
+  mapped task, one output file.  Paths that cannot be listed (missing, unreadable, symlink loops) become units of
+  their own, so they are counted in a shard like any bad document.
 * :func:`run_ingest_shard` streams the shard's records out of its reader (main process: I/O only), parses,
   normalizes, language-tags and hashes them in a pool of ``ingest.workers`` processes (results are consumed in
   submission order, so the output is byte-identical whatever the pool size), and writes
@@ -15,9 +22,11 @@ Two entry points, matching two Airflow tasks:
 
 Accounting: every record a reader frames is one document in (bytes: its raw, decompressed size); it is kept or
 removed under one reason.  Bad input (malformed JSON, invalid UTF-8, truncated archives, binary files, broken HTTP
-headers, missing or unreadable paths, symlink loops, oversized records, …) is logged with file, line/record and
-reason, written to the rejects table and counted; with ``ingest.strict`` the first one fails the task with the
-same message.  Policy skips (vendored code, WARC request records, blank lines) are counted but never fail a run.
+headers, missing or unreadable paths, symlink loops, oversized records, …) is logged with file, location
+(``byte N`` in plain JSONL, ``line N`` in compressed JSONL, ``row N`` in Parquet, ``record N @ byte B`` in WARC)
+and reason, written to the rejects table and counted; with ``ingest.strict`` the first one fails the task with
+the same message.  Policy skips (vendored code, WARC request records, blank lines) are counted but never fail a
+run.
 """
 
 from __future__ import annotations
@@ -96,7 +105,7 @@ def _plan_source(src: SourceConfig, reader: Reader, cfg: MindloomConfig) -> list
     owner: dict[str, str] = {}
     for pattern in src.paths:
         files, problems = storage.list(pattern)
-        units += [{"path": p.path, "rel": p.rel, "docs": 1, "bytes": 0, "problem": [p.reason, p.detail]}
+        units += [{"path": p.path, "rel": p.rel, "docs_estimate": 1, "bytes": 0, "problem": [p.reason, p.detail]}
                   for p in problems]
         explicit = len(files) == 1 and files[0].path.rstrip("/") == pattern.rstrip("/")
         chosen = files if explicit else [f for f in files if reader.accepts(f.rel)]
@@ -104,7 +113,7 @@ def _plan_source(src: SourceConfig, reader: Reader, cfg: MindloomConfig) -> list
             log.info("source %s: %d of %d files under %s do not match the %s reader's suffixes and are not read",
                      source_name(src), len(files) - len(chosen), len(files), pattern, reader.name)
         if files and not chosen:
-            units.append({"path": pattern, "rel": pattern.rsplit("/", 1)[-1], "docs": 1, "bytes": 0,
+            units.append({"path": pattern, "rel": pattern.rsplit("/", 1)[-1], "docs_estimate": 1, "bytes": 0,
                           "problem": ["missing_path", f"none of {len(files)} files has a {reader.name} suffix"]})
         for ref in chosen:
             if owner.setdefault(ref.rel, ref.path) != ref.path:
@@ -112,10 +121,10 @@ def _plan_source(src: SourceConfig, reader: Reader, cfg: MindloomConfig) -> list
                                   f"relative path {ref.rel!r}, so their document ids would collide; use one glob "
                                   "over their common folder or separate sources")
             try:
-                pieces = reader.units(ref, storage, cfg.ingest.docs_per_shard)
+                pieces = reader.units(ref, storage, cfg.ingest.docs_per_shard, cfg.ingest.shard_bytes)
             except (ReadError, OSError) as exc:
                 reason = exc.reason if isinstance(exc, ReadError) else _oserror_reason(exc)
-                units.append({"path": ref.path, "rel": ref.rel, "docs": 1, "bytes": 0,
+                units.append({"path": ref.path, "rel": ref.rel, "docs_estimate": 1, "bytes": 0,
                               "problem": [reason, getattr(exc, "detail", str(exc))]})
                 continue
             for piece in pieces:
@@ -125,7 +134,9 @@ def _plan_source(src: SourceConfig, reader: Reader, cfg: MindloomConfig) -> list
 
 
 def plan_ingest(cfg: MindloomConfig, empty: list[dict] | None = None) -> list[dict]:
-    """One spec per shard: {shard, domain, source_index, source, reader, units, docs, bytes} (JSON-serialisable).
+    """One spec per shard: {shard, domain, source_index, source, reader, units, docs_estimate, bytes}
+    (JSON-serialisable).  ``docs_estimate`` sizes shards only; the documents a shard really holds are counted by
+    :func:`run_ingest_shard` (``in_docs`` of its stats).
 
     A source matching no file raises a ConfigError, or with ``allow_empty`` is appended to ``empty`` instead.
     """
@@ -145,18 +156,20 @@ def plan_ingest(cfg: MindloomConfig, empty: list[dict] | None = None) -> list[di
                 empty.append(entry)
             continue
         for unit in units:
-            if not groups or (docs + unit["docs"] > limit_docs or nbytes + unit["bytes"] > limit_bytes) and docs:
+            full = docs + unit["docs_estimate"] > limit_docs or nbytes + unit["bytes"] > limit_bytes
+            if not groups or full and docs:
                 groups.append([])
                 docs = nbytes = 0
             groups[-1].append(unit)
-            docs += unit["docs"]
+            docs += unit["docs_estimate"]
             nbytes += unit["bytes"]
         for group in groups:
             k = per_domain[src.domain]
             per_domain[src.domain] += 1
             specs.append({"shard": f"{src.domain}-{k:05d}", "domain": src.domain, "source_index": si,
                           "source": source_name(src), "reader": src.reader, "units": group,
-                          "docs": sum(u["docs"] for u in group), "bytes": sum(u["bytes"] for u in group)})
+                          "docs_estimate": sum(u["docs_estimate"] for u in group),
+                          "bytes": sum(u["bytes"] for u in group)})
     if not specs:
         raise IngestError("no sources selected: check 'domains' and 'sources' in the config"
                           + (" (every selected source matched no file)" if empty else ""))

@@ -102,11 +102,15 @@ class Reader:
         low = rel.lower()
         return not self.suffixes or low.endswith(self.suffixes)
 
-    def units(self, ref: FileRef, storage: Any, docs_per_shard: int) -> list[dict]:
-        """How to cut one file into shard pieces (plan time): [{"docs": estimate, ...range keys}]. Default: whole.
+    def units(self, ref: FileRef, storage: Any, docs_per_shard: int, shard_bytes: int = 64 << 20) -> list[dict]:
+        """How to cut one file into work units (plan time): [{"docs_estimate": n, ...range keys}].  Default: the
+        whole file, planned from its listed size without opening it.
 
-        The range keys travel in the shard spec (JSON) and come back to :meth:`read` as ``unit``."""
-        return [{"docs": 1}]
+        Planning must not read file contents beyond metadata (a Parquet footer) or a few short probes (JSONL line
+        starts): it runs once, serially, over the whole corpus.  ``docs_estimate`` only sizes shards; the real
+        count comes from ingest.  The range keys travel in the shard spec (JSON) and come back to :meth:`read` as
+        ``unit``."""
+        return [{"docs_estimate": 1}]
 
     # -- reading --------------------------------------------------------------------------------------------
     def read(self, ref: FileRef, unit: dict, storage: Any) -> Iterator[RawRecord | Rejection]:

@@ -1,9 +1,19 @@
 """JSON Lines, plain or compressed (.gz, .bz2, .zst): one object per line, text in ``text_field``.
 
-Plain files are cut into byte ranges of ``ingest.docs_per_shard`` lines at plan time (one newline-counting pass,
-no parsing, about 1 GB/s on local disk), so each shard seeks straight to its range.  Compressed files cannot be
-entered in the middle and are one shard each; pre-split dumps (as every crawl and HF export is) keep the shards
-small.  On object storage prefer compressed or pre-split files: the plan-time pass downloads plain ones once.
+Planning never reads a whole file.  A plain file is cut into byte ranges aligned to line starts
+(:func:`line_ranges`): the cut points come from the file size and a target range size, and each is moved forward
+to just after the next newline by a short scan (:data:`SCAN_WINDOW` bytes, grown while a line is longer, at most
+``ingest.max_record_bytes``), locally and on object storage alike (one seek and one small ranged read per cut).
+The target is ``min(ingest.shard_bytes, ingest.docs_per_shard × bytes per line)``, bytes per line being measured
+on the first window of the file, so a small file still gives several shards of about ``docs_per_shard`` lines and
+a large one shards of at most ``shard_bytes``.  Each unit's ``docs_estimate`` is only an estimate (range bytes ÷
+bytes per line): the real count comes from ingest.  Compressed files cannot be entered in the middle and are one
+shard each, planned from their size alone; pre-split dumps (as every crawl and HF export is) keep shards small.
+
+Record locations: a line of a plain file is located by its byte offset (``byte 123456``; ``tail -c +123457 FILE |
+head -1`` shows it), since a range that starts mid-file cannot know its line numbers without counting every line
+before it; the location is therefore the same whatever the plan.  A compressed file is read from its start, so its
+lines keep exact numbers (``line 12``).  The document id hashes the byte offset in both cases.
 
 Lines are read with a size cap: a line longer than ``ingest.max_record_bytes`` is streamed past in 1 MiB pieces
 and rejected as ``record_too_large`` without ever being held whole.
@@ -11,13 +21,18 @@ and rejected as ``record_too_large`` without ever being held whole.
 
 from __future__ import annotations
 
+import itertools
 import json
+import logging
+import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from pipeline.configkit import _f
 from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
 from pipeline.ingest.readers.storage import compression_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -33,26 +48,25 @@ class JsonlReader(Reader):
                 ".jsonl.zstd", ".jsonl.bz2", ".json.bz2")
     Options = JsonlOptions
 
-    def units(self, ref: FileRef, storage, docs_per_shard: int) -> list[dict]:
+    def units(self, ref: FileRef, storage, docs_per_shard: int, shard_bytes: int = 64 << 20) -> list[dict]:
         if compression_of(ref.path):
-            return [{"docs": max(1, ref.size // 2000), "start": 0, "end": -1, "line": 1}]
-        units, start, line, n, pos = [], 0, 1, 0, 0
-        with storage.open_raw(ref.path) as fh:
-            while block := fh.read(1 << 22):
-                at = -1
-                while (at := block.find(b"\n", at + 1)) >= 0:
-                    n += 1
-                    if n == docs_per_shard:
-                        end = pos + at + 1
-                        units.append({"docs": n, "start": start, "end": end, "line": line})
-                        start, line, n = end, line + n, 0
-                pos += len(block)
-        if pos > start or not units:
-            units.append({"docs": n + 1, "start": start, "end": pos, "line": line})
-        return units
+            return [{"docs_estimate": max(1, ref.size // 2000), "start": 0, "end": -1, "line": 1}]
+        if ref.size == 0:  # nothing to scan; the shard reports empty_file
+            return [{"docs_estimate": 1, "start": 0, "end": 0}]
+        with storage.open_random_access(ref.path, buffered=False) as fh:
+            probe = LineProbe(fh, ref.size, self.max_record_bytes)
+            per_line = probe.bytes_per_line()
+            target = max(1, min(shard_bytes, math.ceil(docs_per_shard * per_line)))
+            bounds = line_ranges(probe, target)
+        log.debug("%s: %d byte ranges of ~%d bytes from %d bytes read of %d", ref.rel, len(bounds) - 1, target,
+                  probe.bytes_read, ref.size)
+        return [{"docs_estimate": max(1, round((end - start) / per_line)), "start": start, "end": end}
+                for start, end in itertools.pairwise(bounds)]
 
     def read(self, ref: FileRef, unit: dict, storage) -> Iterator[RawRecord | Rejection]:
-        start, end, lineno = unit["start"], unit["end"], unit["line"]
+        start, end = unit["start"], unit["end"]
+        # whole (compressed) files are read from line 1 and keep line numbers; byte ranges locate lines by offset
+        lineno = unit.get("line", 0)
         fh = storage.open(ref.path) if end < 0 else storage.open_random_access(ref.path)
         limit = self.max_record_bytes
         with fh:
@@ -60,11 +74,12 @@ class JsonlReader(Reader):
                 fh.seek(start)
             pos, seen = start, False
             while end < 0 or pos < end:
+                where = f"line {lineno}" if lineno else f"byte {pos}"
                 try:
                     raw = _read_line(fh, limit)
                 except ReadError as exc:
-                    yield Rejection(exc.reason, f"{exc.detail} (after {lineno - 1} lines, {pos} bytes)", ref.rel,
-                                    f"line {lineno}")
+                    after = f"after {lineno - 1} lines, {pos} bytes" if lineno else f"at byte {pos}"
+                    yield Rejection(exc.reason, f"{exc.detail} ({after})", ref.rel, where)
                     return
                 if not raw:
                     break
@@ -79,15 +94,16 @@ class JsonlReader(Reader):
                             if not more or more.endswith(b"\n"):
                                 break
                     except ReadError as exc:
-                        yield Rejection(exc.reason, exc.detail, ref.rel, f"line {lineno}")
+                        yield Rejection(exc.reason, exc.detail, ref.rel, where)
                         return
                     pos += total
                     yield Rejection("record_too_large", f"line of {total} bytes > ingest.max_record_bytes ({limit})",
-                                    ref.rel, f"line {lineno}", total, snippet_of(head))
+                                    ref.rel, where, total, snippet_of(head))
                 else:
                     pos += len(raw)
-                    yield RawRecord(ref.rel, f"line {lineno}", here, len(raw), raw)
-                lineno += 1
+                    yield RawRecord(ref.rel, where, here, len(raw), raw)
+                if lineno:
+                    lineno += 1
             if not seen and start == 0:
                 yield Rejection("empty_file", "file holds no data" + (" after decompression" if end < 0 and ref.size
                                                                       else " (0 bytes)"), ref.rel, "")
@@ -107,6 +123,87 @@ class JsonlReader(Reader):
         if not isinstance(rec, dict):
             return Rejection("malformed_json", f"expected a JSON object, got {type(rec).__name__}")
         return doc_from_record(rec, self.text_field, self.id_field, self.opts)
+
+
+#: bytes read at each cut point while planning (and at the file head, to measure bytes per line)
+SCAN_WINDOW = 64 << 10
+#: a scan that finds no newline grows its reads up to this size (the total stays bounded by max_record_bytes)
+SCAN_MAX_READ = 4 << 20
+
+
+class LineProbe:
+    """Finds line starts in a seekable file by short reads, never reading it through.
+
+    ``fh`` must not read ahead (``storage.open_random_access(path, buffered=False)``): a buffered file would turn
+    each 64 KiB probe into a 1 MiB read.  The last window read is kept, so cut points that fall inside it (tiny
+    targets, or a line that spans several of them) cost no further I/O.
+    """
+
+    def __init__(self, fh, size: int, max_record_bytes: int, window: int = SCAN_WINDOW):
+        self.fh, self.size, self.window = fh, size, window
+        self.bound = max(window, max_record_bytes + 1)
+        self.buf, self.buf_start = b"", 0
+        self.bytes_read = 0  # what the probes read so far (logged per file)
+
+    def _load(self, pos: int, n: int) -> None:
+        self.fh.seek(pos)
+        parts, got = [], 0
+        while got < n:
+            piece = self.fh.read(n - got)
+            if not piece:
+                break
+            parts.append(piece)
+            got += len(piece)
+        self.buf, self.buf_start = b"".join(parts), pos
+        self.bytes_read += got
+
+    def bytes_per_line(self) -> float:
+        """Mean line length over the complete lines of the file's first window (its length when none ends in it)."""
+        self._load(0, min(self.window, self.size))
+        lines = self.buf.count(b"\n")
+        return (self.buf.rfind(b"\n") + 1) / lines if lines else max(1, len(self.buf))
+
+    def line_start_from(self, t: int) -> int | None:
+        """The first line start at or after ``t`` (0 < t ≤ size): the smallest b ≥ t with byte b-1 a newline, or
+        the file size when no newline follows.  None when no newline lies within the ``bound`` bytes from t-1:
+        that line is longer than ``ingest.max_record_bytes`` (its reader rejects it whole), so no cut is put in
+        it and the caller tries further on."""
+        pos, limit, chunk = t - 1, t - 1 + self.bound, self.window
+        while pos < self.size:
+            if pos >= limit:
+                return None
+            if not self.buf_start <= pos < self.buf_start + len(self.buf):
+                self._load(pos, min(chunk, self.size - pos, limit - pos))
+                if not self.buf:  # the file shrank since it was listed: cut at what is there
+                    self.size = pos
+                    break
+                chunk = min(chunk * 2, SCAN_MAX_READ)
+            at = self.buf.find(b"\n", pos - self.buf_start)
+            if at >= 0:
+                return self.buf_start + at + 1
+            pos = self.buf_start + len(self.buf)
+        return self.size
+
+
+def line_ranges(probe: LineProbe, target: int) -> list[int]:
+    """Boundaries ``[0, b1, …, size]`` of ranges of at least ``target`` bytes (the last may be shorter), each
+    starting at a line start and ending right after a newline or at the end of the file.
+
+    They tile the file, so every line is read exactly once, by the range its first byte is in.  The boundaries
+    depend only on the file's bytes and ``target``: the same plan on every run.
+    """
+    bounds, t = [0], target
+    while t < probe.size:
+        b = probe.line_start_from(t)
+        if b is None:  # a line without end within the bound: look for a cut past the part already scanned
+            t += max(target, probe.bound)
+            continue
+        if b >= probe.size:
+            break
+        bounds.append(b)
+        t = b + target
+    bounds.append(probe.size)
+    return bounds
 
 
 def _read_line(fh, limit: int) -> bytes | bytearray:

@@ -41,20 +41,20 @@ class ParquetReader(Reader):
             fh.close()
             raise ReadError("corrupt_file", f"not a readable Parquet file ({exc})") from None
 
-    def units(self, ref: FileRef, storage, docs_per_shard: int) -> list[dict]:
+    def units(self, ref: FileRef, storage, docs_per_shard: int, shard_bytes: int = 64 << 20) -> list[dict]:
         try:
             pf, fh = self._file(ref, storage)
         except ReadError:
-            return [{"docs": 1, "rg": [0, 0], "row": 0}]  # the shard reports the problem
+            return [{"docs_estimate": 1, "rg": [0, 0], "row": 0}]  # the shard reports the problem
         with fh:
             sizes = [pf.metadata.row_group(i).num_rows for i in range(pf.metadata.num_row_groups)]
         units, first, rows, row0 = [], 0, 0, 0
         for i, n in enumerate(sizes):
             if rows and rows + n > docs_per_shard:
-                units.append({"docs": rows, "rg": [first, i], "row": row0})
+                units.append({"docs_estimate": rows, "rg": [first, i], "row": row0})
                 first, row0, rows = i, row0 + rows, 0
             rows += n
-        units.append({"docs": max(rows, 1), "rg": [first, len(sizes)], "row": row0})
+        units.append({"docs_estimate": max(rows, 1), "rg": [first, len(sizes)], "row": row0})
         return units
 
     def read(self, ref: FileRef, unit: dict, storage) -> Iterator[RawRecord | Rejection]:

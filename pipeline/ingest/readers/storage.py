@@ -252,13 +252,15 @@ class Storage:
             raise ReadError(_oserror_reason(exc), f"cannot be opened ({exc.strerror or exc})") from None
 
     def open_random_access(self, path: str, buffered: bool = True):
-        """A seekable file (Parquet footers: ``buffered=False`` gives pyarrow's own file; JSONL byte ranges)."""
+        """A seekable file.  Buffered (JSONL byte ranges: ``readline``), or with ``buffered=False`` one that reads
+        exactly what is asked and nothing ahead: pyarrow's own file for a URI (Parquet footers; a ranged GET per
+        read on S3), an unbuffered OS file locally (plan-time line probes, so a 64 KiB probe is not a 1 MiB read)."""
         try:
             if is_uri(path):
                 fs, inner = self.filesystem(path)
                 native = fs.open_input_file(inner)
                 return io.BufferedReader(_Seekable(native), 1 << 20) if buffered else native
-            return open(path.removeprefix("file://"), "rb", buffering=1 << 20)
+            return open(path.removeprefix("file://"), "rb", buffering=1 << 20 if buffered else 0)
         except OSError as exc:
             raise ReadError(_oserror_reason(exc), f"cannot be opened ({exc.strerror or exc})") from None
 
