@@ -75,17 +75,14 @@ def test_mindrecord_round_trip_is_exact_and_decodes_to_corpus_text(chain):
     rows = [r for f in files for (r,) in ds.MindDataset(f, columns_list=["input_ids"], shuffle=False)
             .create_tuple_iterator(output_numpy=True, num_epochs=1)]
     assert len(rows) == manifest["samples"] and all(r.dtype == np.int32 and len(r) == 33 for r in rows)
-    # Rows were dealt round-robin over the shards: undo that and compare with the packed stream bit for bit.
-    per_shard = [s["samples"] for s in manifest["shards"]]
-    n = len(per_shard)
-    ordered = [None] * len(rows)
-    offset = 0
-    for k, cnt in enumerate(per_shard):
-        for j in range(cnt):
-            ordered[j * n + k] = rows[offset + j]
-        offset += cnt
-    stacked = np.stack(ordered)
-    assert hashlib.sha256(stacked.tobytes()).hexdigest() == manifest["rows_sha256"]
+    # Every file is its own packed stream, in manifest order: compare with the recorded digests bit for bit.
+    stacked = np.stack(rows)
+    offset, digests = 0, []
+    for s in manifest["shards"]:
+        digests.append(hashlib.sha256(stacked[offset:offset + s["samples"]].tobytes()).hexdigest())
+        offset += s["samples"]
+    assert digests == [s["rows_sha256"] for s in manifest["shards"]]
+    assert hashlib.sha256("".join(digests).encode()).hexdigest() == manifest["rows_sha256"]
     sp = spm.SentencePieceProcessor(model_file=summary["tokenizer"])
     corpus_text = "\n".join(t for f in sorted(Path(summary["run_dir"], "quality").glob("*.parquet"))
                             for t in read_parquet(f, columns=["text"]).column("text").to_pylist())
