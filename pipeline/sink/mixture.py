@@ -20,6 +20,10 @@ part of ``r_d``: downsampling (``r_d < 1``) and upsampling are the same rule, a 
 (doc id, seed, domain) and the domain's threshold, and the error is at most half a bucket (one document in small
 corpora).  The report (``mixture/report.json``) shows target vs achieved shares in tokens and documents, epochs,
 held-out counts and bytes per token per domain.
+
+Memory: one shard's small columns at a time (about 150 bytes per document of the shard), the held-out heaps
+(``2 * val_max_docs + 16`` entries of ~200 bytes per domain) and one ``BUCKETS``-float histogram per domain
+(512 KiB): bounded by the configuration, not by the corpus.  Time is linear in documents (three passes).
 """
 
 from __future__ import annotations

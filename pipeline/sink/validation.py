@@ -17,6 +17,10 @@ stage's job; this split only guarantees that no held-out text appears verbatim i
 :func:`write_validation` packs each domain's held-out documents (in key order) into its own single-shard
 MindRecord set under ``<run>/mindrecord_val/<domain>/`` with the same schema and manifest as the training set; the
 tail is padded, not dropped, so every held-out token is evaluated.
+
+Memory: the held-out documents' tokens (at most ``val_max_docs`` per domain, one domain's set packed at a time,
+about 40 bytes per token), plus one tokenized shard's columns while they are picked out: bounded by the
+configuration, not by the corpus.
 """
 
 from __future__ import annotations
