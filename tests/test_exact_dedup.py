@@ -105,8 +105,12 @@ def test_partition_count_follows_the_corpus_and_stays_bounded():
     assert four_gb == 3 and 4_194_304 / four_gb * exact_dedup.PARTITION_BYTES_PER_DOC <= 256 << 20
     assert count(4 << 30, 40_000_000) > four_gb                  # a document count above the estimate wins
     assert count(1 << 50, 10**12) == exact_dedup.MAX_PARTITIONS == 1024
-    with pytest.raises(ValueError, match="0 = auto"):
-        exact_dedup.run_exact_partition(pathlib.Path("/nonexistent"), [], 0, 0)
+    for step in (lambda: exact_dedup.run_exact_hash_shard(pathlib.Path("/nonexistent"), "a-00000", 0),
+                 lambda: exact_dedup.run_exact_partition(pathlib.Path("/nonexistent"), [], 0, 0),
+                 lambda: exact_dedup.run_exact_dedup_shard(pathlib.Path("/nonexistent"), "a-00000", 0),
+                 lambda: exact_dedup.build_exact_index(pathlib.Path("/nonexistent"), [], n_partitions=2000)):
+        with pytest.raises(ValueError, match="0 = auto"):            # the caller resolves 0 first
+            step()
 
 
 def test_partition_memory_per_document(tmp_path):

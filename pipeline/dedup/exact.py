@@ -186,6 +186,7 @@ def run_exact_partition(rdir: Path, shards: list[str], partition: int, n_partiti
 def build_exact_index(rdir: Path, shards: list[str], enabled: bool = True,
                       n_partitions: int = DEFAULT_PARTITIONS) -> dict:
     """Steps 1 and 2 for every shard and partition in one call; returns the corpus-wide counts."""
+    _check_partitions(n_partitions)
     for shard in sorted(shards):
         run_exact_hash_shard(rdir, shard, n_partitions)
     infos = [run_exact_partition(rdir, shards, p, n_partitions, enabled) for p in range(n_partitions)]
@@ -212,6 +213,7 @@ def run_exact_dedup_shard(rdir: Path, shard: str, n_partitions: int = DEFAULT_PA
     import pyarrow as pa
     import pyarrow.compute as pc
 
+    _check_partitions(n_partitions)
     out = rdir / "exact_dedup" / f"{shard}.parquet"
     if done := completed(out):
         return done["stats"]
