@@ -96,3 +96,49 @@ def test_disabled_keeps_everything(ingested):
     rdir, shards, rows = ingested
     info, kept = survivors(rdir, shards, 4, enabled=False)
     assert info["duplicates"] == 0 and len(kept) == len(rows)
+
+
+def test_partition_count_follows_the_corpus_and_stays_bounded():
+    count = exact_dedup.exact_partition_count
+    assert count(50 << 20, 20_000) == 1                          # the demo corpus: one partition task
+    four_gb = count(4 << 30, 0)                                  # 4 M documents assumed at 1 KB each
+    assert four_gb == 3 and 4_194_304 / four_gb * exact_dedup.PARTITION_BYTES_PER_DOC <= 256 << 20
+    assert count(4 << 30, 40_000_000) > four_gb                  # a document count above the estimate wins
+    assert count(1 << 50, 10**12) == exact_dedup.MAX_PARTITIONS == 1024
+    for step in (lambda: exact_dedup.run_exact_hash_shard(pathlib.Path("/nonexistent"), "a-00000", 0),
+                 lambda: exact_dedup.run_exact_partition(pathlib.Path("/nonexistent"), [], 0, 0),
+                 lambda: exact_dedup.run_exact_dedup_shard(pathlib.Path("/nonexistent"), "a-00000", 0),
+                 lambda: exact_dedup.build_exact_index(pathlib.Path("/nonexistent"), [], n_partitions=2000)):
+        with pytest.raises(ValueError, match="0 = auto"):            # the caller resolves 0 first
+            step()
+
+
+def test_partition_memory_per_document(tmp_path):
+    """Step 2 holds numpy words and Arrow ids, not a Python object per document (the dict it replaced: ~190 B)."""
+    import tracemalloc
+
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.io import write_marker, write_parquet
+
+    n, shards = 200_000, ["web-00000", "web-00001"]
+    rng = np.random.default_rng(0)
+    words = rng.integers(0, 2**63, size=(n * 9 // 10, 2), dtype=np.uint64)
+    words = np.concatenate([words, words[: n - len(words)]])     # 10 % duplicates
+    raw = words.astype(">u8").tobytes()
+    hexes = [raw[i:i + 16].hex() for i in range(0, 16 * n, 16)]
+    for k, shard in enumerate(shards):
+        part = slice(k * n // 2, (k + 1) * n // 2)
+        path = tmp_path / "exact_dedup" / "hashes" / f"{shard}.parquet"
+        write_parquet(pa.table({"partition": pa.array([0] * (n // 2), pa.int32()), "text_hash": hexes[part],
+                                "doc_id": [f"web-{i:016x}" for i in range(part.start, part.stop)],
+                                "row": pa.array(range(n // 2), pa.int64())}), path)
+        write_marker(path, {"info": {}})
+    tracemalloc.start()
+    info = exact_dedup.run_exact_partition(tmp_path, shards, 0, 1)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert info["unique_texts"] == n * 9 // 10 and info["duplicates"] == n // 10
+    # Python and numpy allocations only (Arrow's pool is not traced): measured 43 B per document
+    assert peak / n < 80, peak / n

@@ -22,4 +22,8 @@ class TokenizerConfig:
                                    ge=0.9, le=1.0)
     special_tokens: list[str] = _f(factory=list, desc="Extra control tokens (e.g. <|im_start|>) with fixed ids "
                                    "after unk/bos/eos/pad; never produced from raw text.")
-    encode_workers: int = _f(1, desc="Processes that encode one shard in parallel.", ge=1, le=256)
+    train_threads: int = _f(0, desc="SentencePiece training threads (0: every core for bpe, whose model is the same "
+                            "for any thread count; 1 for unigram, whose model changes with the thread count).",
+                            ge=0, le=256)
+    encode_workers: int = _f(0, desc="Processes that encode one shard in parallel (0: every core of the worker).",
+                             ge=0, le=256)

@@ -10,11 +10,28 @@ Sample: each domain gets ``sample_chars * share`` characters, the share being it
 when no weights are set), floored at ``min_domain_share`` so a small domain such as Chinese still gets its
 characters into the vocabulary.  Within a domain documents are taken in descending ``heldout_key`` order, the
 opposite end from the validation split, so held-out text stays out of the tokenizer.  Only ``doc_id``/``domain``/
-``n_chars`` are read for the choice; text is read for the chosen documents only.
+``n_chars`` are read for the choice, streamed one shard at a time into a bounded heap per domain; text is read for
+the chosen documents only.  Training uses ``train_threads`` (0: every core for BPE, whose model bytes are the same
+for any thread count; one thread for unigram, whose model changes with the thread count).
 
-Encoding runs in ``encode_workers`` processes (this one and spawned children) over chunks of about 1 MB of text
-(order preserved), each with a single-threaded SentencePiece; per-shard stats count tokens, bytes and
-byte-fallback tokens per domain.
+Encoding runs in ``encode_workers`` processes (0: every core; this one and spawned children, started once per
+shard) over chunks of about 1 MB of text (order preserved), each with a single-threaded SentencePiece; per-shard
+stats count tokens, bytes and byte-fallback tokens per domain.
+
+Memory:
+
+- Training sample: O(``sample_chars``), independent of the corpus: a heap per domain of at most its budget plus
+  one document (about 200 bytes per entry: key, doc id, shard name), one shard's three small columns at a time,
+  then the chosen text and its lines.  Measured with ``tracemalloc`` (Python objects; 500 k-character sample,
+  synthetic shards of 2,000 documents): 0.70 MB for 8 k, 32 k and 128 k documents, where the former
+  tuple-per-document selection took 1.9, 6.2 and 24.5 MB (``tests/test_tokenizer.py`` checks 1× against 4×).
+- Tokenize (per shard): the shard is read, encoded and written ``BATCH_CHARS`` (16 M) characters at a time, so a
+  task holds one batch — its Arrow rows and Python strings, about 13 bytes per token while encoding (SentencePiece's
+  id lists, the int32 ids and their copy when chunks are joined) — plus the Parquet row group being read (1,024
+  rows of the quality shard).  Measured as the rise of peak RSS of a fresh process, one encoding process,
+  4,000-piece vocabulary, shards cut from the shared sample corpora: 10 / 40 / 80 MB of text 194 / 356 / 391 MB
+  (the former whole-shard encoding: 192 / 495 / 734 MB, about 8 bytes per byte of text).  Each extra encoding
+  process holds the model and up to two queued 1 MB chunks with their ids (not measured separately).
 """
 
 from __future__ import annotations
@@ -34,7 +51,6 @@ from pipeline.io import (
     read_parquet,
     sha256_file,
     write_marker,
-    write_parquet,
     write_stats,
 )
 from pipeline.sink.validation import heldout_key
@@ -45,6 +61,7 @@ log = logging.getLogger(__name__)
 UNK_ID, BOS_ID, EOS_ID, PAD_ID = 0, 1, 2, 3
 MAX_SENTENCE_CHARS = 2000
 CHUNK_CHARS = 1 << 20
+BATCH_CHARS = 16 << 20      # characters of a shard read, encoded and written at a time
 
 
 def sample_budgets(chars: dict[str, int], budget: int, weights: dict, min_share: float) -> dict[str, int]:
@@ -67,24 +84,75 @@ def sample_budgets(chars: dict[str, int], budget: int, weights: dict, min_share:
         low |= new_low
 
 
-def _sample_lines(rdir: Path, shards: list[str], budget: int, seed: int, weights: dict,
-                  min_share: float) -> tuple[list[str], dict]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
+class _Worst:
+    """Heap entry ordered backwards, so ``heapq``'s smallest is the entry that comes *last* in sample order."""
 
-    docs: dict[str, list[tuple[float, str, str, int]]] = {}
+    __slots__ = ("order", "n")
+
+    def __init__(self, order: tuple, n: int):
+        self.order, self.n = order, n
+
+    def __lt__(self, other: _Worst) -> bool:
+        return self.order > other.order
+
+
+def _domain_chars(rdir: Path, shards: list[str]) -> dict[str, int]:
+    """Pass 1: characters per domain, from the ``domain`` and ``n_chars`` columns only (no per-row Python)."""
+    chars: dict[str, int] = {}
+    for shard in sorted(shards):
+        t = read_parquet(rdir / "quality" / f"{shard}.parquet", columns=["domain", "n_chars"])
+        for row in t.group_by("domain").aggregate([("n_chars", "sum")]).to_pylist():
+            chars[row["domain"]] = chars.get(row["domain"], 0) + int(row["n_chars_sum"] or 0)
+    return chars
+
+
+def _select_sample(rdir: Path, shards: list[str], budgets: dict[str, int], seed: int) -> dict[str, list[tuple]]:
+    """Pass 2: per domain, the documents that fill its budget in descending ``heldout_key`` order.
+
+    Each domain keeps a heap of its best entries so far and drops the worst one while the others alone still fill
+    the budget, so a domain never holds more than its budget plus one document's characters (an entry is about
+    200 bytes: key, doc id, shard name).  An entry that is dropped has at least a budget's worth of better
+    entries ahead of it, so it would never have been taken: the result equals sorting the whole domain and taking
+    documents while fewer than ``budget`` characters are taken (the last one cut to fit).  Empty documents add no
+    text and are skipped.  Returns ``{domain: [(-key, doc_id, shard, n_chars), ...]}`` in sample order.
+    """
+    import heapq
+
+    heaps: dict[str, list[_Worst]] = {d: [] for d in budgets}
+    held: dict[str, int] = dict.fromkeys(budgets, 0)
     for shard in sorted(shards):
         t = read_parquet(rdir / "quality" / f"{shard}.parquet", columns=["doc_id", "domain", "n_chars"])
         for did, dom, n in zip(*(t.column(c).to_pylist() for c in ("doc_id", "domain", "n_chars")), strict=True):
-            docs.setdefault(dom, []).append((-heldout_key(seed, dom, did), did, shard, n))
-    if not docs:
+            if n <= 0:
+                continue
+            heap = heaps[dom]
+            heapq.heappush(heap, _Worst((-heldout_key(seed, dom, did), did, shard, n), n))
+            held[dom] += n
+            while heap and held[dom] - heap[0].n >= budgets[dom]:
+                held[dom] -= heapq.heappop(heap).n
+    return {dom: sorted(e.order for e in heap) for dom, heap in heaps.items()}
+
+
+def _sample_lines(rdir: Path, shards: list[str], budget: int, seed: int, weights: dict,
+                  min_share: float) -> tuple[list[str], dict]:
+    """The training sample as lines (at most ``MAX_SENTENCE_CHARS`` each), and the characters budgeted per domain.
+
+    Memory: O(sample_chars), independent of the corpus: two streamed passes over the quality shards (pass 1 the
+    ``domain``/``n_chars`` columns, pass 2 ``doc_id`` too, one shard at a time) and a bounded heap per domain
+    (:func:`_select_sample`); text is read only for the chosen documents.
+    """
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chars = _domain_chars(rdir, shards)
+    if not chars:
         raise ValueError("tokenizer: no documents left after filtering; nothing to train on")
-    budgets = sample_budgets({d: sum(x[3] for x in v) for d, v in docs.items()}, budget, weights, min_share)
+    budgets = sample_budgets(chars, budget, weights, min_share)
     take: dict[str, dict[str, int]] = {}   # shard -> doc_id -> chars to take
     order: list[str] = []
-    for dom in sorted(docs):
+    for dom, chosen in sorted(_select_sample(rdir, shards, budgets, seed).items()):
         used = 0
-        for _, did, shard, n in sorted(docs[dom]):
+        for _, did, shard, n in chosen:
             if used >= budgets[dom]:
                 break
             take.setdefault(shard, {})[did] = min(n, budgets[dom] - used)
@@ -98,7 +166,7 @@ def _sample_lines(rdir: Path, shards: list[str], budget: int, seed: int, weights
             texts[did] = text[:want[did]]
     lines: list[str] = []
     for did in order:
-        for line in texts[did].split("\n"):
+        for line in texts.pop(did).split("\n"):
             for i in range(0, len(line), MAX_SENTENCE_CHARS):
                 piece = line[i:i + MAX_SENTENCE_CHARS]
                 if piece.strip():
@@ -148,6 +216,38 @@ def _use_existing(tc: TokenizerConfig, out: Path) -> dict:
     return info
 
 
+def train_threads(tc: TokenizerConfig) -> int:
+    """SentencePiece training threads: ``tc.train_threads``, or when 0 every core for BPE and 1 for unigram.
+
+    Measured (SentencePiece 0.2.3, 1 M and 3 M character samples, 1/2/4 threads): BPE learns the same pieces and
+    scores for any thread count (only ``trainer_spec.num_threads`` in the model differs, and :func:`_thread_free`
+    resets it), whereas unigram's pieces and scores change with the thread count (each count repeats itself).
+    """
+    if tc.train_threads:
+        return tc.train_threads
+    if tc.model_type != "bpe":
+        return 1
+    try:
+        import google.protobuf  # noqa: F401  (_thread_free needs it; without it one thread gives the same model)
+    except ImportError:
+        return 1
+    from pipeline.ingest.run import worker_count
+
+    return worker_count(0)
+
+
+def _thread_free(model: bytes) -> bytes:
+    """The model with ``trainer_spec.num_threads`` set to 1, so a BPE model's bytes do not depend on the cores."""
+    from sentencepiece import sentencepiece_model_pb2
+
+    proto = sentencepiece_model_pb2.ModelProto()
+    proto.ParseFromString(model)
+    if proto.trainer_spec.num_threads == 1:
+        return model
+    proto.trainer_spec.num_threads = 1
+    return proto.SerializeToString()
+
+
 def train_tokenizer(tc: TokenizerConfig, rdir: Path, shards: list[str], seed: int,
                     weights: dict | None = None) -> dict:
     """Write ``tokenizer/spm.model`` (trained, or copied from ``tc.model_path``); return its info.
@@ -169,6 +269,7 @@ def train_tokenizer(tc: TokenizerConfig, rdir: Path, shards: list[str], seed: in
     with atomic_path(sample) as tmp:
         tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
     coverage = _effective_coverage(lines, tc.vocab_size, tc.character_coverage)
+    threads = train_threads(tc)
     # Lines in and bytes out (no input path or model prefix): the model proto records those, and a path
     # under the run folder would make the same tokenizer hash differently in every run.
     model = io.BytesIO()
@@ -178,12 +279,12 @@ def train_tokenizer(tc: TokenizerConfig, rdir: Path, shards: list[str], seed: in
         normalization_rule_name="identity", remove_extra_whitespaces=False, allow_whitespace_only_pieces=True,
         split_by_whitespace=True, max_sentence_length=MAX_SENTENCE_CHARS * 4, hard_vocab_limit=False,
         control_symbols=list(tc.special_tokens), user_defined_symbols=["\n", "\t"], unk_id=UNK_ID, bos_id=BOS_ID,
-        eos_id=EOS_ID, pad_id=PAD_ID, num_threads=1, shuffle_input_sentence=False, minloglevel=2)
+        eos_id=EOS_ID, pad_id=PAD_ID, num_threads=threads, shuffle_input_sentence=False, minloglevel=2)
     with atomic_path(out) as tmp:
-        tmp.write_bytes(model.getvalue())
+        tmp.write_bytes(_thread_free(model.getvalue()) if tc.model_type == "bpe" else model.getvalue())
     sp = load(out)
     info = model_info(out, trained=True, sample_lines=len(lines), sample_chars=sum(len(x) for x in lines),
-                      sample_chars_per_domain=budgets, character_coverage=coverage,
+                      sample_chars_per_domain=budgets, character_coverage=coverage, train_threads=threads,
                       special_ids={t: sp.piece_to_id(t) for t in tc.special_tokens})
     write_marker(out, {"info": info})
     return info
@@ -224,40 +325,69 @@ def _chunks(texts: list[str], chunk_chars: int) -> list[list[str]]:
     return out + ([cur] if cur else [])
 
 
-def encode_texts(model_path: str | Path, texts: list[str], workers: int = 1, chunk_chars: int = CHUNK_CHARS):
-    """Encode with ``workers`` processes: this one plus ``workers - 1`` spawned; return (flat int32, lengths int64).
+class Encoder:
+    """Encodes lists of texts in order with ``workers`` processes: this one plus ``workers - 1`` spawned children,
+    started once (on the first list that has more than one chunk) and reused for every later list.
 
     Chunks of about ``chunk_chars`` characters are dealt dynamically: each child keeps two chunks queued and this
     process encodes the next unassigned chunk in between, so the children's start-up is hidden behind useful work
     and nobody idles at the end.  Results are reassembled in input order.
     """
-    import numpy as np
 
-    chunks = _chunks(texts, chunk_chars)
-    _init_worker(str(model_path))
-    results: list = [None] * len(chunks)
-    if workers <= 1 or len(chunks) <= 1:
-        results = [_encode_chunk(c) for c in chunks]
-    else:
-        with ProcessPoolExecutor(workers - 1, mp_context=get_context("spawn"), initializer=_init_worker,
-                                 initargs=(str(model_path),)) as pool:
-            pending: dict = {}
-            nxt = 0
-            while nxt < len(chunks) or pending:
-                while nxt < len(chunks) and len(pending) < 2 * (workers - 1):
-                    pending[pool.submit(_encode_chunk, chunks[nxt])] = nxt
-                    nxt += 1
-                if nxt < len(chunks):
-                    results[nxt] = _encode_chunk(chunks[nxt])
-                    nxt += 1
-                    done = [f for f in pending if f.done()]
-                else:
-                    done = wait(pending, return_when=FIRST_COMPLETED).done
-                for f in done:
-                    results[pending.pop(f)] = f.result()
-    if not results:
-        return np.zeros(0, np.int32), np.zeros(0, np.int64)
-    return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+    def __init__(self, model_path: str | Path, workers: int = 0, chunk_chars: int = CHUNK_CHARS):
+        from pipeline.ingest.run import worker_count
+
+        self.model_path, self.workers, self.chunk_chars = str(model_path), worker_count(workers), chunk_chars
+        self._pool = None
+        _init_worker(self.model_path)
+
+    def __enter__(self) -> Encoder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(cancel_futures=True)
+            self._pool = None
+
+    def encode(self, texts: list[str]):
+        """(flat int32 token ids, int64 lengths) of ``texts``."""
+        import numpy as np
+
+        chunks = _chunks(texts, self.chunk_chars)
+        if self.workers <= 1 or len(chunks) <= 1:
+            results = [_encode_chunk(c) for c in chunks]
+        else:
+            results = self._encode_parallel(chunks)
+        if not results:
+            return np.zeros(0, np.int32), np.zeros(0, np.int64)
+        return np.concatenate([r[0] for r in results]), np.concatenate([r[1] for r in results])
+
+    def _encode_parallel(self, chunks: list) -> list:
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(self.workers - 1, mp_context=get_context("spawn"),
+                                             initializer=_init_worker, initargs=(self.model_path,))
+        results: list = [None] * len(chunks)
+        pending: dict = {}
+        nxt = 0
+        while nxt < len(chunks) or pending:
+            while nxt < len(chunks) and len(pending) < 2 * (self.workers - 1):
+                pending[self._pool.submit(_encode_chunk, chunks[nxt])] = nxt
+                nxt += 1
+            if nxt < len(chunks):
+                results[nxt] = _encode_chunk(chunks[nxt])
+                nxt += 1
+                done = [f for f in pending if f.done()]
+            else:
+                done = wait(pending, return_when=FIRST_COMPLETED).done
+            for f in done:
+                results[pending.pop(f)] = f.result()
+        return results
+
+
+def encode_texts(model_path: str | Path, texts: list[str], workers: int = 0, chunk_chars: int = CHUNK_CHARS):
+    """Encode with ``workers`` processes (0: every core; see :class:`Encoder`); return (flat int32, lengths int64)."""
+    with Encoder(model_path, workers, chunk_chars) as enc:
+        return enc.encode(texts)
 
 
 def byte_piece_table(sp):
@@ -267,41 +397,79 @@ def byte_piece_table(sp):
     return np.array([sp.is_byte(i) for i in range(sp.get_piece_size())], dtype=bool)
 
 
-def run_tokenize_shard(rdir: Path, shard: str, workers: int = 1) -> dict:
-    """Encode a filtered shard into ``tokenize/<shard>.parquet``.
+def _text_batches(path: Path, columns: list[str], batch_chars: int):
+    """The shard's rows as (Arrow table without text, texts), cut after ``batch_chars`` characters (row order kept)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pending, texts, size = [], [], 0
+    for rb in pq.ParquetFile(path).iter_batches(batch_size=256, columns=columns):
+        part, rest, start = rb.column("text").to_pylist(), rb.drop_columns(["text"]), 0
+        for i, text in enumerate(part):
+            size += len(text)
+            if size >= batch_chars:
+                pending.append(rest.slice(start, i + 1 - start))
+                texts += part[start:i + 1]
+                yield pa.Table.from_batches(pending), texts
+                pending, texts, size, start = [], [], 0, i + 1
+        if start < len(part):
+            pending.append(rest.slice(start))
+            texts += part[start:]
+    if pending:
+        yield pa.Table.from_batches(pending), texts
+
+
+def run_tokenize_shard(rdir: Path, shard: str, workers: int = 0, batch_chars: int = BATCH_CHARS) -> dict:
+    """Encode a filtered shard into ``tokenize/<shard>.parquet`` with ``workers`` processes (0: every core).
 
     Columns: doc_id, domain, n_chars, n_bytes (UTF-8), n_tokens, text_hash, tokens (list<int32>).  Stats add
     tokens, byte-fallback tokens and bytes per token; documents whose text SentencePiece cannot reproduce exactly
-    (a literal U+2581 decodes as a space) are counted as ``lossy_docs``, not dropped.
+    (a literal U+2581 decodes as a space) are counted as ``lossy_docs``, not dropped.  The shard is read, encoded
+    and written ``batch_chars`` characters at a time (see the module docstring's memory note).
     """
     import numpy as np
     import pyarrow as pa
+    import pyarrow.parquet as pq
 
     out = rdir / "tokenize" / f"{shard}.parquet"
     if done := completed(out):
         return done["stats"]
     model = rdir / "tokenizer" / "spm.model"
     sp = load(model)
-    table = read_parquet(rdir / "quality" / f"{shard}.parquet", columns=["doc_id", "domain", "text", "text_hash"])
-    texts = table.column("text").to_pylist()
-    flat, lens = encode_texts(model, texts, workers)
-    offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
-    domain = table.column("domain")[0].as_py() if table.num_rows else shard.rsplit("-", 1)[0]
-    n_bytes = [len(t.encode("utf-8")) for t in texts]
-    lossy = sum(1 for i, t in enumerate(texts)
-                if "\u2581" in t and sp.decode(flat[offsets[i]:offsets[i + 1]].tolist()) != t)
-    nbytes = sum(n_bytes)
-    stats = new_stats(domain)
-    stats.update(in_docs=len(texts), in_bytes=nbytes, kept_docs=len(texts), kept_bytes=nbytes,
-                 tokens=int(lens.sum()), byte_fallback_tokens=int(byte_piece_table(sp)[flat].sum()),
-                 bytes_per_token=nbytes / int(lens.sum()) if lens.sum() else None, lossy_docs=lossy)
-    out_table = pa.table({
-        "doc_id": table.column("doc_id"), "domain": table.column("domain"),
-        "n_chars": pa.array([len(t) for t in texts], pa.int64()), "n_bytes": pa.array(n_bytes, pa.int64()),
-        "n_tokens": pa.array(lens, pa.int64()), "text_hash": table.column("text_hash"),
-        "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32())),
-    })
-    write_parquet(out_table, out)
+    is_byte = byte_piece_table(sp)
+    src = rdir / "quality" / f"{shard}.parquet"
+    columns = ["doc_id", "domain", "text", "text_hash"]
+    types = pq.read_schema(src)
+    schema = pa.schema([("doc_id", types.field("doc_id").type), ("domain", types.field("domain").type),
+                        ("n_chars", pa.int64()), ("n_bytes", pa.int64()), ("n_tokens", pa.int64()),
+                        ("text_hash", types.field("text_hash").type), ("tokens", pa.list_(pa.int32()))])
+    domain = None
+    docs = nbytes = tokens = byte_tokens = lossy = 0
+    with Encoder(model, workers) as enc, atomic_path(out) as tmp, \
+            pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
+        for table, texts in _text_batches(src, columns, batch_chars):
+            flat, lens = enc.encode(texts)
+            offsets = np.concatenate([[0], np.cumsum(lens)]).astype(np.int32)
+            if domain is None and table.num_rows:
+                domain = table.column("domain")[0].as_py()
+            n_bytes = [len(t.encode("utf-8")) for t in texts]
+            lossy += sum(1 for i, t in enumerate(texts)
+                         if "\u2581" in t and sp.decode(flat[offsets[i]:offsets[i + 1]].tolist()) != t)
+            docs += len(texts)
+            nbytes += sum(n_bytes)
+            tokens += int(lens.sum())
+            byte_tokens += int(is_byte[flat].sum())
+            writer.write_table(pa.table({
+                "doc_id": table.column("doc_id"), "domain": table.column("domain"),
+                "n_chars": pa.array([len(t) for t in texts], pa.int64()), "n_bytes": pa.array(n_bytes, pa.int64()),
+                "n_tokens": pa.array(lens, pa.int64()), "text_hash": table.column("text_hash"),
+                "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(flat, pa.int32())),
+            }, schema=schema), row_group_size=1024)
+            del table, texts, flat, lens, offsets
+    stats = new_stats(domain if domain is not None else shard.rsplit("-", 1)[0])
+    stats.update(in_docs=docs, in_bytes=nbytes, kept_docs=docs, kept_bytes=nbytes, tokens=tokens,
+                 byte_fallback_tokens=byte_tokens, bytes_per_token=nbytes / tokens if tokens else None,
+                 lossy_docs=lossy)
     stats = write_stats(rdir, "tokenize", shard, stats)
     write_marker(out, {"stats": stats})
     return stats

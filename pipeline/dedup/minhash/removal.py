@@ -4,6 +4,9 @@ Stage 3 decided by global ids = manifest offset + row, so removing the right row
 exactly the file stage 1 read.  This stage checks it (sha256 and row count against the manifest, doc ids of the
 decided rows against the input) and fails with the file and the difference instead of deleting the wrong rows.
 The output has the input's columns, row order and schema; stats account for every document.
+
+Memory (per shard task, not measured separately): the input shard's table (text included) and its decisions
+file; bounded by the shard, not the corpus.
 """
 
 from __future__ import annotations

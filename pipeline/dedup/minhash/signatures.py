@@ -10,6 +10,11 @@ Two engines give identical results: ``numba`` (one compiled pass over a batch's 
 ``numpy`` (Python shingle strings, ``hashlib.sha1`` through C-level ``map``, numpy permutations).  A band key is a
 64-bit mix of the ``rows`` values of one band; two documents share a bucket of band ``j`` when their keys are equal
 (a false key collision is ~N²/2^65 per band and is caught by the Jaccard check).
+
+Memory (per shard task, not measured separately): the shard's input table and its texts as Python strings (about
+2–3× the shard's text bytes), the signature matrix (``num_perm`` × 4 bytes per document, 8 with ``affine64``:
+448 bytes at 112 permutations) and band keys (8 bytes × bands), plus one batch's shingle hashes (the numba kernel
+sizes its output at 8 bytes per input byte of a 1 MB sub-batch).  Bounded by the shard size, not the corpus.
 """
 
 from __future__ import annotations
