@@ -49,6 +49,11 @@ def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | N
         if not any("://" in p for p in cfg.sources[spec["source_index"]].paths):
             for unit in spec["units"]:
                 confine.check_path(unit["path"], roots, f"sources[{spec['source_index']}] ({spec['source']})")
+    if not cfg.dedup.exact_partitions:      # auto: sized from the plan, frozen with the run's config
+        cfg = config_from_dict(cfg.to_dict())
+        cfg.dedup.exact_partitions = exact_dedup.exact_partition_count(
+            sum(s["bytes"] for s in specs), sum(s.get("docs_estimate", 0) for s in specs))
+        write_json(rdir / "config.json", cfg.to_dict())
     write_json(rdir / "plan.json", specs)
     write_json(rdir / "empty_sources.json", empty)
     log.info("run %s: %d ingest shards in %s", run_id, len(specs), rdir)
