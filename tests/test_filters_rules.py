@@ -360,3 +360,31 @@ def test_vectorised_ngram_counts_equal_the_plain_loops_on_real_text():
     for text in texts:
         doc = Doc(text)
         assert ngram_chars(doc.words, doc.cjk_flags) == _reference_ngram_chars(doc.words, doc.cjk_flags)
+
+
+def test_array_word_measures_equal_the_per_word_loops():
+    """GopherQuality counts symbols, letters and CJK words over arrays; they must equal the plain per-word tests."""
+    from conftest import prose_records, stdlib_records
+
+    from pipeline.quality.filters.text import (
+        _CJK_CHAR,
+        cjk_char_count,
+        count_letter_words,
+        has_letter,
+        is_symbol_token,
+        symbol_mask,
+    )
+
+    poem = "《感遇・其一》\n作者：张九龄\n兰叶春葳蕤，桂华秋皎洁。\n欣欣此生意，自尔为佳节。ゝ゛・ー ２０２３年 ½ ²x _x 𠀀"
+    texts = [r["text"] for r in prose_records(10) + stdlib_records(4)] + [poem, EMMA, "a b", "", "x", "¶ -- ... 3rd"]
+    for text in texts:
+        doc = Doc(text)
+        words = doc.words
+        assert symbol_mask(words).tolist() == [is_symbol_token(w) for w in words]
+        assert count_letter_words(words) == sum(map(has_letter, words))
+        assert doc.cjk_flags == [len(w) == 1 and _CJK_CHAR.match(w) is not None for w in words]
+        assert cjk_char_count(text) == len(_CJK_CHAR.findall(text))
+    # the per-character tables agree with the regular expressions on every code point
+    from pipeline.quality.filters.text import _LETTER, _is_letter_char
+
+    assert all(_is_letter_char(c) == (_LETTER.match(c) is not None) for c in map(chr, range(0x110000)))
