@@ -388,3 +388,17 @@ def test_array_word_measures_equal_the_per_word_loops():
     from pipeline.quality.filters.text import _LETTER, _is_letter_char
 
     assert all(_is_letter_char(c) == (_LETTER.match(c) is not None) for c in map(chr, range(0x110000)))
+
+
+def test_line_rules_over_the_whole_text_equal_the_per_line_loops():
+    import random
+
+    from pipeline.quality.filters.gopher import BULLETS, _bullet_lines, _ellipsis_lines
+
+    rnd = random.Random(3)
+    pieces = ["a", " ", "\t", "\n", "\r", "\u3000", "\xa0", "\x1f", "...", "…", "-", "•", ".", "\x0b", "\u2028", "\n\n"]
+    for _ in range(20000):
+        text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 20)))
+        lines = text.splitlines()
+        assert _bullet_lines(text, lines) == sum(ln.lstrip().startswith(BULLETS) for ln in lines), repr(text)
+        assert _ellipsis_lines(text, lines) == sum(ln.rstrip().endswith(("...", "…")) for ln in lines), repr(text)

@@ -18,6 +18,27 @@ from pipeline.quality.filters.text import Doc, count_letter_words, symbol_mask
 BULLETS = ("•", "-")
 
 
+# Line breaks of str.splitlines() other than "\n": texts without them have the lines of text.split("\n"), so the
+# per-line rules can run as one multi-line regular expression over the whole text.
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_BULLET_LINE = re.compile(r"^[^\S\n]*[•-]", re.MULTILINE)
+_ELLIPSIS_LINE = re.compile(r"(?:\.\.\.|…)[^\S\n]*$", re.MULTILINE)
+
+
+def _bullet_lines(text: str, lines: list[str]) -> int:
+    """Lines (of ``text.splitlines()``) whose first non-space character is a bullet."""
+    if _OTHER_BREAKS.search(text):
+        return sum(ln.lstrip().startswith(BULLETS) for ln in lines)
+    return len(_BULLET_LINE.findall(text))
+
+
+def _ellipsis_lines(text: str, lines: list[str]) -> int:
+    """Lines (of ``text.splitlines()``) ending in an ellipsis, trailing spaces aside."""
+    if _OTHER_BREAKS.search(text):
+        return sum(ln.rstrip().endswith(("...", "…")) for ln in lines)
+    return len(_ELLIPSIS_LINE.findall(text))
+
+
 class GopherQuality(Filter):
     name = "gopher_quality"
     prefix = "gopher"
@@ -46,9 +67,8 @@ class GopherQuality(Filter):
             "avg_word_length": int(doc.word_lengths[latin].sum()) / n_latin if n_latin else 0.0,
             "hash_ratio": text.count("#") / n_tokens if n_tokens else 0.0,
             "ellipsis_ratio": (text.count("...") + text.count("…")) / n_tokens if n_tokens else 0.0,
-            "bullet_lines_ratio": sum(ln.lstrip().startswith(BULLETS) for ln in lines) / n_lines if n_lines else 0.0,
-            "ellipsis_lines_ratio": (sum(ln.rstrip().endswith(("...", "…")) for ln in lines) / n_lines
-                                     if n_lines else 0.0),
+            "bullet_lines_ratio": _bullet_lines(text, lines) / n_lines if n_lines else 0.0,
+            "ellipsis_lines_ratio": _ellipsis_lines(text, lines) / n_lines if n_lines else 0.0,
             "alpha_words_ratio": n_alpha / n_tokens if n_tokens else 0.0,
             "stop_words": len(self._stop.intersection(words)),
             "cjk_stop_words": len(self._cjk_stop.intersection(words)),

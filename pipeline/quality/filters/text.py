@@ -96,13 +96,27 @@ def cjk_word_flags(words: list[str]) -> list[bool]:
     return cjk_word_mask(words).tolist()
 
 
+_BMP_TABLES: dict = {}
+
+
 def _char_table(cp, predicate):
-    """``predicate`` of every code point of ``cp`` (a uint32 array), called once per distinct code point."""
+    """``predicate`` of every code point of ``cp`` (a uint32 array).
+
+    Basic Multilingual Plane code points are looked up in a 65,536-entry table built on first use (per process);
+    the few others are evaluated one by one.
+    """
     import numpy as np
 
-    distinct = np.unique(cp)
-    values = np.fromiter(map(predicate, map(chr, distinct.tolist())), bool, len(distinct))
-    return values[np.searchsorted(distinct, cp)]
+    table = _BMP_TABLES.get(predicate)
+    if table is None:
+        table = _BMP_TABLES[predicate] = np.fromiter(map(predicate, map(chr, range(0x10000))), bool, 0x10000)
+    high = cp > 0xFFFF
+    if not high.any():
+        return table[cp]
+    out = table[np.where(high, 0, cp)]
+    where = np.flatnonzero(high)
+    out[where] = np.fromiter(map(predicate, map(chr, cp[where].tolist())), bool, len(where))
+    return out
 
 
 def _is_word_char(c: str) -> bool:
