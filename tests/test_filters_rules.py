@@ -402,3 +402,20 @@ def test_line_rules_over_the_whole_text_equal_the_per_line_loops():
         lines = text.splitlines()
         assert _bullet_lines(text, lines) == sum(ln.lstrip().startswith(BULLETS) for ln in lines), repr(text)
         assert _ellipsis_lines(text, lines) == sum(ln.rstrip().endswith(("...", "…")) for ln in lines), repr(text)
+
+
+def test_chunked_word_splitting_equals_one_findall_over_the_text():
+    import random
+
+    from conftest import prose_records, stdlib_records
+
+    from pipeline.quality.filters.text import _TOKEN
+
+    poem = "《感遇・其一》\n作者：张九龄\n兰叶春葳蕤，桂华秋皎洁。ゝ゛・ー ２０２３年 ½ ²x _x 𠀀 Mr. A. etc. x--y --"
+    texts = [r["text"] for r in prose_records(10) + stdlib_records(4)] + [poem, EMMA]
+    rnd = random.Random(5)
+    pieces = ["a", "Z", "3", "_", " ", "\t", "\n", "\u3000", "\xa0", "\x1f", ".", "-", "/", "¶", "Mr", "中", "ー",
+              "é", "e\u0301", "²", "'", "(", "𠀀"]
+    texts += ["".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 20))) for _ in range(20000)]
+    for text in texts:
+        assert split_words(text) == _TOKEN.findall(text), repr(text)

@@ -129,8 +129,29 @@ def _is_letter_char(c: str) -> bool:
 
 
 def split_words(text: str) -> list[str]:
-    """Word tokens: letter/digit runs, single CJK characters, punctuation marks (see module docstring)."""
-    return _TOKEN.findall(text)
+    """Word tokens: letter/digit runs, single CJK characters, punctuation marks (see module docstring).
+
+    The same tokens as ``_TOKEN.findall(text)``, found faster: no token contains or crosses whitespace (the
+    regular expression's ``\\s`` and ``str.split()`` agree on what whitespace is), so each whitespace-separated
+    chunk is tokenised on its own, and a chunk of letters and digits without CJK characters is one token whole.
+    """
+    findall = _TOKEN.findall
+    out: list[str] = []
+    add, extend = out.append, out.extend
+    if text.isascii():
+        for chunk in text.split():
+            if chunk.isalnum():
+                add(chunk)
+            else:
+                extend(findall(chunk))
+        return out
+    cjk = _CJK_CHAR.search
+    for chunk in text.split():
+        if chunk.isalnum() and (chunk.isascii() or cjk(chunk) is None):
+            add(chunk)
+        else:
+            extend(findall(chunk))
+    return out
 
 
 def symbol_mask(words: list[str], firsts=None):
