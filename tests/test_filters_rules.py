@@ -360,3 +360,62 @@ def test_vectorised_ngram_counts_equal_the_plain_loops_on_real_text():
     for text in texts:
         doc = Doc(text)
         assert ngram_chars(doc.words, doc.cjk_flags) == _reference_ngram_chars(doc.words, doc.cjk_flags)
+
+
+def test_array_word_measures_equal_the_per_word_loops():
+    """GopherQuality counts symbols, letters and CJK words over arrays; they must equal the plain per-word tests."""
+    from conftest import prose_records, stdlib_records
+
+    from pipeline.quality.filters.text import (
+        _CJK_CHAR,
+        cjk_char_count,
+        count_letter_words,
+        has_letter,
+        is_symbol_token,
+        symbol_mask,
+    )
+
+    poem = "《感遇・其一》\n作者：张九龄\n兰叶春葳蕤，桂华秋皎洁。\n欣欣此生意，自尔为佳节。ゝ゛・ー ２０２３年 ½ ²x _x 𠀀"
+    texts = [r["text"] for r in prose_records(10) + stdlib_records(4)] + [poem, EMMA, "a b", "", "x", "¶ -- ... 3rd"]
+    for text in texts:
+        doc = Doc(text)
+        words = doc.words
+        assert symbol_mask(words).tolist() == [is_symbol_token(w) for w in words]
+        assert count_letter_words(words) == sum(map(has_letter, words))
+        assert doc.cjk_flags == [len(w) == 1 and _CJK_CHAR.match(w) is not None for w in words]
+        assert cjk_char_count(text) == len(_CJK_CHAR.findall(text))
+    # the per-character tables agree with the regular expressions on every code point
+    from pipeline.quality.filters.text import _LETTER, _is_letter_char
+
+    assert all(_is_letter_char(c) == (_LETTER.match(c) is not None) for c in map(chr, range(0x110000)))
+
+
+def test_line_rules_over_the_whole_text_equal_the_per_line_loops():
+    import random
+
+    from pipeline.quality.filters.gopher import BULLETS, _bullet_lines, _ellipsis_lines
+
+    rnd = random.Random(3)
+    pieces = ["a", " ", "\t", "\n", "\r", "\u3000", "\xa0", "\x1f", "...", "…", "-", "•", ".", "\x0b", "\u2028", "\n\n"]
+    for _ in range(20000):
+        text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 20)))
+        lines = text.splitlines()
+        assert _bullet_lines(text, lines) == sum(ln.lstrip().startswith(BULLETS) for ln in lines), repr(text)
+        assert _ellipsis_lines(text, lines) == sum(ln.rstrip().endswith(("...", "…")) for ln in lines), repr(text)
+
+
+def test_chunked_word_splitting_equals_one_findall_over_the_text():
+    import random
+
+    from conftest import prose_records, stdlib_records
+
+    from pipeline.quality.filters.text import _TOKEN
+
+    poem = "《感遇・其一》\n作者：张九龄\n兰叶春葳蕤，桂华秋皎洁。ゝ゛・ー ２０２３年 ½ ²x _x 𠀀 Mr. A. etc. x--y --"
+    texts = [r["text"] for r in prose_records(10) + stdlib_records(4)] + [poem, EMMA]
+    rnd = random.Random(5)
+    pieces = ["a", "Z", "3", "_", " ", "\t", "\n", "\u3000", "\xa0", "\x1f", ".", "-", "/", "¶", "Mr", "中", "ー",
+              "é", "e\u0301", "²", "'", "(", "𠀀"]
+    texts += ["".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 20))) for _ in range(20000)]
+    for text in texts:
+        assert split_words(text) == _TOKEN.findall(text), repr(text)

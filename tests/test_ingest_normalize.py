@@ -49,3 +49,33 @@ def test_fortunes_lose_their_ansi_colours():
     coloured = [r["text"] for r in recs if "\x1b[" in r["text"]]
     assert len(coloured) > 100
     assert not any("\x1b" in normalize_text(t) or "[m" in normalize_text(t) for t in coloured)
+
+
+def _plain_normalize(text: str) -> str:
+    """normalize_text without its shortcuts: every pass always runs (the reference the shortcuts must equal)."""
+    import unicodedata
+
+    from pipeline.ingest.normalize import _ANSI, _BLANK_RUNS, _CONTROL, _LEADING_BLANK_LINES, _NEWLINES, _SPACES
+
+    text = _NEWLINES.sub("\n", text)
+    text = _ANSI.sub("", text)
+    text = _CONTROL.sub("", text)
+    text = _SPACES.sub(" ", text)
+    text = unicodedata.normalize("NFC", text)
+    text = "\n".join(line.rstrip(" \t\u3000") for line in text.split("\n"))
+    text = _BLANK_RUNS.sub("\n\n", text)
+    text = _LEADING_BLANK_LINES.sub("", text)
+    return text.rstrip()
+
+
+def test_shortcuts_of_normalize_text_change_nothing():
+    import random
+
+    from pipeline.ingest.normalize import normalize_text
+
+    rnd = random.Random(7)
+    pieces = ["a", "Z", " ", "\t", "\n", "\r", "\r\n", "\u3000", "\xa0", "\x00", "\x07", "\x7f", "\x85", "\x9f", "\xad",
+              "\u2028", "\x1b[31m", "é", "e\u0301", "\x0b", "\u200b", "中", "\u2005", "\ufeff"]
+    for _ in range(20000):
+        text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 25)))
+        assert normalize_text(text) == _plain_normalize(text), repr(text)

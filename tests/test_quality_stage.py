@@ -264,3 +264,28 @@ def test_report_snippets_of_removed_documents_are_pii_masked(tmp_path):
     assert "jane.doe@corp-mail.com" not in snippet and "7946" not in snippet
     assert snippet.startswith("Write to email@example.com or") or snippet.startswith(
         "Write to firstname.lastname@example.org or")
+
+
+def test_a_process_pool_writes_the_same_bytes_as_one_process(tmp_path, monkeypatch):
+    import pipeline.quality.run as quality_run
+
+    docs = _prose_docs() * 3 + [("web", LOREM), ("zh", "兰叶春葳蕤，桂华秋皎洁。欣欣此生意，自尔为佳节。" * 5)]
+    monkeypatch.setattr(quality_run, "BATCH_DOCS", 4)             # several batches in flight
+    trees = []
+    for workers in (1, 2):
+        rdir = tmp_path / f"w{workers}"
+        _shard(rdir, "mixed-00000", docs)
+        monkeypatch.setattr(quality_run, "PARALLEL_MIN_BYTES", 0 if workers > 1 else 1 << 40)
+        q = _quality(chains=WEB_CHAIN, pii={"enabled": True}, workers=workers)
+        run_quality_shard(q, rdir, "mixed-00000")
+        trees.append(_tree(rdir))
+    assert trees[0] == trees[1] and len(trees[0]) > 4
+
+
+def test_the_worker_count_does_not_invalidate_a_finished_shard(tmp_path):
+    _shard(tmp_path, "prose-00000", _prose_docs())
+    first = run_quality_shard(_quality(workers=1), tmp_path, "prose-00000")
+    out = tmp_path / "quality" / "prose-00000.parquet"
+    mtime = out.stat().st_mtime_ns
+    assert run_quality_shard(_quality(workers=3), tmp_path, "prose-00000") == first
+    assert out.stat().st_mtime_ns == mtime

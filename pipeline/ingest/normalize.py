@@ -23,8 +23,11 @@ _ANSI = re.compile(r"\x1b\[[0-9;?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)
 _NEWLINES = re.compile(r"\r\n|[\r\x85\u2028\u2029]")
 # C0 and C1 controls except tab and newline, DEL, soft hyphen, zero-width space, word joiner, BOM, U+FFFE/U+FFFF.
 _CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f\xad\u200b\u2060\ufeff\ufffe\uffff]")
+#: the characters of _CONTROL that are ASCII, for a C-speed check of ASCII text
+_ASCII_CONTROLS = bytes(range(0x00, 0x09)) + b"\x0b\x0c" + bytes(range(0x0e, 0x20)) + b"\x7f"
 # Space separators other than the plain space and the ideographic space.
 _SPACES = re.compile(r"[\xa0\u1680\u2000-\u200a\u202f\u205f]")
+_CONTROL_OR_SPACE = re.compile(_CONTROL.pattern[:-1] + _SPACES.pattern[1:])
 _BLANK_RUNS = re.compile(r"\n{3,}")
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t\u3000]*\n)+")
 
@@ -33,7 +36,8 @@ def normalize_text(text: str) -> str:
     """NFC, no ANSI/control characters, ``\n`` line endings, no trailing spaces, at most one blank line in a row.
 
     Leading indentation of the first line is kept (a code snippet may start indented); leading and trailing
-    blank lines are removed.  Each pass is skipped when a C-speed ``in`` test shows it has nothing to do.
+    blank lines are removed.  Each pass is skipped when a C-speed ``in`` test shows it has nothing to do (ASCII
+    text, ``str.isascii()`` in constant time, has no special spaces and is NFC already).
     """
     if "\r" in text:
         text = text.replace("\r\n", "\n").replace("\r", "\n")
@@ -41,11 +45,17 @@ def normalize_text(text: str) -> str:
         text = _NEWLINES.sub("\n", text)
     if "\x1b" in text:
         text = _ANSI.sub("", text)
-    text = _CONTROL.sub("", text)
-    text = _SPACES.sub(" ", text)
-    if not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
-    text = "\n".join(line.rstrip(" \t\u3000") for line in text.split("\n"))
+    if not text.isascii():
+        if _CONTROL_OR_SPACE.search(text):  # one scan finds whether either substitution has work
+            text = _CONTROL.sub("", text)
+            text = _SPACES.sub(" ", text)
+        if not unicodedata.is_normalized("NFC", text):
+            text = unicodedata.normalize("NFC", text)
+    elif len(text.encode("ascii").translate(None, _ASCII_CONTROLS)) != len(text):
+        text = _CONTROL.sub("", text)       # ASCII text: no special spaces, already NFC; controls are rare
+    if " \n" in text or "\t\n" in text or "\u3000\n" in text:
+        # only a line followed by another one needs it: the last line's trailing space goes with rstrip() below
+        text = "\n".join(line.rstrip(" \t\u3000") for line in text.split("\n"))
     if "\n\n\n" in text:
         text = _BLANK_RUNS.sub("\n\n", text)
     text = _LEADING_BLANK_LINES.sub("", text)

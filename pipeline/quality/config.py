@@ -28,6 +28,8 @@ class QualityConfig:
     audit_samples: int = _f(20, desc="Removed documents kept per reason and shard under removed/quality/ (all "
                             "are counted).", ge=0)
     audit_max_chars: int = _f(20_000, desc="Characters kept of each sampled removed document.", ge=100)
+    workers: int = _f(0, desc="Processes scoring documents inside one shard task (0: every core); the output "
+                      "does not depend on it.", ge=0)
 
     def __post_init__(self) -> None:
         seen: set[str] = set()

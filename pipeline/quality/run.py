@@ -10,6 +10,11 @@ Inputs and outputs of :func:`run_quality_shard` (``<rdir>`` is the run folder)::
     <rdir>/removed/quality/...                  per-reason samples and counts (pipeline/quality/filters/audit.py)
     <rdir>/stats/quality/<shard>.json           in = kept + removed by reason, plus chars, est. tokens, PII counts
 
+Documents are scored in a pool of ``quality.workers`` processes (0: every core; shards under 2 MB of text stay in
+the task's own process) in batches; results are consumed in document order and every count is added in the main
+process, so the output is byte-identical whatever the pool size.  The worker count is not part of the stage's
+completion digest.
+
 ``reuse_scores=True`` takes the decisions from the stored scores instead of recomputing them (after checking they
 are still valid), so re-tuned thresholds are applied in a fraction of the time; the output is byte-identical to a
 full recompute with the same config.  Filters, parameters and sources: ``pipeline/quality/filters/``.
@@ -21,9 +26,12 @@ import dataclasses
 import hashlib
 import json
 import logging
+from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from pipeline.ingest.run import worker_count
 from pipeline.io import completed, count_removed, new_stats, read_parquet, write_marker, write_parquet, write_stats
 from pipeline.quality.config import QualityConfig
 from pipeline.quality.filters.audit import quality_report, render_quality_report, write_removed
@@ -41,6 +49,11 @@ from pipeline.quality.filters.text import Doc, approx_tokens, cjk_char_count
 
 log = logging.getLogger(__name__)
 
+#: shards with less text than this are scored in the task's own process (a pool costs ~1 s to start)
+PARALLEL_MIN_BYTES = 2 << 20
+BATCH_DOCS = 64
+BATCH_BYTES = 4 << 20
+
 __all__ = ["run_quality_shard", "reapply_decisions", "quality_report", "render_quality_report", "QualityError",
            "scores_path"]
 
@@ -50,7 +63,9 @@ def scores_path(rdir: Path, shard: str) -> Path:
 
 
 def _digest(q: QualityConfig, input_stage: str) -> str:
-    blob = json.dumps({"quality": dataclasses.asdict(q), "input_stage": input_stage}, sort_keys=True)
+    settings = dataclasses.asdict(q)
+    settings.pop("workers")             # how many processes score does not change what they write
+    blob = json.dumps({"quality": settings, "input_stage": input_stage}, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -85,28 +100,114 @@ def _load_scores(rdir: Path, shard: str, table: Any, chains: dict[str, Chain]) -
     return stored.to_pylist()
 
 
+def _utf8_lengths(column: Any) -> list[int]:
+    """UTF-8 byte length of every text of a string column, without encoding each text again in Python."""
+    import pyarrow.compute as pc
+
+    return pc.binary_length(column).to_pylist()
+
+
 def _add(stats: dict, key: str, n: int) -> None:
     stats[key] = stats.get(key, 0) + n
 
 
 def _finish_kept(q: QualityConfig, doc: Doc, original: str, chain: Chain, reused: bool, masker: PiiMasker | None,
-                 stats: dict) -> str:
-    """The text a kept document leaves with: C4-cleaned (unless filtering is off) and PII-masked when enabled."""
+                 counts: list) -> str:
+    """The text a kept document leaves with: C4-cleaned (unless filtering is off) and PII-masked when enabled.
+
+    What it did is appended to ``counts`` as (stats section, key, amount), added to the stats in document order.
+    """
     if not q.enabled:
         doc.set_text(original)              # scoring only: documents leave unchanged
     elif reused:
         chain.transform(doc)                # scoring would have cleaned it; decisions came from stored scores
     if doc.text != original:
-        _add(stats["transforms"], "c4_docs_changed", 1)
-        _add(stats["transforms"], "c4_chars_removed", len(original) - len(doc.text))
+        counts.append(("transforms", "c4_docs_changed", 1))
+        counts.append(("transforms", "c4_chars_removed", len(original) - len(doc.text)))
     if masker and (not q.pii.domains or doc.domain in q.pii.domains):
         masked, found = masker.mask(doc.text)
         if found:
             doc.set_text(masked)
-            _add(stats["pii"], "docs", 1)
-            for kind, count in found.items():
-                _add(stats["pii"], kind, count)
+            counts.append(("pii", "docs", 1))
+            counts.extend(("pii", kind, count) for kind, count in found.items())
     return doc.text
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Per-document work (worker processes, or the task's own process)
+
+_WORKER: dict = {}
+
+
+def _init_worker(q: QualityConfig, shard: str, reused: bool) -> None:
+    masker = PiiMasker(q.pii.emails, q.pii.ips, q.pii.phones, q.pii.only_public_ips) if q.pii.enabled else None
+    _WORKER.clear()
+    _WORKER.update(q=q, shard=shard, reused=reused, masker=masker, chains={})
+
+
+def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: dict, stored: dict | None) -> tuple:
+    """(score row, drop or None, est. tokens in, final text or None when dropped, est. tokens kept, stats counts)."""
+    w = _WORKER
+    q, chains = w["q"], w["chains"]
+    chain = chains.get(domain) or chains.setdefault(domain, Chain.build(q, domain))
+    doc = Doc(text, doc_id, domain, meta, columns)
+    ntok = approx_tokens(len(text), doc.n_cjk, 4)
+    try:
+        row = stored if stored is not None else chain.score(doc)
+    except Exception as exc:            # a filter bug must name the document, not just crash the shard
+        raise QualityError(f"quality/{w['shard']}: scoring document {doc_id} (row {i}) with chain "
+                           f"{chain.names()} failed: {type(exc).__name__}: {exc}") from exc
+    drop = chain.decide(row) if q.enabled else None
+    if drop:
+        return row, drop, ntok, None, 0, ()
+    counts: list = []
+    final = _finish_kept(q, doc, text, chain, w["reused"], w["masker"], counts)
+    kept_tok = ntok if final == text else approx_tokens(len(final), cjk_char_count(final), 4)
+    return row, None, ntok, final, kept_tok, counts
+
+
+def _score_batch(items: list[tuple]) -> list[tuple]:
+    return [_score_one(*item) for item in items]
+
+
+def _batches(items: Iterator[tuple], sizes: list[int]) -> Iterator[list[tuple]]:
+    batch, size = [], 0
+    for item in items:
+        batch.append(item)
+        size += sizes[item[0]]
+        if len(batch) >= BATCH_DOCS or size >= BATCH_BYTES:
+            yield batch
+            batch, size = [], 0
+    if batch:
+        yield batch
+
+
+def _results(items: Iterator[tuple], sizes: list[int], workers: int, init_args: tuple) -> Iterator[tuple]:
+    """:func:`_score_one` of every item, in input order, computed by ``workers`` processes."""
+    if workers <= 1:
+        _init_worker(*init_args)
+        for item in items:
+            yield _score_one(*item)
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
+
+    # forkserver, as in ingest: workers fork from a clean server process that preloads this module only.
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["pipeline.quality.run"])
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=init_args) as pool:
+        window: deque = deque()
+        try:
+            for batch in _batches(items, sizes):
+                window.append(pool.submit(_score_batch, batch))
+                if len(window) >= 2 * workers:
+                    yield from window.popleft().result()
+            while window:
+                yield from window.popleft().result()
+        except BrokenProcessPool as exc:
+            raise QualityError(f"quality/{init_args[1]}: a worker process died ({exc}); rerun with "
+                               "quality.workers: 1 to see which document kills it") from None
 
 
 def _tables(table: Any, chains: dict[str, Chain], rows: list[dict], keep: list[bool], texts: list[str]):
@@ -154,38 +255,37 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
                  warnings=_check_language_columns(chains, table, input_stage, shard))
     stored = _load_scores(rdir, shard, table, chains) if reuse_scores else None
     log.info("quality/%s: %d documents, %s", shard, n, "decisions from stored scores" if stored else "scoring")
-    masker = PiiMasker(q.pii.emails, q.pii.ips, q.pii.phones, q.pii.only_public_ips) if q.pii.enabled else None
     cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
             for c in ("doc_id", "text", "source", "meta", *LANG_COLUMNS)}
     present = [c for c in LANG_COLUMNS if c in table.column_names]
+    nbytes_col = _utf8_lengths(table.column("text")) if n else []
+    workers = worker_count(q.workers) if sum(nbytes_col) >= PARALLEL_MIN_BYTES else 1
+    items = ((i, cols["text"][i], cols["doc_id"][i], domains[i], cols["meta"][i], {c: cols[c][i] for c in present},
+              stored[i] if stored is not None else None) for i in range(n))
 
     rows, keep, texts, removed = [], [], [], []
-    for i in range(n):
-        text, domain, chain = cols["text"][i], domains[i], chains[domains[i]]
-        doc = Doc(text, cols["doc_id"][i], domain, cols["meta"][i], {c: cols[c][i] for c in present})
-        nbytes, nchars, ntok = len(text.encode("utf-8")), len(text), approx_tokens(len(text), cjk_char_count(text), 4)
+    results = _results(items, nbytes_col, workers, (q, shard, stored is not None))
+    for i, (row, drop, ntok, final, kept_tok, counts) in enumerate(results):
+        text, domain, doc_id = cols["text"][i], domains[i], cols["doc_id"][i]
+        nbytes, nchars = nbytes_col[i], len(text)
         for key, v in (("in_docs", 1), ("in_bytes", nbytes), ("in_chars", nchars), ("in_tokens_est", ntok)):
             _add(stats, key, v)
-        try:
-            row = stored[i] if stored is not None else chain.score(doc)
-        except Exception as exc:            # a filter bug must name the document, not just crash the shard
-            raise QualityError(f"quality/{shard}: scoring document {doc.doc_id} (row {i}) with chain "
-                               f"{chain.names()} failed: {type(exc).__name__}: {exc}") from exc
-        drop = chain.decide(row) if q.enabled else None
-        rows.append({**row, "doc_id": doc.doc_id, "domain": domain, "q_reason": drop[0] if drop else "",
+        rows.append({**row, "doc_id": doc_id, "domain": domain, "q_reason": drop[0] if drop else "",
                      "q_detail": drop[1] if drop else ""})
         keep.append(drop is None)
         if drop:
             count_removed(stats, drop[0], nbytes)
             _add(stats["removed"][drop[0]], "chars", nchars)
             _add(stats["removed"][drop[0]], "tokens", ntok)
-            removed.append({"doc_id": doc.doc_id, "domain": domain, "source": cols["source"][i] or "",
+            removed.append({"doc_id": doc_id, "domain": domain, "source": cols["source"][i] or "",
                             "reason": drop[0], "detail": drop[1], "n_chars": nchars, "n_tokens_est": ntok,
                             "text": text})
             continue
-        texts.append(_finish_kept(q, doc, text, chain, stored is not None, masker, stats))
-        for key, v in (("kept_docs", 1), ("kept_bytes", nbytes), ("kept_chars", len(texts[-1])),
-                       ("kept_tokens_est", approx_tokens(len(texts[-1]), cjk_char_count(texts[-1]), 4))):
+        for section, key, v in counts:
+            _add(stats[section], key, v)
+        texts.append(final)
+        for key, v in (("kept_docs", 1), ("kept_bytes", nbytes), ("kept_chars", len(final)),
+                       ("kept_tokens_est", kept_tok)):
             _add(stats, key, v)
 
     scores, kept = _tables(table, chains, rows, keep, texts)

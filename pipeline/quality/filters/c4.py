@@ -48,7 +48,7 @@ class C4Quality(Filter):
         for i, line in enumerate(lines):
             line = line.strip()
             words = line.split()
-            if p.max_word_length and any(len(w) > p.max_word_length for w in words):
+            if p.max_word_length and words and max(map(len, words)) > p.max_word_length:
                 continue
             if p.remove_citations:
                 line = CITATION.sub("", line)

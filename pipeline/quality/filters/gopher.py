@@ -10,13 +10,33 @@ mean-word-length rule (a per-character mean is always about 1).
 from __future__ import annotations
 
 import re
-from itertools import accumulate
 
 from pipeline.quality.filters.base import Drop, Filter, Scores
 from pipeline.quality.filters.params import GopherQualityParams, GopherRepetitionParams
-from pipeline.quality.filters.text import Doc, has_letter, is_symbol_token
+from pipeline.quality.filters.text import Doc, count_letter_words, symbol_mask
 
 BULLETS = ("•", "-")
+
+
+# Line breaks of str.splitlines() other than "\n": texts without them have the lines of text.split("\n"), so the
+# per-line rules can run as one multi-line regular expression over the whole text.
+_OTHER_BREAKS = re.compile("[\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+_BULLET_LINE = re.compile(r"^[^\S\n]*[•-]", re.MULTILINE)
+_ELLIPSIS_LINE = re.compile(r"(?:\.\.\.|…)[^\S\n]*$", re.MULTILINE)
+
+
+def _bullet_lines(text: str, lines: list[str]) -> int:
+    """Lines (of ``text.splitlines()``) whose first non-space character is a bullet."""
+    if _OTHER_BREAKS.search(text):
+        return sum(ln.lstrip().startswith(BULLETS) for ln in lines)
+    return len(_BULLET_LINE.findall(text))
+
+
+def _ellipsis_lines(text: str, lines: list[str]) -> int:
+    """Lines (of ``text.splitlines()``) ending in an ellipsis, trailing spaces aside."""
+    if _OTHER_BREAKS.search(text):
+        return sum(ln.rstrip().endswith(("...", "…")) for ln in lines)
+    return len(_ELLIPSIS_LINE.findall(text))
 
 
 class GopherQuality(Filter):
@@ -34,23 +54,24 @@ class GopherQuality(Filter):
     def score(self, doc: Doc) -> Scores:
         text, words = doc.text, doc.words
         n_tokens = len(words)
-        content = [w for w in words if not is_symbol_token(w)]
-        latin = [w for w, cjk in zip(words, doc.cjk_flags, strict=True) if not cjk and not is_symbol_token(w)]
-        n_alpha = sum(1 for w in words if has_letter(w))
+        # Per-word rules as array operations over the words' first characters and lengths (same counts as the
+        # plain loops: is_symbol_token, has_letter and the CJK flag per word).
+        content = ~symbol_mask(words, doc.first_codepoints)
+        latin = content & ~doc.cjk_mask
+        n_latin = int(latin.sum())
+        n_alpha = count_letter_words(words, doc.first_codepoints, doc.word_lengths)
         lines = doc.lines
         n_lines = len(lines)
-        distinct = set(words)
         return {
-            "n_words": len(content),
-            "avg_word_length": sum(map(len, latin)) / len(latin) if latin else 0.0,
+            "n_words": int(content.sum()),
+            "avg_word_length": int(doc.word_lengths[latin].sum()) / n_latin if n_latin else 0.0,
             "hash_ratio": text.count("#") / n_tokens if n_tokens else 0.0,
             "ellipsis_ratio": (text.count("...") + text.count("…")) / n_tokens if n_tokens else 0.0,
-            "bullet_lines_ratio": sum(ln.lstrip().startswith(BULLETS) for ln in lines) / n_lines if n_lines else 0.0,
-            "ellipsis_lines_ratio": (sum(ln.rstrip().endswith(("...", "…")) for ln in lines) / n_lines
-                                     if n_lines else 0.0),
+            "bullet_lines_ratio": _bullet_lines(text, lines) / n_lines if n_lines else 0.0,
+            "ellipsis_lines_ratio": _ellipsis_lines(text, lines) / n_lines if n_lines else 0.0,
             "alpha_words_ratio": n_alpha / n_tokens if n_tokens else 0.0,
-            "stop_words": len(self._stop & distinct),
-            "cjk_stop_words": len(self._cjk_stop & distinct),
+            "stop_words": len(self._stop.intersection(words)),
+            "cjk_stop_words": len(self._cjk_stop.intersection(words)),
             "cjk_ratio": doc.cjk_ratio,
         }
 
@@ -94,51 +115,85 @@ def _duplicates(items: list[str]) -> tuple[int, int]:
 _MULT = 0x9E3779B97F4A7C15            # odd 64-bit multiplier of the rolling n-gram hash
 
 
-def ngram_chars(words: list[str], cjk_flags: list[bool]) -> dict[str, int]:
+def ngram_chars(words: list[str], cjk_flags, lengths=None) -> dict[str, int]:
     """Characters behind the top n-gram (n = 2..4) and in duplicated n-grams (n = 5..10), as datatrove counts them.
 
     Top n-gram: the most frequent n-gram (the earliest on ties, like ``Counter.most_common``), its length with the
     separating spaces (none next to a CJK character: the text has none there) times its count.  Duplicated n-grams:
     scanning left to right, an n-gram seen before adds its characters (without spaces, as datatrove's ``"".join``)
     and the scan jumps past it.  N-grams are compared through a 64-bit polynomial hash of word ids, built one n from
-    the previous, and grouped with ``np.unique``; only positions whose n-gram occurs twice or more are scanned, since
-    a unique n-gram can never be a repeat.
+    the previous, and grouped by sorting the hashes once per n; only positions whose n-gram hash occurs twice or
+    more are scanned, since a unique n-gram can never be a repeat.  ``cjk_flags`` (list or boolean array) and
+    ``lengths`` (word lengths, computed when not given) are per word.
     """
     import numpy as np
 
     out = {**{f"top_{n}_gram": 0 for n in TOP_NS}, **{f"dup_{n}_gram": 0 for n in DUP_NS}}
     if len(words) < 2:
         return out
-    index: dict[str, int] = {}
-    ids = np.fromiter((index.setdefault(w, len(index)) + 1 for w in words), np.uint64, len(words))
-    prefix = [0, *accumulate(map(len, words))]
-    gaps = [0, *accumulate(0 if a or b else 1 for a, b in zip(cjk_flags, cjk_flags[1:], strict=False))]
+    index = {w: i for i, w in enumerate(dict.fromkeys(words), 1)}      # ids by first occurrence, from 1
+    ids = np.fromiter(map(index.__getitem__, words), np.uint64, len(words))
+    if lengths is None:
+        lengths = np.fromiter(map(len, words), np.int64, len(words))
+    prefix = np.zeros(len(words) + 1, np.int64)
+    np.cumsum(lengths, out=prefix[1:])
+    flags = np.asarray(cjk_flags, bool)
+    gaps = np.zeros(len(words), np.int64)
+    np.cumsum(~(flags[:-1] | flags[1:]), out=gaps[1:])
     mult = np.uint64(_MULT)
     h = ids
     for n in range(2, max(DUP_NS) + 1):
         h = h[:-1] * mult + ids[n - 1:]         # hash of words[i:i+n], wrapping modulo 2**64
         if not len(h):
             break
-        _, first, inverse, counts = np.unique(h, return_index=True, return_inverse=True, return_counts=True)
+        perm = h.argsort(kind="quicksort")
+        ordered = h[perm]
+        same = ordered[1:] == ordered[:-1]      # sorted neighbours with the same hash: one group
         if n in TOP_NS:
-            top = counts.max()
-            i = int(first[counts == top].min())
-            out[f"top_{n}_gram"] = (prefix[i + n] - prefix[i] + gaps[i + n - 1] - gaps[i]) * int(top)
+            i, top = _top_group(perm, same)
+            out[f"top_{n}_gram"] = int(prefix[i + n] - prefix[i] + gaps[i + n - 1] - gaps[i]) * top
             continue
-        repeated = np.flatnonzero(counts[inverse] > 1)
+        if not same.any():
+            continue
+        in_group = np.zeros(len(h), bool)       # sorted positions whose hash occurs twice or more
+        in_group[1:] = same
+        in_group[:-1] |= same
+        chosen = np.flatnonzero(in_group)
+        positions = perm[chosen]
+        order = positions.argsort(kind="stable")
+        positions = positions[order]
+        keys = ordered[chosen][order]
+        sizes = prefix[positions + n] - prefix[positions]
         seen: set[int] = set()
         chars = nxt = 0
-        for i, key in zip(repeated.tolist(), inverse[repeated].tolist(), strict=True):
+        for i, key, size in zip(positions.tolist(), keys.tolist(), sizes.tolist(), strict=True):
             if i < nxt:
                 continue
             if key in seen:
-                chars += prefix[i + n] - prefix[i]
+                chars += size
                 nxt = i + n
             else:
                 seen.add(key)
                 nxt = i + 1
         out[f"dup_{n}_gram"] = chars
     return out
+
+
+def _top_group(perm, same) -> tuple[int, int]:
+    """(earliest position of the largest groups, their size) from a sort permutation and its equal-neighbour mask.
+
+    The same choice as ``np.unique(..., return_index=True, return_counts=True)`` followed by
+    ``first[counts == counts.max()].min()``: the first occurrence of every group of the largest size, the earliest.
+    """
+    import numpy as np
+
+    if not same.any():
+        return 0, 1                             # every n-gram once: the first one
+    bounds = np.flatnonzero(np.concatenate(([True], ~same)))
+    counts = np.diff(bounds, append=len(perm))
+    top = int(counts.max())
+    firsts = np.minimum.reduceat(perm, bounds)
+    return int(firsts[counts == top].min()), top
 
 
 class GopherRepetition(Filter):
@@ -161,7 +216,7 @@ class GopherRepetition(Filter):
         n, chars = _duplicates(lines)
         s["dup_line_frac"], s["dup_line_char_frac"] = n / len(lines), chars / size
         # n-gram rules look at words only; CJK text contributes one word per character.
-        for key, chars in ngram_chars(doc.words, doc.cjk_flags).items():
+        for key, chars in ngram_chars(doc.words, doc.cjk_mask, doc.word_lengths).items():
             s[key] = chars / size
         return s
 
