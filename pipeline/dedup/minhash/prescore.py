@@ -31,10 +31,12 @@ EXTRA_COLUMNS = ("meta", *LANG_COLUMNS)
 
 
 def quality_digest(quality: Any) -> str:
-    """sha256 of the quality config (empty when none): stage 1 is stale when it changes."""
+    """sha256 of the quality config (empty when none): stage 1 is stale when it changes.  ``workers`` is left out:
+    how many processes score the documents does not change a verdict."""
     if quality is None:
         return ""
-    return hashlib.sha256(json.dumps(dataclasses.asdict(quality), sort_keys=True).encode()).hexdigest()
+    settings = {k: v for k, v in dataclasses.asdict(quality).items() if k != "workers"}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 
 def chain_verdicts(quality: Any, table: Any, domains: list[str]) -> tuple[np.ndarray, np.ndarray]:
