@@ -4,7 +4,9 @@ Every corpus task runs inside :func:`measured`, which writes ``<run>/profile/<st
 are what ``make bench-scale`` reports per stage and what a user reads when a task is slower or larger than expected:
 
 * ``wall_s``: elapsed time of the block;
-* ``cpu_s``: user + system time of this process and of every child it waited for (process pools, readers);
+* ``cpu_s``: user + system time of this process and of every descendant seen while sampling (process pools,
+  forkserver workers, readers; a descendant's time is its last sample, so up to ``SAMPLE_S`` of CPU per process
+  can be missed at its exit), or of the children it waited for when that is larger;
 * ``peak_rss_mb``: the largest sum of resident memory over this process and its live descendants, sampled every
   ``SAMPLE_S`` seconds (a pool's workers count together, as they would against a worker's memory limit);
 * ``input_bytes`` when the caller knows it, and whatever the caller adds to the yielded dict.
@@ -28,14 +30,18 @@ SAMPLE_S = 0.1
 PROFILE_DIR = "profile"
 
 
-def tree_rss(proc) -> int:
-    """Resident bytes of ``proc`` plus its live descendants (0 for any that exited meanwhile)."""
+def tree_rss(proc, cpu: dict | None = None) -> int:
+    """Resident bytes of ``proc`` plus its live descendants (0 for any that exited meanwhile); with ``cpu``, also
+    record each descendant's user + system seconds by (pid, start time)."""
     import psutil
 
     total = 0
     for p in [proc, *proc.children(recursive=True)]:
         try:
             total += p.memory_info().rss
+            if cpu is not None and p.pid != proc.pid:
+                t = p.cpu_times()
+                cpu[(p.pid, p.create_time())] = t.user + t.system
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return total
@@ -47,17 +53,23 @@ class _Sampler(threading.Thread):
 
         super().__init__(daemon=True, name="mindloom-rss-sampler")
         self.proc = psutil.Process()
-        self.peak = tree_rss(self.proc)
+        self.before: dict = {}
+        self.peak = tree_rss(self.proc, self.before)     # descendants that predate the block (a forkserver)
+        self.cpu: dict = {}
         self.stop = threading.Event()
 
     def run(self) -> None:
         while not self.stop.wait(SAMPLE_S):
-            self.peak = max(self.peak, tree_rss(self.proc))
+            self.peak = max(self.peak, tree_rss(self.proc, self.cpu))
+
+    def descendants_cpu(self) -> float:
+        return sum(v - self.before.get(k, 0.0) for k, v in self.cpu.items())
 
 
-def _cpu() -> float:
+def _cpu() -> tuple[float, float]:
+    """(this process, the children it waited for) in user + system seconds."""
     t = os.times()
-    return t.user + t.system + t.children_user + t.children_system
+    return t.user + t.system, t.children_user + t.children_system
 
 
 @contextmanager
@@ -77,9 +89,11 @@ def measured(rdir: str | Path | None, stage: str, unit: str, input_bytes: int | 
     finally:
         sampler.stop.set()
         sampler.join()
-        out.update(wall_s=round(time.perf_counter() - t0, 3), cpu_s=round(_cpu() - c0, 3),
-                   peak_rss_mb=round(max(sampler.peak, tree_rss(sampler.proc)) / 2**20, 1), pid=os.getpid(),
-                   finished=time.time())
+        peak = max(sampler.peak, tree_rss(sampler.proc, sampler.cpu))
+        own, waited = (a - b for a, b in zip(_cpu(), c0, strict=True))
+        out.update(wall_s=round(time.perf_counter() - t0, 3),
+                   cpu_s=round(own + max(waited, sampler.descendants_cpu()), 3),
+                   peak_rss_mb=round(peak / 2**20, 1), pid=os.getpid(), finished=time.time())
         if rdir is not None:
             safe = unit.replace("/", "_").replace(" ", "_")
             write_json(Path(rdir) / PROFILE_DIR / stage / f"{safe}.json", out)
