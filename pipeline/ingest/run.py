@@ -27,6 +27,11 @@ headers, missing or unreadable paths, symlink loops, oversized records, …) is 
 and reason, written to the rejects table and counted; with ``ingest.strict`` the first one fails the task with
 the same message.  Policy skips (vendored code, WARC request records, blank lines) are counted but never fail a
 run.
+
+Memory: a shard is streamed: records are framed in the task's process, handed to the ``ingest.workers`` pool in
+batches of at most ``BATCH_RECORDS`` records or ``BATCH_BYTES`` bytes (a few batches in flight per worker), and the
+kept rows are flushed to Parquet in row groups, so a task holds a few batches, one row group and one record of at
+most ``ingest.max_record_bytes``: not the shard, not the corpus.
 """
 
 from __future__ import annotations

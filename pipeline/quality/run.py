@@ -18,6 +18,11 @@ completion digest.
 ``reuse_scores=True`` takes the decisions from the stored scores instead of recomputing them (after checking they
 are still valid), so re-tuned thresholds are applied in a fraction of the time; the output is byte-identical to a
 full recompute with the same config.  Filters, parameters and sources: ``pipeline/quality/filters/``.
+
+Memory: one shard at a time: its input table (text included, about the shard's text bytes), the kept rows and
+scores being built (about as much again), and per pool worker one batch of documents.  So about 2-3x the text of
+one shard (``ingest.shard_bytes``, 64 MiB by default) plus the workers' batches: set by the shard size, not the
+corpus.
 """
 
 from __future__ import annotations
