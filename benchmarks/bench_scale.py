@@ -98,13 +98,30 @@ class TreeTimeline(threading.Thread):
 
 
 def attribute(samples: list[tuple], start: float, end: float) -> dict:
-    """Peak tree RSS, RSS at start and CPU growth over [start, end] (nearest samples at the edges)."""
+    """Peak tree RSS, RSS at start and CPU growth over [start, end].
+
+    The peak is taken over the samples inside the interval (the neighbouring tasks' samples stay out); a task shorter
+    than one sampling period gets the larger of the two samples around it.  CPU: the growth of the cumulative tree
+    CPU interpolated linearly at the start and at the end, so back-to-back tasks never count a CPU-second twice.
+    """
     inside = [s for s in samples if start <= s[0] <= end]
     before = [s for s in samples if s[0] <= start][-1:] or samples[:1]
     after = [s for s in samples if s[0] >= end][:1] or samples[-1:]
-    edge = before + inside + after
-    return {"peak_rss_mb": round(max(s[1] for s in edge), 1), "rss_start_mb": round(before[0][1], 1),
-            "cpu_s": round(max(after[0][2] - before[0][2], 0.0), 2), "samples": len(inside)}
+    return {"peak_rss_mb": round(max(s[1] for s in inside or before + after), 1), "rss_start_mb": round(before[0][1], 1),
+            "cpu_s": round(max(_cpu_at(samples, end) - _cpu_at(samples, start), 0.0), 2), "samples": len(inside)}
+
+
+def _cpu_at(samples: list[tuple], t: float) -> float:
+    """Cumulative tree CPU at time ``t``, linear between the samples around it (clamped at the ends)."""
+    import bisect
+
+    i = bisect.bisect_left(samples, (t,))
+    if i <= 0:
+        return samples[0][2]
+    if i >= len(samples):
+        return samples[-1][2]
+    (t0, _, c0), (t1, _, c1) = samples[i - 1], samples[i]
+    return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
 
 
 def _ts(v) -> float | None:
@@ -241,6 +258,8 @@ def run_size(size_gb: float, a: argparse.Namespace) -> dict:
     m = measured([airflow, "dags", "test", "corpus_build"], log=run / "dags_test.log", env=env, timeout=a.timeout,
                  cwd=run)
     rc, wall, cpu, samples = m["rc"], m["wall_s"], m["cpu_s"], m.pop("samples")
+    (run / "timeline.csv").write_text("unix_time,tree_rss_mb,tree_cpu_s\n" + "".join(
+        f"{t:.2f},{r:.1f},{c:.2f}\n" for t, r, c in samples))            # for re-attribution later
     res = {"size_gb": size_gb, "corpus": corpus, "corpus_mb": round(corpus_mb, 1), **m, "db_migrate_s": migrate_s,
            "peak_tree_rss_mb": m["peak_rss_mb"], "mb_per_cpu_s": round(corpus_mb / cpu, 3) if cpu else None,
            "config": str(cfg_path), "log": str(run / "dags_test.log")}
@@ -415,6 +434,26 @@ def markdown(res: dict) -> list[str]:
         out += table(["Stage", "Tasks", "Wall s", "CPU s", "MB/CPU-s", "Peak RSS MB", "RSS at start MB", "Source"],
                      [[s["stage"], s["tasks"], s["wall_s"], s["cpu_s"], s.get("mb_per_cpu_s"), s["peak_rss_mb"],
                        s.get("rss_start_mb"), s["source"]] for s in r["stages"]])
+        if r.get("stages_profile") and r.get("stages_external"):
+            out += ["", "The same run by external sampling, per task id (every task, Airflow's own included):", ""]
+            out += table(["Task id", "Tasks", "Wall s", "CPU s", "Peak RSS MB", "RSS at start MB"],
+                         [[s["stage"], s["tasks"], s["wall_s"], s["cpu_s"], s["peak_rss_mb"], s["rss_start_mb"]]
+                          for s in r["stages_external"]])
+        if r.get("docs"):
+            order = ("ingest", "exact_dedup", "minhash", "quality", "tokenize", "mixture")
+            out += ["", "Documents kept: " + " → ".join(f"{k} {r['docs'][k]['kept']:,}" for k in order
+                                                      if k in r["docs"])
+                    + (f"; {r['tokens']:,} tokens in the MindRecord set." if r.get("tokens") else ".")]
+    side = res.get("side") or {}
+    if side.get("tokenize"):
+        t = side["tokenize"]
+        out += ["", f"Tokenization of {t['text_mb']} MB of kept text: 1 process {t['encode_s']['1']} s, 2 processes "
+                f"{t['encode_s']['2']} s (best ratio {t['speedup']}×; outputs identical: {t['outputs_identical']})."]
+    if side.get("mindrecord"):
+        m = side["mindrecord"]
+        out += ["", f"MindRecord writing, {m['rows']:,} rows of {m['seq_len'] + 1} int32 ({m['payload_mb']} MB), best "
+                "of repeats, MB/s:", ""]
+        out += table(list(m["mb_per_s"]), [list(m["mb_per_s"].values())])
     peer = res.get("datatrove") or {}
     if peer.get("detail"):
         out += ["", f"datatrove 0.10.1 on the {res['runs'][0]['size_gb']:g} GB corpus: {peer['wall_s']} s, "
@@ -422,6 +461,11 @@ def markdown(res: dict) -> list[str]:
                 f"({peer['detail']['tasks']} tasks, {peer['detail']['workers']} workers).", ""]
         out += table(["datatrove stage", "Wall s", "CPU s"],
                      [[k, v["wall_s"], v["cpu_s"]] for k, v in peer["detail"]["stages"].items()])
+        kept = [("".join(c for c in k.split(":")[-1] if c.isascii()).strip(), v.get("forwarded", v.get("total"))) for k, v in peer["detail"]["docs"].items()
+                if k.startswith("s1") and ("FILTER" in k or "WRITER" in k)]
+        if kept:
+            out += ["", "datatrove documents kept: " + " → ".join(f"{k} {n:,}" for k, n in kept if n is not None)
+                    + ". Everything after its filters works on these only."]
     elif peer:
         out += ["", f"datatrove: {peer.get('status')}"]
     out += ["", "Targets (computed from the figures above):", ""]

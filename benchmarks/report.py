@@ -85,8 +85,10 @@ NOTES = {
         "(`pipeline.profile.measured`) those are used instead. Whole-chain MB/CPU-s counts every CPU-second of "
         "`airflow dags test`, Airflow's own included. datatrove runs FineWeb's filters, its four MinHash stages and "
         "its DocumentTokenizer (local byte-level BPE of the same vocabulary size) with one task per input file; "
-        "it does no ingest normalization, exact dedup, mixture, packing or MindRecord writing, and its "
-        "LanguageFilter drops the Chinese and code documents that mindloom's chains keep."),
+        "it does no ingest normalization, exact dedup, mixture, packing or MindRecord writing, its "
+        "LanguageFilter drops the Chinese and code documents that mindloom's chains keep, and its English Gopher "
+        "rules drop most non-web documents, so its MinHash and tokenizer see far fewer documents (both sides' kept "
+        "counts are in the tables)."),
     "ablation": (
         "One seed, a 1.8-million-parameter model and a few hundred thousand tokens: differences of a few hundredths "
         "of a nat are within run-to-run noise. The held-out sets are what survives mindloom's filters, i.e. the "

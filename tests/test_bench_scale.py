@@ -88,7 +88,9 @@ def test_missing_source_fails_clearly(tmp_path, capsys):
 def test_attribution_takes_the_peak_and_cpu_growth_inside_a_task():
     samples = [(0.0, 300, 1.0), (1.0, 310, 1.5), (2.0, 900, 3.0), (3.0, 320, 4.0), (4.0, 330, 4.2)]
     a = bench_scale.attribute(samples, 0.9, 3.1)
-    assert a["peak_rss_mb"] == 900 and a["rss_start_mb"] == 300 and a["cpu_s"] == 3.2
+    assert a["peak_rss_mb"] == 900 and a["rss_start_mb"] == 300 and a["cpu_s"] == pytest.approx(4.02 - 1.45)
+    halves = [bench_scale.attribute(samples, x, y)["cpu_s"] for x, y in ((0.5, 2.5), (2.5, 3.7))]
+    assert sum(halves) == pytest.approx(bench_scale.attribute(samples, 0.5, 3.7)["cpu_s"], abs=0.02)
     tis = [{"task_id": "ingest.ingest_shard", "start": 0.5, "end": 1.5}, {"task_id": "ingest.ingest_shard",
                                                                            "start": 1.5, "end": 2.5},
            {"task_id": "publish", "start": 3.5, "end": None}]
@@ -122,3 +124,15 @@ def test_targets_are_computed_from_the_figures():
     # a failed 4 GB run is a miss
     f = {x["name"]: x for x in bench_scale.targets([_run(1), _run(4, rc=1)], None, None)}
     assert f["run_4gb_completes"]["met"] is False and f["cost_exponent"]["value"] is None
+
+
+def test_profile_files_are_summed_per_stage(tmp_path):
+    for unit, (wall, cpu, peak) in {"shard-0": (2.0, 1.5, 500.0), "shard-1": (3.0, 2.5, 700.0)}.items():
+        f = tmp_path / "profile" / "ingest" / f"{unit}.json"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"stage": "ingest", "unit": unit, "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak,
+                                 "input_bytes": 4_000_000}))
+    (row,) = bench_scale.profile_rows(tmp_path, corpus_mb=8.0)
+    assert row == {"stage": "ingest", "tasks": 2, "wall_s": 5.0, "cpu_s": 4.0, "peak_rss_mb": 700.0, "input_mb": 8.0,
+                   "mb_per_cpu_s": 2.0, "source": "profile/"}
+    assert bench_scale.profile_rows(tmp_path / "none", corpus_mb=8.0) == []
