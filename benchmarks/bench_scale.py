@@ -194,7 +194,10 @@ def chain_config(corpus: Path, data_root: Path, seq_len: int, parallelism: int, 
 
 
 def airflow_env(home: Path, config: Path, allowed: Path) -> dict:
-    return {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+    import pipeline
+
+    code = Path(pipeline.__file__).resolve().parents[1]      # the checkout, also from run_all's staged copy
+    return {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(code / "dags"),
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "MINDLOOM_CONFIG": str(config), "MINDLOOM_TRAIN_EXECUTOR": "",
             "MINDLOOM_ALLOWED_ROOTS": str(allowed), "PYTHONUNBUFFERED": "1",

@@ -140,11 +140,13 @@ def recompute_metrics(results: dict) -> dict:
 def refresh_topic(results: dict, name: str) -> dict:
     """The topic's latest results files as its last run (a partial re-run of its script), metrics recomputed."""
     spec = topics.TOPICS[name]
-    rec = results["topics"].setdefault(name, {"title": spec["title"], "issue": spec["issue"], "commands": [],
-                                               "wall_s": [], "peak_rss_mb": [], "cpu_s": [], "load_avg_before": [],
-                                               "status": "ok", "date": common.now()})
     latest = {f: json.loads((common.RESULTS_DIR / f).read_text()) for f in topics.TOPICS[name]["files"]
               if (common.RESULTS_DIR / f).exists()}
+    if name not in results["topics"]:                  # first results of a topic run on its own (make bench-scale)
+        results["topics"][name] = {"title": spec["title"], "issue": spec["issue"], "wall_s": [], "peak_rss_mb": [],
+                                   "cpu_s": [], "load_avg_before": [], "status": "ok", "date": common.now(),
+                                   "commands": [v["command"] for v in latest.values() if v.get("command")]}
+    rec = results["topics"][name]
     rec["results"] = latest
     rec.setdefault("refreshed", []).append({"date": common.now(), "files": sorted(latest)})
     results["metrics"] = [m for m in results["metrics"] if m["topic"] != name] + topic_metrics(

@@ -136,3 +136,23 @@ def test_profile_files_are_summed_per_stage(tmp_path):
     assert row == {"stage": "ingest", "tasks": 2, "wall_s": 5.0, "cpu_s": 4.0, "peak_rss_mb": 700.0, "input_mb": 8.0,
                    "mb_per_cpu_s": 2.0, "source": "profile/"}
     assert bench_scale.profile_rows(tmp_path / "none", corpus_mb=8.0) == []
+
+
+def test_scale_topic_merges_into_results_and_renders(tmp_path, monkeypatch):
+    import common
+    import report
+    import run_all
+
+    res = {"command": "benchmarks/bench_scale.py --sizes 1", "runs": [], "targets": bench_scale.targets(
+        [_run(1, cpu=400, peak=1000)], {"tokenize": {"speedup": 1.9}, "mindrecord": {"ratio_vs_filewriter": 0.9}},
+        {"mb_per_cpu_s": 1.0})}
+    (tmp_path / "scale.json").write_text(json.dumps(res))
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    merged = run_all.refresh_topic({"topics": {}, "metrics": []}, "scale")
+    by_name = {m["name"]: m for m in merged["metrics"]}
+    assert by_name["scale.vs_datatrove_mb_per_cpu_s"]["median"] == 2.5 and by_name[
+        "scale.vs_datatrove_mb_per_cpu_s"]["met"] is True
+    assert by_name["scale.peak_task_rss_mb"]["issue"] == 13 and "scale.cost_exponent" not in by_name   # not measured
+    assert merged["topics"]["scale"]["commands"] == ["benchmarks/bench_scale.py --sizes 1"]
+    md = report.render(merged)
+    assert "## The corpus DAG at scale" in md and "| cost_exponent | – | <= 1.05 | – | needs two sizes |" in md
