@@ -22,6 +22,9 @@ the Execution API served in-process); only the pools a task starts itself are se
 * a task's peak RSS is the largest tree RSS sampled during its interval: **it includes the Airflow CLI process
   itself** (imports, parsed DAG, heap kept from earlier tasks; the column *RSS at start* shows that baseline), so
   it is what a worker running that task would need, give or take Airflow's own ~300 MB;
+* *growth* (peak − RSS at the task's start, the largest over the stage's tasks) is the part a task adds itself; a
+  worker that forks a fresh process per task (LocalExecutor, Celery) would need about Airflow's task-runner baseline
+  plus that;
 * when the tasks write ``<run>/profile/<stage>/<unit>.json`` (``pipeline.profile.measured``), those figures are
   used instead (same meaning: the process tree while the block runs) and the source column says so;
 * whole-chain MB per CPU-second = generated text MB ÷ CPU seconds of the whole ``airflow dags test`` process tree,
@@ -157,6 +160,7 @@ def stage_rows(tis: list[dict], samples: list[tuple], corpus_mb: float) -> list[
         st["wall_s"] = round(st["wall_s"] + ti["end"] - ti["start"], 2)
         st["cpu_s"] = round(st["cpu_s"] + a["cpu_s"], 2)
         st["peak_rss_mb"] = max(st["peak_rss_mb"], a["peak_rss_mb"])
+        st["growth_mb"] = round(max(st.get("growth_mb", 0.0), a["peak_rss_mb"] - a["rss_start_mb"]), 1)
     for st in by.values():
         st["mb_per_cpu_s"] = round(corpus_mb / st["cpu_s"], 2) if st["cpu_s"] > 0 else None
     return list(by.values())
@@ -434,9 +438,10 @@ def markdown(res: dict) -> list[str]:
         out += ["", f"**{r['size_gb']:g} GB** ({r['corpus_mb']} MB of text, {r['corpus']['docs']:,} documents): rc "
                 f"{r['rc']}, {r['wall_s']} s wall, {r['cpu_s']} CPU-s, {r.get('mb_per_cpu_s')} MB/CPU-s for the whole "
                 f"`airflow dags test`; peak tree RSS {r['peak_tree_rss_mb']} MB.", ""]
-        out += table(["Stage", "Tasks", "Wall s", "CPU s", "MB/CPU-s", "Peak RSS MB", "RSS at start MB", "Source"],
+        out += table(["Stage", "Tasks", "Wall s", "CPU s", "MB/CPU-s", "Peak RSS MB", "RSS at start MB",
+                      "Largest growth in a task MB", "Source"],
                      [[s["stage"], s["tasks"], s["wall_s"], s["cpu_s"], s.get("mb_per_cpu_s"), s["peak_rss_mb"],
-                       s.get("rss_start_mb"), s["source"]] for s in r["stages"]])
+                       s.get("rss_start_mb"), s.get("growth_mb"), s["source"]] for s in r["stages"]])
         if r.get("stages_profile") and r.get("stages_external"):
             out += ["", "The same run by external sampling, per task id (every task, Airflow's own included):", ""]
             out += table(["Task id", "Tasks", "Wall s", "CPU s", "Peak RSS MB", "RSS at start MB"],

@@ -96,7 +96,7 @@ def test_attribution_takes_the_peak_and_cpu_growth_inside_a_task():
            {"task_id": "publish", "start": 3.5, "end": None}]
     rows = bench_scale.stage_rows(tis, samples, corpus_mb=10.0)
     assert [r["stage"] for r in rows] == ["ingest.ingest_shard"] and rows[0]["tasks"] == 2
-    assert rows[0]["peak_rss_mb"] == 900 and rows[0]["wall_s"] == 2.0
+    assert rows[0]["peak_rss_mb"] == 900 and rows[0]["wall_s"] == 2.0 and rows[0]["growth_mb"] == 590
 
 
 def _run(size, rc=0, cpu=100.0, peak=1000.0):
