@@ -285,9 +285,10 @@ def run_size(size_gb: float, a: argparse.Namespace) -> dict:
     if rc == 0:
         from pipeline.tasks.corpus import collect_stats
 
+        stats = collect_stats(rdir)
         res["docs"] = {stage: {"in": sum(v["in_docs"] for v in doms.values()),
-                               "kept": sum(v["kept_docs"] for v in doms.values())}
-                       for stage, doms in collect_stats(rdir).items()}
+                               "kept": sum(v["kept_docs"] for v in doms.values())} for stage, doms in stats.items()}
+        res["quality_by_domain"] = {d: [v["in_docs"], v["kept_docs"]] for d, v in stats.get("quality", {}).items()}
         man = rdir / "mindrecord" / "manifest.json"
         res["tokens"] = json.loads(man.read_text())["tokens"] if man.exists() else None
     print(f"[scale] {tag}: rc {rc}, {wall} s, {cpu} CPU-s, {res['mb_per_cpu_s']} MB/CPU-s, peak task RSS "
@@ -452,6 +453,9 @@ def markdown(res: dict) -> list[str]:
             out += ["", "Documents kept: " + " → ".join(f"{k} {r['docs'][k]['kept']:,}" for k in order
                                                       if k in r["docs"])
                     + (f"; {r['tokens']:,} tokens in the MindRecord set." if r.get("tokens") else ".")]
+        if r.get("quality_by_domain"):
+            out += ["", "Quality filter, kept / in by domain: " + ", ".join(
+                f"{d} {k:,} / {n:,}" for d, (n, k) in r["quality_by_domain"].items()) + "."]
     side = res.get("side") or {}
     if side.get("tokenize"):
         t = side["tokenize"]
