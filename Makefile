@@ -108,9 +108,17 @@ lint: $(STAMP)
 
 # Benchmarks against the peers (datatrove, rensa, datasketch, PyTorch CPU, each installed in its own venv under
 # .cache/bench-venvs/ when missing): every topic one after the other, then benchmarks/results.json and BENCHMARKS.md.
-.PHONY: bench ablation
+.PHONY: bench ablation bench-scale
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py
+
+# Issue 13: corpus_build through `airflow dags test` on corpora of SCALE_SIZES GB recombined from ../shared/corpora
+# (built under .cache/bench-scale/), datatrove on the smallest; then results.json, BENCHMARKS.md (topic `scale`).
+# Hours at 1,4 on a small machine; a 30 MB try: .venv/bin/python benchmarks/bench_scale.py --quick
+SCALE_SIZES ?= 1,4
+bench-scale: $(STAMP)
+	$(PY) benchmarks/bench_scale.py --sizes $(SCALE_SIZES)
+	$(PY) benchmarks/run_all.py --refresh scale
 
 # The debug model trained on the raw vs the curated corpus, and the long-context stage (~15 min on 2 cores).
 ablation: $(STAMP)

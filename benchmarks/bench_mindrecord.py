@@ -71,6 +71,54 @@ def bare_filewriter(path: Path, rows) -> None:
     w.commit()
 
 
+def filewriter_batched(path: Path, rows, batch: int) -> None:
+    """MindSpore's own writer in its fastest plain use: one shard, big pages, ``write_raw_data`` of ``batch`` rows."""
+    from mindspore.mindrecord import FileWriter
+
+    w = FileWriter(str(path), shard_num=1, overwrite=True)
+    w.set_page_size(1 << 26)
+    w.set_header_size(1 << 22)
+    w.add_schema({"input_ids": {"type": "int32", "shape": [rows.shape[1]]}}, "bench")
+    for s in range(0, len(rows), batch):
+        w.write_raw_data([{"input_ids": r} for r in rows[s:s + batch]])
+    w.commit()
+
+
+def compare_writers(rows, work: Path, repeats: int, batches: tuple[int, ...] = (1000, 8192)) -> dict:
+    """Our ``pipeline.sink.writer.write_shard`` (one shard, manifest entry: content and file sha256) against
+    ``FileWriter`` batched (best batch size of ``batches``) and ``ndarray.tofile`` on the same rows, interleaved,
+    best of ``repeats``.  Ratios are throughput ÷ throughput (> 1: ours faster)."""
+    from pipeline.sink.writer import write_shard
+
+    seq_len = rows.shape[1] - 1
+    mb = rows.nbytes / 1e6
+
+    def clean(name):
+        for f in work.glob(name + "*"):
+            f.unlink()
+
+    cases = {"numpy_tofile": lambda: rows.tofile(work / "rows.bin"),
+             "write_shard": lambda: (clean("ours.mindrecord"), write_shard(str(work / "ours.mindrecord"), seq_len, rows))}
+    for b in batches:
+        cases[f"filewriter_batch{b}"] = lambda b=b: filewriter_batched(work / f"fw{b}.mindrecord", rows, b)
+    write_shard(str(work / "warm.mindrecord"), seq_len, rows[:2])      # imports (MindSpore) outside the timings
+    filewriter_batched(work / "warm-fw.mindrecord", rows[:2], 2)
+    times: dict[str, list[float]] = {k: [] for k in cases}
+    for _ in range(repeats):
+        for k, fn in cases.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    best = {k: min(v) for k, v in times.items()}
+    fw = min((k for k in best if k.startswith("filewriter")), key=best.get)
+    return {"rows": int(len(rows)), "seq_len": int(seq_len), "payload_mb": round(mb, 2),
+            "seconds": {k: [round(x, 3) for x in v] for k, v in times.items()},
+            "mb_per_s": {k: round(mb / t, 1) for k, t in best.items()}, "filewriter_best": fw,
+            "ratio_vs_filewriter": round(best[fw] / best["write_shard"], 3),
+            "ratio_vs_tofile": round(best["numpy_tofile"] / best["write_shard"], 4),
+            "filewriter_vs_tofile": round(best["numpy_tofile"] / best[fw], 4)}
+
+
 def read_rate(files: list[str], trainer_like: bool, limit_rows: int) -> float:
     import mindspore.dataset as ds
 

@@ -73,6 +73,22 @@ NOTES = {
         "dominate the small scales and pull the exponent below 1; the per-stage exponents show which stages grow "
         "with the data (ingest, MinHash, quality, tokenize) and which do not. Every copy beyond 1× is either an "
         "exact copy, a near-duplicate or a heavily edited new document, so dedup and the filters do real work."),
+    "scale": (
+        "The input is built by `benchmarks/scale_corpus.py`: every generated document is runs of consecutive "
+        "paragraphs (lines for short documents) drawn by a seeded RNG from many source documents of one domain of "
+        "the shared corpora, with a length drawn from that domain's own documents, so each domain keeps its "
+        "language and size profile and no two documents are exact or near copies. The chain is the real "
+        "`corpus_build` DAG under `airflow dags test`, which in Airflow 3.3 runs every task in the CLI process one "
+        "after the other: per-stage CPU and wall are sums over the stage's task instances (intervals from the "
+        "run's `task_instance` rows, CPU from 0.2 s samples of the process tree), and a task's peak RSS includes "
+        "the Airflow process itself (see *RSS at start*). When the tasks write `profile/` files "
+        "(`pipeline.profile.measured`) those are used instead. Whole-chain MB/CPU-s counts every CPU-second of "
+        "`airflow dags test`, Airflow's own included. datatrove runs FineWeb's filters, its four MinHash stages and "
+        "its DocumentTokenizer (local byte-level BPE of the same vocabulary size) with one task per input file; "
+        "it does no ingest normalization, exact dedup, mixture, packing or MindRecord writing, its "
+        "LanguageFilter drops the Chinese and code documents that mindloom's chains keep, and its English Gopher "
+        "rules drop most non-web documents, so its MinHash and tokenizer see far fewer documents (both sides' kept "
+        "counts are in the tables)."),
     "ablation": (
         "One seed, a 1.8-million-parameter model and a few hundred thousand tokens: differences of a few hundredths "
         "of a nat are within run-to-run noise. The held-out sets are what survives mindloom's filters, i.e. the "
@@ -84,7 +100,8 @@ NOTES = {
 }
 
 
-ORDER = ("ingest", "filters", "minhash", "datasketch", "tokenize", "mindrecord", "train", "scaling", "ablation")
+ORDER = ("ingest", "filters", "minhash", "datasketch", "tokenize", "mindrecord", "train", "scaling", "scale",
+         "ablation")
 
 
 def _ordered(topics: dict) -> list[tuple[str, dict]]:
@@ -202,6 +219,10 @@ def render_detail(name: str, rec: dict) -> list[str]:
         import scaling
 
         return scaling.markdown(rec["results"].get("scaling.json", {}))
+    if name == "scale":
+        import bench_scale
+
+        return bench_scale.markdown(rec["results"].get("scale.json", {}))
     if name == "ablation":
         import ablation_report
 

@@ -37,6 +37,7 @@ from common import REPO  # noqa: E402
 
 TOPIC_ORDER = ("ingest", "filters", "minhash", "datasketch", "tokenize", "mindrecord", "train", "parallel",
                "scaling")
+OPT_IN = ("scale",)            # run only when named in --topics (make bench-scale)
 
 
 def _python_for(topic: dict, peers: dict) -> Path | None:
@@ -138,9 +139,14 @@ def recompute_metrics(results: dict) -> dict:
 
 def refresh_topic(results: dict, name: str) -> dict:
     """The topic's latest results files as its last run (a partial re-run of its script), metrics recomputed."""
-    rec = results["topics"][name]
+    spec = topics.TOPICS[name]
     latest = {f: json.loads((common.RESULTS_DIR / f).read_text()) for f in topics.TOPICS[name]["files"]
               if (common.RESULTS_DIR / f).exists()}
+    if name not in results["topics"]:                  # first results of a topic run on its own (make bench-scale)
+        results["topics"][name] = {"title": spec["title"], "issue": spec["issue"], "wall_s": [], "peak_rss_mb": [],
+                                   "cpu_s": [], "load_avg_before": [], "status": "ok", "date": common.now(),
+                                   "commands": [v["command"] for v in latest.values() if v.get("command")]}
+    rec = results["topics"][name]
     rec["results"] = latest
     rec.setdefault("refreshed", []).append({"date": common.now(), "files": sorted(latest)})
     results["metrics"] = [m for m in results["metrics"] if m["topic"] != name] + topic_metrics(
@@ -209,9 +215,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {md_path}")
         return 0
     chosen = [t.strip() for t in args.topics.split(",") if t.strip()]
-    unknown = sorted(set(chosen) - set(TOPIC_ORDER))
+    unknown = sorted(set(chosen) - set(TOPIC_ORDER) - set(OPT_IN))
     if unknown:
-        ap.error(f"--topics: unknown {unknown} (known: {', '.join(TOPIC_ORDER)})")
+        ap.error(f"--topics: unknown {unknown} (known: {', '.join(TOPIC_ORDER + OPT_IN)})")
     results.update(machine=common.machine(), mode="quick" if args.quick else "full", started=common.now(),
                    repeats=1 if args.quick else args.repeats, last_invocation=chosen)
     t0 = time.time()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -226,6 +227,29 @@ def scaling_metrics(runs: list[dict]) -> list[dict]:
     return scaling.metrics(runs[-1].get("scaling.json", {})) if runs else []
 
 
+SCALE_UNITS = {"run_4gb_completes": "bool", "peak_task_rss_mb": "MB", "peak_rss_move": "share",
+               "chain_mb_per_cpu_s": "MB/CPU-s", "cost_exponent": "exponent", "tokenize_1_to_2_processes": "×",
+               "mindrecord_vs_filewriter": "×", "vs_datatrove_mb_per_cpu_s": "×"}
+
+
+def scale_metrics(runs: list[dict]) -> list[dict]:
+    """Issue #13's targets as bench_scale.py computed them (only those measured in its run), plus context."""
+    res = runs[-1].get("scale.json", {}) if runs else {}
+    sizes = " + ".join(f"{r['size_gb']:g} GB" for r in res.get("runs", []))
+    out = [metric("scale", t["name"], SCALE_UNITS.get(t["name"], ""), [t["value"]], target=t["target"], op=t["op"],
+                  compared=f"corpus_build via airflow dags test, {sizes}", note=t["note"])
+           for t in res.get("targets", []) if t["value"] is not None]
+    mr = res.get("side", {}).get("mindrecord", {})
+    if mr.get("ratio_vs_tofile") is not None:
+        out.append(metric("scale", "mindrecord_vs_tofile", "×", [mr["ratio_vs_tofile"]],
+                          compared=f"ndarray.tofile of the same {mr['rows']} rows of {mr['seq_len'] + 1}"))
+    for r in res.get("runs", []):
+        if r.get("mb_per_cpu_s"):
+            out.append(metric("scale", f"chain_mb_per_cpu_s_{r['size_gb']:g}gb", "MB/CPU-s", [r["mb_per_cpu_s"]],
+                              compared=f"{r['corpus_mb']} MB generated corpus"))
+    return out
+
+
 def _bench(script: str, full: list[str], quick: list[str]):
     return lambda q, r: [[f"benchmarks/{script}", *(quick if q else [a.replace("{r}", str(r)) for a in full])]]
 
@@ -271,6 +295,13 @@ TOPICS: dict[str, dict] = {
     "scaling": {"title": "The whole data chain at 1×–8×", "issue": 10, "python": "project", "needs": [],
                 "files": ["scaling.json"], "argv": _bench("scaling.py", [], ["--quick"]),
                 "outer_runs": lambda r: 1, "metrics": scaling_metrics},
+    # opt-in (not in run_all's default topics): hours at 1 + 4 GB; `make bench-scale` runs it
+    "scale": {"title": "The corpus DAG at scale (1 GB, 4 GB) vs datatrove", "issue": 13, "python": "project",
+              "needs": [], "peers": ["datatrove"], "files": ["scale.json"], "timeout": 12 * 3600,
+              "argv": lambda q, r: [["benchmarks/bench_scale.py", *(["--quick", "--out", "benchmarks/results/scale.json"]
+                                                                    if q else ["--sizes", os.environ.get(
+                                                                        "SCALE_SIZES", "1,4")])]],
+              "outer_runs": lambda r: 1, "metrics": scale_metrics},
 }
 
 

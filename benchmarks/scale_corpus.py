@@ -1,0 +1,179 @@
+"""The large corpus of ``bench_scale.py``: real text of ``../shared/corpora`` recombined into distinct documents.
+
+How a document is made (deterministic for a seed; one ``random.Random(f"{seed}/{domain}")`` stream per domain):
+
+1. every source document of the domain is cut into *units*: its paragraphs (blocks between blank lines) when it has
+   at least ``MIN_PARAGRAPHS`` of them, else its lines (short encyclopedia entries, Chinese poems);
+2. the generated document's length is the length of a source document of the same domain drawn at random, so each
+   domain keeps its own size distribution;
+3. it is filled with *runs* of 1..``RUN_MAX`` consecutive units, each run from a source document drawn at random
+   until it reaches that length, has at least ``MIN_RUNS`` runs from at least two source documents (when the
+   domain has two) and no run is more than a third of it (a large run makes the document grow); a unit is never used twice in one
+   document; runs are joined by a blank line, units inside a run by the source's own separator;
+4. a document whose text was already generated (64-bit blake2b of the text) is drawn again, so no two documents are
+   exact copies.
+
+Domains never mix, so Chinese stays Chinese, code stays code and web stays web, and the quality filters keep a share
+close to what they keep of the source (paragraph-level statistics are the source's; only the joins are new). Two
+generated documents rarely share a run and one shared run is at most a third of each, so their word 5-gram Jaccard
+stays far below MinHash's 0.8 threshold and exact and near dedup keep both (the benchmark reports what they
+removed).
+
+Sizes are UTF-8 bytes of text, split over the domains in the source files' proportions; each domain is written as
+``<out>/<domain>/part-NNNNN.jsonl`` files of at most ``file_mb`` MB (at least two per domain).  ``<out>/corpus.json``
+records the parameters and counts; a folder with the same parameters is reused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import time
+from pathlib import Path
+
+MIN_PARAGRAPHS = 4
+RUN_MAX = 6
+MIN_RUNS = 3
+FORMAT = 3            # bump when the recipe changes: cached corpora are rebuilt
+
+
+class SourceMissing(SystemExit):
+    """The source corpus is absent (e.g. in CI): the benchmark cannot build its input."""
+
+
+def _units(text: str) -> tuple[list[str], str]:
+    paras = [p for p in text.split("\n\n") if p.strip()]
+    if len(paras) >= MIN_PARAGRAPHS:
+        return paras, "\n\n"
+    return [ln for ln in text.split("\n") if ln.strip()], "\n"
+
+
+def _esc(s: str) -> str:
+    return json.dumps(s, ensure_ascii=False)[1:-1]
+
+
+class DomainPool:
+    """One domain's source documents, cut into units with their JSON-escaped text and byte sizes."""
+
+    def __init__(self, domain: str, texts: list[str]):
+        self.domain = domain
+        self.docs: list[tuple[list[str], list[int], str]] = []
+        self.lengths: list[int] = []
+        for t in texts:
+            units, sep = _units(t)
+            if units:
+                self.docs.append(([_esc(u) for u in units], [len(u.encode("utf-8")) for u in units], _esc(sep)))
+                self.lengths.append(len(t.encode("utf-8")))
+        if not self.docs:
+            raise ValueError(f"domain {domain}: no text")
+
+    def document(self, rng: random.Random) -> tuple[str, int, int]:
+        """(escaped text, UTF-8 bytes, distinct sources) of one generated document.
+
+        Runs are added until the drawn length is reached, there are ``MIN_RUNS`` runs from two sources, and no run
+        is more than a third of the document, so two documents sharing one run have a Jaccard of at most about 0.2
+        (a document with one large run grows to three times that run).
+        """
+        target = max(rng.choice(self.lengths), 64)
+        n = len(self.docs)
+        parts: list[str] = []
+        used: set[tuple[int, int]] = set()
+        sources: set[int] = set()
+        size = largest = attempts = 0
+        while (size < target or len(parts) < MIN_RUNS or len(sources) < min(2, n)
+               or largest * MIN_RUNS > size) and attempts < 10_000:
+            attempts += 1
+            j = rng.randrange(n)
+            units, sizes, sep = self.docs[j]
+            start = rng.randrange(len(units))
+            run = [k for k in range(start, min(start + rng.randint(1, RUN_MAX), len(units))) if (j, k) not in used]
+            if not run:
+                continue
+            used.update((j, k) for k in run)
+            sources.add(j)
+            parts.append(sep.join(units[k] for k in run))
+            run_bytes = sum(sizes[k] for k in run)
+            largest = max(largest, run_bytes)
+            size += run_bytes + 2
+        return "\\n\\n".join(parts), size - 2, len(sources)
+
+
+def load_pools(src: Path) -> dict[str, DomainPool]:
+    files = sorted(src.glob("*.jsonl")) if src.is_dir() else []
+    if not files:
+        raise SourceMissing(f"bench-scale needs the source corpora: no {src}/*.jsonl (the shared corpora, "
+                            "../shared/corpora, are absent here; pass --source DIR with <domain>.jsonl files)")
+    pools = {}
+    for f in files:
+        with open(f, encoding="utf-8") as fh:
+            pools[f.stem] = DomainPool(f.stem, [json.loads(x)["text"] for x in fh if x.strip()])
+    return pools
+
+
+def domain_targets(src: Path, total_bytes: int) -> dict[str, int]:
+    """Bytes per domain, in the proportions of the source files."""
+    sizes = {f.stem: f.stat().st_size for f in sorted(src.glob("*.jsonl"))}
+    whole = sum(sizes.values())
+    return {d: int(total_bytes * s / whole) for d, s in sizes.items()}
+
+
+def build(src: Path, out: Path, total_mb: float, seed: int = 1234, file_mb: float = 256.0,
+          log=print) -> dict:
+    """Write the corpus (or reuse it when ``out/corpus.json`` has the same parameters); return that record."""
+    params = {"format": FORMAT, "source": str(src.resolve()), "total_mb": total_mb, "seed": seed, "file_mb": file_mb,
+              "min_paragraphs": MIN_PARAGRAPHS, "run_max": RUN_MAX, "min_runs": MIN_RUNS}
+    meta = out / "corpus.json"
+    if meta.exists():
+        old = json.loads(meta.read_text())
+        if old.get("params") == params:
+            return old
+    pools = load_pools(src)
+    t0 = time.perf_counter()
+    out.mkdir(parents=True, exist_ok=True)
+    domains = {}
+    for dom, want in domain_targets(src, int(total_mb * 1e6)).items():
+        pool, rng = pools[dom], random.Random(f"{seed}/{dom}")
+        n_files = max(2, -(-want // int(file_mb * 1e6)))
+        per_file = want / n_files
+        ddir = out / dom
+        ddir.mkdir(exist_ok=True)
+        for old in ddir.glob("*.jsonl"):
+            old.unlink()
+        seen: set[bytes] = set()
+        docs = written = redrawn = 0
+        sources = 0
+        extra = ', "lang": "code"' if dom == "code" else ""
+        for fi in range(n_files):
+            with open(ddir / f"part-{fi:05d}.jsonl", "w", encoding="utf-8") as fh:
+                while written < per_file * (fi + 1):
+                    text, size, nsrc = pool.document(rng)
+                    key = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+                    if key in seen:
+                        redrawn += 1
+                        if redrawn > 1000 + docs:
+                            raise RuntimeError(f"{dom}: cannot draw distinct documents")
+                        continue
+                    seen.add(key)
+                    fh.write(f'{{"id": "{dom}/s{seed}/{docs:09d}", "domain": "{dom}"{extra}, '
+                             f'"source": "bench-scale", "text": "{text}"}}\n')
+                    docs += 1
+                    written += size
+                    sources += nsrc
+        domains[dom] = {"files": n_files, "docs": docs, "text_bytes": written, "redrawn_duplicates": redrawn,
+                        "mean_sources_per_doc": round(sources / max(docs, 1), 2),
+                        "source_docs": len(pool.docs)}
+        log(f"  corpus {dom}: {docs} docs, {written / 1e6:.1f} MB in {n_files} files")
+    rec = {"params": params, "domains": domains, "text_bytes": sum(d["text_bytes"] for d in domains.values()),
+           "docs": sum(d["docs"] for d in domains.values()), "build_s": round(time.perf_counter() - t0, 1)}
+    meta.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def shingle_jaccard(a: str, b: str, n: int = 5) -> float:
+    """Word n-gram Jaccard of two texts (what MinHash estimates), for checks."""
+    def grams(t):
+        w = t.split()
+        return {tuple(w[i:i + n]) for i in range(max(len(w) - n + 1, 1))}
+    ga, gb = grams(a), grams(b)
+    return len(ga & gb) / max(len(ga | gb), 1)

@@ -1,0 +1,158 @@
+"""The pure parts of ``benchmarks/bench_scale.py`` (issue 13): the recombined corpus is deterministic, keeps each
+domain's text and has no duplicate documents; per-task attribution of sampled RSS/CPU; the targets block.
+
+Fast and self-contained: a tiny source corpus in ``tmp_path`` made of real text (standard-library source and
+docstrings, and a few lines of Tang poetry), never ``../shared``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import prose_records, stdlib_records, write_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import bench_scale  # noqa: E402
+import scale_corpus  # noqa: E402
+
+POEMS = ["床前明月光，疑是地上霜。\n举头望明月，低头思故乡。", "白日依山尽，黄河入海流。\n欲穷千里目，更上一层楼。",
+         "春眠不觉晓，处处闻啼鸟。\n夜来风雨声，花落知多少。", "红豆生南国，春来发几枝。\n愿君多采撷，此物最相思。",
+         "千山鸟飞绝，万径人踪灭。\n孤舟蓑笠翁，独钓寒江雪。", "独在异乡为异客，每逢佳节倍思亲。\n遥知兄弟登高处，遍插茱萸少一人。"]
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory) -> Path:
+    src = tmp_path_factory.mktemp("src")
+    write_jsonl(src / "code.jsonl", stdlib_records(10))
+    write_jsonl(src / "web.jsonl", prose_records(30))
+    write_jsonl(src / "zh.jsonl", [{"id": f"zh/{i}", "text": p} for i, p in enumerate(POEMS)])
+    return src
+
+
+def _docs(folder: Path, domain: str) -> list[dict]:
+    return [json.loads(x) for f in sorted((folder / domain).glob("*.jsonl")) for x in f.read_text("utf-8").splitlines()]
+
+
+def test_corpus_is_deterministic_by_seed(source, tmp_path):
+    a = scale_corpus.build(source, tmp_path / "a", 0.3, seed=7, file_mb=0.05, log=lambda *_: None)
+    b = scale_corpus.build(source, tmp_path / "b", 0.3, seed=7, file_mb=0.05, log=lambda *_: None)
+    c = scale_corpus.build(source, tmp_path / "c", 0.3, seed=8, file_mb=0.05, log=lambda *_: None)
+    files = sorted(p.relative_to(tmp_path / "a") for p in (tmp_path / "a").glob("*/*.jsonl"))
+    assert files and files == sorted(p.relative_to(tmp_path / "b") for p in (tmp_path / "b").glob("*/*.jsonl"))
+    assert all((tmp_path / "a" / f).read_bytes() == (tmp_path / "b" / f).read_bytes() for f in files)
+    assert a["domains"] == b["domains"] and a["text_bytes"] >= 0.29e6
+    assert _docs(tmp_path / "a", "web") != _docs(tmp_path / "c", "web")
+    assert c["params"]["seed"] == 8
+    assert all(d["files"] >= 2 for d in a["domains"].values())        # several files per domain
+    # same parameters: reused, not rebuilt
+    stamp = (tmp_path / "a" / "corpus.json").stat().st_mtime_ns
+    scale_corpus.build(source, tmp_path / "a", 0.3, seed=7, file_mb=0.05, log=lambda *_: None)
+    assert (tmp_path / "a" / "corpus.json").stat().st_mtime_ns == stamp
+
+
+def test_documents_are_distinct_and_stay_in_their_domain(source, tmp_path):
+    scale_corpus.build(source, tmp_path, 0.3, seed=3, file_mb=0.05, log=lambda *_: None)
+    src_units = {}
+    for f in source.glob("*.jsonl"):
+        units = set()
+        for x in f.read_text("utf-8").splitlines():
+            units.update(scale_corpus._units(json.loads(x)["text"])[0])
+        src_units[f.stem] = units
+    for dom in ("code", "web", "zh"):
+        docs = _docs(tmp_path, dom)
+        texts = [d["text"] for d in docs]
+        assert len(docs) > 5 and len(set(texts)) == len(texts)               # no exact copies
+        assert len({d["id"] for d in docs}) == len(docs) and all(d["domain"] == dom for d in docs)
+        for t in texts:                           # every paragraph/line is one of this domain's own
+            pieces = [u for run in t.split("\n\n") for u in scale_corpus._units(run)[0] or [run]]
+            assert all(p in src_units[dom] or any(p in u for u in src_units[dom]) for p in pieces)
+        if dom != "zh":                           # far below MinHash's 0.8 threshold
+            worst = max(scale_corpus.shingle_jaccard(x, y) for x, y in itertools.combinations(texts[:40], 2))
+            assert worst < 0.5
+    assert all("\u4e00" <= c <= "\u9fff" or not c.isalpha() for d in _docs(tmp_path, "zh") for c in d["text"])
+
+
+def test_missing_source_fails_clearly(tmp_path, capsys):
+    with pytest.raises(scale_corpus.SourceMissing, match="source corpora"):
+        scale_corpus.load_pools(tmp_path / "absent")
+    assert bench_scale.main(["--quick", "--source", str(tmp_path / "absent"), "--work", str(tmp_path / "w")]) == 2
+    assert "shared corpora are absent" in capsys.readouterr().err
+
+
+def test_attribution_takes_the_peak_and_cpu_growth_inside_a_task():
+    samples = [(0.0, 300, 1.0), (1.0, 310, 1.5), (2.0, 900, 3.0), (3.0, 320, 4.0), (4.0, 330, 4.2)]
+    a = bench_scale.attribute(samples, 0.9, 3.1)
+    assert a["peak_rss_mb"] == 900 and a["rss_start_mb"] == 300 and a["cpu_s"] == pytest.approx(4.02 - 1.45)
+    halves = [bench_scale.attribute(samples, x, y)["cpu_s"] for x, y in ((0.5, 2.5), (2.5, 3.7))]
+    assert sum(halves) == pytest.approx(bench_scale.attribute(samples, 0.5, 3.7)["cpu_s"], abs=0.02)
+    tis = [{"task_id": "ingest.ingest_shard", "start": 0.5, "end": 1.5}, {"task_id": "ingest.ingest_shard",
+                                                                           "start": 1.5, "end": 2.5},
+           {"task_id": "publish", "start": 3.5, "end": None}]
+    rows = bench_scale.stage_rows(tis, samples, corpus_mb=10.0)
+    assert [r["stage"] for r in rows] == ["ingest.ingest_shard"] and rows[0]["tasks"] == 2
+    assert rows[0]["peak_rss_mb"] == 900 and rows[0]["wall_s"] == 2.0 and rows[0]["growth_mb"] == 590
+
+
+def _run(size, rc=0, cpu=100.0, peak=1000.0):
+    mb = size * 1000
+    return {"size_gb": size, "rc": rc, "corpus_mb": mb, "cpu_s": cpu, "mb_per_cpu_s": mb / cpu,
+            "peak_task_rss_mb": peak}
+
+
+def test_targets_are_computed_from_the_figures():
+    side = {"tokenize": {"speedup": 1.9}, "mindrecord": {"ratio_vs_filewriter": 0.7}}
+    peer = {"mb_per_cpu_s": 2.0}
+    t = {x["name"]: x for x in bench_scale.targets([_run(1, cpu=400, peak=1000), _run(4, cpu=1700, peak=1300)],
+                                                   side, peer)}
+    assert t["run_4gb_completes"]["met"] is True
+    assert t["peak_task_rss_mb"]["value"] == 1300 and t["peak_task_rss_mb"]["met"] is True
+    assert t["peak_rss_move"]["value"] == 0.3 and t["peak_rss_move"]["met"] is False
+    assert t["cost_exponent"]["value"] == pytest.approx(1.044, abs=1e-3) and t["cost_exponent"]["met"] is True
+    assert t["chain_mb_per_cpu_s"]["value"] == pytest.approx(4000 / 1700) and t["chain_mb_per_cpu_s"]["met"] is True
+    assert t["tokenize_1_to_2_processes"]["met"] is True and t["mindrecord_vs_filewriter"]["met"] is False
+    assert t["vs_datatrove_mb_per_cpu_s"]["value"] == 1.25 and t["vs_datatrove_mb_per_cpu_s"]["met"] is False
+    # one quick size: what needs two sizes or a 4 GB run is not measured (None), never guessed
+    q = {x["name"]: x for x in bench_scale.targets([_run(0.03)], None, None)}
+    assert q["run_4gb_completes"]["met"] is None and q["cost_exponent"]["value"] is None
+    assert q["peak_rss_move"]["met"] is None and q["vs_datatrove_mb_per_cpu_s"]["met"] is None
+    # a failed 4 GB run is a miss
+    f = {x["name"]: x for x in bench_scale.targets([_run(1), _run(4, rc=1)], None, None)}
+    assert f["run_4gb_completes"]["met"] is False and f["cost_exponent"]["value"] is None
+
+
+def test_profile_files_are_summed_per_stage(tmp_path):
+    for unit, (wall, cpu, peak) in {"shard-0": (2.0, 1.5, 500.0), "shard-1": (3.0, 2.5, 700.0)}.items():
+        f = tmp_path / "profile" / "ingest" / f"{unit}.json"
+        f.parent.mkdir(parents=True, exist_ok=True)
+        f.write_text(json.dumps({"stage": "ingest", "unit": unit, "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak,
+                                 "input_bytes": 4_000_000}))
+    (row,) = bench_scale.profile_rows(tmp_path, corpus_mb=8.0)
+    assert row == {"stage": "ingest", "tasks": 2, "wall_s": 5.0, "cpu_s": 4.0, "peak_rss_mb": 700.0, "input_mb": 8.0,
+                   "mb_per_cpu_s": 2.0, "source": "profile/"}
+    assert bench_scale.profile_rows(tmp_path / "none", corpus_mb=8.0) == []
+
+
+def test_scale_topic_merges_into_results_and_renders(tmp_path, monkeypatch):
+    import common
+    import report
+    import run_all
+
+    res = {"command": "benchmarks/bench_scale.py --sizes 1", "runs": [], "targets": bench_scale.targets(
+        [_run(1, cpu=400, peak=1000)], {"tokenize": {"speedup": 1.9}, "mindrecord": {"ratio_vs_filewriter": 0.9}},
+        {"mb_per_cpu_s": 1.0})}
+    (tmp_path / "scale.json").write_text(json.dumps(res))
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    merged = run_all.refresh_topic({"topics": {}, "metrics": []}, "scale")
+    by_name = {m["name"]: m for m in merged["metrics"]}
+    assert by_name["scale.vs_datatrove_mb_per_cpu_s"]["median"] == 2.5 and by_name[
+        "scale.vs_datatrove_mb_per_cpu_s"]["met"] is True
+    assert by_name["scale.peak_task_rss_mb"]["issue"] == 13 and "scale.cost_exponent" not in by_name   # not measured
+    assert merged["topics"]["scale"]["commands"] == ["benchmarks/bench_scale.py --sizes 1"]
+    md = report.render(merged)
+    assert "## The corpus DAG at scale" in md and "| cost_exponent | – | <= 1.05 | – | needs two sizes |" in md
