@@ -11,6 +11,9 @@ are what ``make bench-scale`` reports per stage and what a user reads when a tas
   ``SAMPLE_S`` seconds (a pool's workers count together, as they would against a worker's memory limit);
 * ``input_bytes`` when the caller knows it, and whatever the caller adds to the yielded dict.
 
+Inside the block, worker processes started by ``spawn``/``forkserver`` pools do not re-import the parent's main
+script (:mod:`pipeline.pools`).
+
 Sampling costs one ``/proc`` read per process per 0.1 s; a short spike between samples can be missed, so peaks are
 a lower bound within one sampling period.
 """
@@ -25,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.io import write_json
+from pipeline.pools import main_hidden
 
 SAMPLE_S = 0.1
 PROFILE_DIR = "profile"
@@ -66,6 +70,23 @@ class _Sampler(threading.Thread):
         return sum(v - self.before.get(k, 0.0) for k, v in self.cpu.items())
 
 
+def release_memory() -> None:
+    """Hand freed heap back to the OS (Python's gc, glibc's arenas, pyarrow's pool) at the end of a task, so a
+    process that runs many tasks (``airflow dags test``, a long-lived worker) does not carry one task's peak into
+    the next."""
+    import ctypes
+    import gc
+    import sys
+
+    gc.collect()
+    if "pyarrow" in sys.modules:
+        sys.modules["pyarrow"].default_memory_pool().release_unused()
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):      # not glibc
+        pass
+
+
 def _cpu() -> tuple[float, float]:
     """(this process, the children it waited for) in user + system seconds."""
     t = os.times()
@@ -85,8 +106,10 @@ def measured(rdir: str | Path | None, stage: str, unit: str, input_bytes: int | 
     sampler.start()
     t0, c0 = time.perf_counter(), _cpu()
     try:
-        yield out
+        with main_hidden():       # the task's pools start light (pipeline/pools.py)
+            yield out
     finally:
+        release_memory()
         sampler.stop.set()
         sampler.join()
         peak = max(sampler.peak, tree_rss(sampler.proc, sampler.cpu))

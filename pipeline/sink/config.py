@@ -22,8 +22,10 @@ class PackConfig:
     domain_field: bool = _f(True, desc="Write a domain_id column (domain of each row's first token, indexed).")
     boundaries: bool = _f(False, desc="Write a segment_starts column (positions where a document starts in the "
                           "row, 0 always listed) so attention can be reset at document boundaries.")
-    write_workers: int = _f(0, desc="Processes writing MindRecord files in parallel inside one writer task "
-                            "(0: every core of the worker).", ge=0, le=256)
+    write_workers: int = _f(1, desc="Processes writing MindRecord files in parallel inside one writer task (0: "
+                            "every core of the worker). Files are also written in parallel by the mapped writer "
+                            "tasks; each process holds MindSpore (~0.4 GB) and one file's tokens (~2x shard_mb).",
+                            ge=0, le=256)
 
 
 @dataclass
