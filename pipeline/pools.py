@@ -1,4 +1,12 @@
-"""Worker processes that start light: spawned and forkserver workers do not re-import the parent's ``__main__``.
+"""Process pools inside a task: allowed under Celery, and workers that start light.
+
+A Celery worker (prefork) runs Airflow's task supervisor in a daemonic process, and a process that multiprocessing
+marks daemonic may not start children ("daemonic processes are not allowed to have children"): every pipeline pool
+failed on Celery workers as soon as a task had more than one shard.  Our pools are always joined before the task
+returns (context managers), so the rule's reason (orphans when a daemon exits) does not apply; :func:`task_pools`
+lifts the flag while a task runs.
+
+Spawned and forkserver workers should also not re-import the parent's ``__main__``.
 
 ``multiprocessing`` prepares every spawned (and the forkserver) process by importing the parent's main script
 as ``__mp_main__``.  Inside an Airflow task that script is the ``airflow`` CLI: each pool worker imported all of
@@ -14,6 +22,21 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _MISSING = object()
+
+
+@contextmanager
+def task_pools() -> Iterator[None]:
+    """While a task runs: its pools may start children in a daemonic process, and start without ``__main__``."""
+    import multiprocessing
+
+    config = multiprocessing.current_process()._config      # where multiprocessing keeps the daemon flag
+    daemon = config.pop("daemon", None)
+    try:
+        with main_hidden():
+            yield
+    finally:
+        if daemon is not None:
+            config["daemon"] = daemon
 
 
 @contextmanager

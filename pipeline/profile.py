@@ -11,8 +11,8 @@ are what ``make bench-scale`` reports per stage and what a user reads when a tas
   ``SAMPLE_S`` seconds (a pool's workers count together, as they would against a worker's memory limit);
 * ``input_bytes`` when the caller knows it, and whatever the caller adds to the yielded dict.
 
-Inside the block, worker processes started by ``spawn``/``forkserver`` pools do not re-import the parent's main
-script (:mod:`pipeline.pools`).
+Inside the block, process pools may start even in a daemonic process (a Celery worker) and their workers do not
+re-import the parent's main script (:mod:`pipeline.pools`).
 
 Sampling costs one ``/proc`` read per process per 0.1 s; a short spike between samples can be missed, so peaks are
 a lower bound within one sampling period.
@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from pipeline.io import write_json
-from pipeline.pools import main_hidden
+from pipeline.pools import task_pools
 
 SAMPLE_S = 0.1
 PROFILE_DIR = "profile"
@@ -106,7 +106,7 @@ def measured(rdir: str | Path | None, stage: str, unit: str, input_bytes: int | 
     sampler.start()
     t0, c0 = time.perf_counter(), _cpu()
     try:
-        with main_hidden():       # the task's pools start light (pipeline/pools.py)
+        with task_pools():       # the task's pools work on Celery workers and start light (pipeline/pools.py)
             yield out
     finally:
         release_memory()
