@@ -4,7 +4,8 @@ A Celery worker (prefork) runs Airflow's task supervisor in a daemonic process, 
 marks daemonic may not start children ("daemonic processes are not allowed to have children"): every pipeline pool
 failed on Celery workers as soon as a task had more than one shard.  Our pools are always joined before the task
 returns (context managers), so the rule's reason (orphans when a daemon exits) does not apply; :func:`task_pools`
-lifts the flag while a task runs.
+lifts the flag while a task runs, and gives the process a multiprocessing authentication key in place of
+billiard's (which refuses to be pickled into a spawned worker).
 
 Spawned and forkserver workers should also not re-import the parent's ``__main__``.
 
@@ -28,15 +29,21 @@ _MISSING = object()
 def task_pools() -> Iterator[None]:
     """While a task runs: its pools may start children in a daemonic process, and start without ``__main__``."""
     import multiprocessing
+    from multiprocessing.process import AuthenticationString
 
     config = multiprocessing.current_process()._config      # where multiprocessing keeps the daemon flag
     daemon = config.pop("daemon", None)
+    authkey = config.get("authkey")
+    if authkey is not None and type(authkey) is not AuthenticationString:     # billiard's (Celery) cannot be
+        config["authkey"] = AuthenticationString(bytes(authkey))             # pickled into a spawned worker
     try:
         with main_hidden():
             yield
     finally:
         if daemon is not None:
             config["daemon"] = daemon
+        if authkey is not None:
+            config["authkey"] = authkey
 
 
 @contextmanager

@@ -38,3 +38,17 @@ def test_main_script_is_hidden_only_inside_the_block():
         assert getattr(main, "__spec__", None) is None and not hasattr(main, "__file__")
         assert not mp.current_process()._config.get("daemon")
     assert (getattr(main, "__file__", None), getattr(main, "__spec__", None)) == before
+
+
+def test_a_task_in_a_celery_prefork_process_can_run_its_pool():
+    """Celery's prefork pool is billiard: its processes are daemonic and carry billiard's authentication key, which
+    multiprocessing's spawn refuses to pickle unless the task's pools swap it (seen on the live Celery workers)."""
+    import pytest
+
+    billiard = pytest.importorskip("billiard")
+    q = billiard.get_context("fork").Queue()
+    p = billiard.get_context("fork").Process(target=_in_daemon, args=(q,), daemon=True)
+    p.start()
+    got = q.get(timeout=120)
+    p.join(30)
+    assert got == ("ok", [1, 2, 3])
