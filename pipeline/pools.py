@@ -65,3 +65,26 @@ def main_hidden() -> Iterator[None]:
                 vars(main).pop(k, None)
             else:
                 setattr(main, k, v)
+
+
+def ordered_map(fn, batches, workers: int, preload: str, initializer, initargs: tuple):
+    """Yield ``fn(batch)`` for every batch, in input order, from ``workers`` forkserver processes.
+
+    forkserver: workers fork from a clean server process (no inherited pyarrow threads, unlike fork) that preloads
+    ``preload`` instead of the caller's ``__main__``.  At most ``2 * workers`` batches are in flight, so memory is
+    bounded by the batch size.  A dead worker raises ``BrokenProcessPool`` for the caller to name.
+    """
+    import multiprocessing as mp
+    from collections import deque
+    from concurrent.futures import ProcessPoolExecutor
+
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([preload])
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=initargs) as pool:
+        window: deque = deque()
+        for batch in batches:
+            window.append(pool.submit(fn, batch))
+            if len(window) >= 2 * workers:
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()

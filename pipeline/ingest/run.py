@@ -39,7 +39,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections import Counter, deque
+from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -276,26 +276,17 @@ def _results(items: Iterator, workers: int, init_args: tuple) -> Iterator[tuple]
         for batch in _batches(items):
             yield from _process_batch(batch)
         return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    # forkserver: workers fork from a clean server process (no inherited pyarrow threads, unlike fork) that
-    # preloads this module instead of the caller's __main__ (the Airflow task runner, a test, a CLI script).
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["pipeline.ingest.run"])
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=init_args) as pool:
-        window: deque = deque()
-        try:
-            for batch in _batches(items):
-                window.append(pool.submit(_process_batch, batch))
-                if len(window) >= 2 * workers:
-                    yield from window.popleft().result()
-            while window:
-                yield from window.popleft().result()
-        except BrokenProcessPool as exc:
-            raise IngestError(f"a worker process died ({exc}); rerun with ingest.workers: 1 to see which record "
-                              "kills it") from None
+    from pipeline.pools import ordered_map
+
+    try:
+        for done in ordered_map(_process_batch, _batches(items), workers, "pipeline.ingest.run", _init_worker,
+                                init_args):
+            yield from done
+    except BrokenProcessPool as exc:
+        raise IngestError(f"a worker process died ({exc}); rerun with ingest.workers: 1 to see which record "
+                          "kills it") from None
 
 
 # --------------------------------------------------------------------------------------------------------------

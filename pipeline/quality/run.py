@@ -31,7 +31,6 @@ import dataclasses
 import hashlib
 import json
 import logging
-from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -194,25 +193,17 @@ def _results(items: Iterator[tuple], sizes: list[int], workers: int, init_args: 
         for item in items:
             yield _score_one(*item)
         return
-    import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    # forkserver, as in ingest: workers fork from a clean server process that preloads this module only.
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["pipeline.quality.run"])
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_init_worker, initargs=init_args) as pool:
-        window: deque = deque()
-        try:
-            for batch in _batches(items, sizes):
-                window.append(pool.submit(_score_batch, batch))
-                if len(window) >= 2 * workers:
-                    yield from window.popleft().result()
-            while window:
-                yield from window.popleft().result()
-        except BrokenProcessPool as exc:
-            raise QualityError(f"quality/{init_args[1]}: a worker process died ({exc}); rerun with "
-                               "quality.workers: 1 to see which document kills it") from None
+    from pipeline.pools import ordered_map
+
+    try:
+        for done in ordered_map(_score_batch, _batches(items, sizes), workers, "pipeline.quality.run",
+                                _init_worker, init_args):
+            yield from done
+    except BrokenProcessPool as exc:
+        raise QualityError(f"quality/{init_args[1]}: a worker process died ({exc}); rerun with "
+                           "quality.workers: 1 to see which document kills it") from None
 
 
 def _tables(table: Any, chains: dict[str, Chain], rows: list[dict], keep: list[bool], texts: list[str]):
