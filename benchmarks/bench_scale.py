@@ -4,8 +4,16 @@
     make bench-scale [SCALE_SIZES=1,4]          # then merges the results into results.json / BENCHMARKS.md
 
 Input: ``benchmarks/scale_corpus.py`` recombines the real text of ``../shared/corpora`` into distinct documents of
-the same domains (how: that module's docstring) at each size in GB (``--quick``: one 30 MB corpus).  Without the
-shared corpora the script stops with a message saying so.
+the same domains (how: that module's docstring) at each size in GB (``--quick``: one 30 MB corpus), then plants
+about 30 % duplicates with known truth (15 % exact copies, 15 % near copies with 2 % of the tokens replaced;
+``--dup-exact``/``--dup-near``), so both dedup stages do real work; ``scale_truth.py`` scores what they removed
+(recall, precision, MinHash recall per true-Jaccard bucket against the banding's prediction).  Without the shared
+corpora the script stops with a message saying so.
+
+Each size runs ``--runs`` times (default 3; ``scale_stats.py``): the figures are the median run's, with the
+median, min and max of every headline figure, and each stage's CPU exponent between the smallest and largest size
+from the stages' median CPU.  After each DAG run the same config also runs through ``mindloom corpus``
+(``--no-cli`` skips it), for the DAG-vs-CLI CPU ratio.
 
 The chain: ``airflow dags test corpus_build`` in an isolated ``AIRFLOW_HOME`` (SQLite, under ``--work``), with
 ``MINDLOOM_CONFIG`` pointing at a YAML written here: ``configs/default.yaml`` (default quality chains, tokenizer,
@@ -56,13 +64,16 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_corpus  # noqa: E402
+import scale_stats  # noqa: E402
+import scale_truth  # noqa: E402
 from common import REPO, RESULTS_DIR, SHARED_CORPORA, loglog_slope, machine  # noqa: E402
 
 QUICK_GB = 0.03
 WORK = REPO / ".cache" / "bench-scale"
 SAMPLE_S = 0.2
 TARGETS = {"peak_rss_mb": 2048.0, "peak_move": 0.25, "chain_mb_per_cpu_s": 2.0, "cost_exponent": 1.05,
-           "tokenize_1_to_2": 1.8, "mindrecord_vs_filewriter": 0.8, "vs_datatrove": 2.0}
+           "tokenize_1_to_2": 1.8, "mindrecord_vs_filewriter": 0.8, "vs_datatrove": 2.0, "stage_exponent": 1.05,
+           "exact_recall": 1.0, "minhash_recall_gap": 0.02, "dag_over_cli": 1.10}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -246,7 +257,8 @@ def run_size(size_gb: float, a: argparse.Namespace) -> dict:
     tag = f"{size_gb:g}gb"
     corpus_dir = a.work / f"corpus-{tag}"
     print(f"[scale] {tag}: corpus -> {corpus_dir}", flush=True)
-    corpus = scale_corpus.build(a.source, corpus_dir, size_gb * 1000, seed=a.seed, file_mb=a.file_mb)
+    corpus = scale_corpus.build(a.source, corpus_dir, size_gb * 1000, seed=a.seed, file_mb=a.file_mb,
+                                dup_exact=a.dup_exact, dup_near=a.dup_near)
     corpus_mb = corpus["text_bytes"] / 1e6
     run = a.work / f"run-{tag}"
     shutil.rmtree(run, ignore_errors=True)
@@ -291,9 +303,32 @@ def run_size(size_gb: float, a: argparse.Namespace) -> dict:
         res["quality_by_domain"] = {d: [v["in_docs"], v["kept_docs"]] for d, v in stats.get("quality", {}).items()}
         man = rdir / "mindrecord" / "manifest.json"
         res["tokens"] = json.loads(man.read_text())["tokens"] if man.exists() else None
+        mh = json.loads((rdir / "config.json").read_text())["minhash"]
+        res["dedup_truth"] = scale_truth.evaluate(rdir, corpus_dir / "truth.jsonl", mh["bands"], mh["rows"],
+                                                  mh["threshold"])
+    if a.cli:
+        res.update(cli_path(cfg_path, run, env, a, corpus_mb, res.get("tokens")))
+        res["dag_over_cli"] = round(res["cpu_s"] / res["cli_cpu_s"], 3) if res.get("cli_cpu_s") else None
     print(f"[scale] {tag}: rc {rc}, {wall} s, {cpu} CPU-s, {res['mb_per_cpu_s']} MB/CPU-s, peak task RSS "
           f"{res['peak_task_rss_mb']} MB", flush=True)
     return res
+
+
+def cli_path(cfg_path: Path, run: Path, env: dict, a: argparse.Namespace, corpus_mb: float, tokens) -> dict:
+    """The same config through ``mindloom corpus`` (no Airflow): its CPU, and the DAG path's CPU over it."""
+    data = run / "data"
+    argv = [str(Path(sys.executable).parent / "mindloom"), "corpus", "--config", str(cfg_path), "--run-id", "cli"]
+    print(f"[scale] {run.name}: mindloom corpus (the CLI path) ...", flush=True)
+    m = measured(argv, log=run / "cli.log", env=env, timeout=a.timeout, cwd=run)
+    m.pop("samples")
+    from pipeline.io import run_dir
+
+    man = run_dir(data, "cli") / "mindrecord" / "manifest.json"
+    cli_tokens = json.loads(man.read_text())["tokens"] if man.exists() else None
+    shutil.rmtree(run_dir(data, "cli"), ignore_errors=True)
+    return {"cli_rc": m["rc"], "cli_wall_s": m["wall_s"], "cli_cpu_s": m["cpu_s"],
+            "cli_mb_per_cpu_s": round(corpus_mb / m["cpu_s"], 3) if m["cpu_s"] else None,
+            "cli_tokens_equal": cli_tokens == tokens if tokens is not None else None}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -424,6 +459,33 @@ def targets(runs: list[dict], side: dict | None, peer: dict | None) -> list[dict
         ratio = round(small["mb_per_cpu_s"] / peer["mb_per_cpu_s"], 3)
     out.append(_t("vs_datatrove_mb_per_cpu_s", ratio, TARGETS["vs_datatrove"], ">=",
                   _cmp(ratio, TARGETS["vs_datatrove"], ">="), "same corpus; mindloom ÷ datatrove"))
+    return out + dedup_and_stage_targets(ok, small, large, two)
+
+
+def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dict]:
+    """Issue #23's targets: per-stage exponents, dedup against the planted truth, DAG vs CLI CPU."""
+    out = []
+    rows = scale_stats.stage_exponents(small, large) if two else []
+    worst = max((r for r in rows if r["exponent"] is not None), key=lambda r: r["exponent"], default=None)
+    out.append(_t("worst_stage_exponent", worst["exponent"] if worst else None, TARGETS["stage_exponent"], "<=",
+                  _cmp(worst["exponent"] if worst else None, TARGETS["stage_exponent"], "<="),
+                  f"stage {worst['stage']} (median CPU of the repeats)" if worst else "needs two sizes"))
+    truths = [r["dedup_truth"] for r in ok if r.get("dedup_truth")]
+    rec = min((t["exact"]["recall"] for t in truths if t["exact"]["recall"] is not None), default=None)
+    out.append(_t("exact_dedup_recall", rec, TARGETS["exact_recall"], ">=", _cmp(rec, TARGETS["exact_recall"], ">="),
+                  "planted exact copies, smallest over the sizes; precision " + ", ".join(
+                      str(t["exact"]["precision"]) for t in truths)))
+    gaps = [t["minhash"]["predicted_at_or_above"] - t["minhash"]["recall_at_or_above"] for t in truths
+            if t["minhash"]["recall_at_or_above"] is not None]
+    gap = round(max(gaps), 4) if gaps else None
+    out.append(_t("minhash_recall_below_banding", gap, TARGETS["minhash_recall_gap"], "<=",
+                  _cmp(gap, TARGETS["minhash_recall_gap"], "<="),
+                  "predicted − measured recall of planted near pairs with J >= threshold; precision " + ", ".join(
+                      str(t["minhash"]["precision"]) for t in truths)))
+    over = large.get("dag_over_cli") if large else None
+    out.append(_t("dag_cpu_over_cli", over, TARGETS["dag_over_cli"], "<=", _cmp(over, TARGETS["dag_over_cli"], "<="),
+                  "airflow dags test CPU ÷ mindloom corpus CPU, same corpus and config" if over else
+                  "needs --cli"))
     return out
 
 
@@ -453,9 +515,32 @@ def markdown(res: dict) -> list[str]:
             out += ["", "Documents kept: " + " → ".join(f"{k} {r['docs'][k]['kept']:,}" for k in order
                                                       if k in r["docs"])
                     + (f"; {r['tokens']:,} tokens in the MindRecord set." if r.get("tokens") else ".")]
+        if r.get("spread"):
+            out += ["", f"Over {r['repeats']} runs (median, min–max): " + "; ".join(
+                f"{k} {v['median']} ({v['min']}–{v['max']})" for k, v in r["spread"].items() if v) + "."]
+        if r.get("dedup_truth"):
+            t = r["dedup_truth"]
+            out += ["", f"Planted duplicates: exact dedup found {t['exact']['found']:,} of {t['exact']['pairs']:,} "
+                    f"exact pairs (recall {t['exact']['recall']}, precision {t['exact']['precision']}); MinHash found "
+                    f"{t['minhash']['found_at_or_above']:,} of {t['minhash']['pairs_at_or_above_threshold']:,} near "
+                    f"pairs with J >= {t['minhash']['threshold']} (recall {t['minhash']['recall_at_or_above']}, "
+                    f"banding predicts {t['minhash']['predicted_at_or_above']}; precision "
+                    f"{t['minhash']['precision']}).", ""]
+            out += table(["True Jaccard", "Near pairs", "Found", "Recall", "Predicted by banding"],
+                         [[k, v["pairs"], v["found"], v["recall"], v["predicted"]]
+                          for k, v in t["minhash"]["by_jaccard"].items()])
+        if r.get("cli_cpu_s"):
+            out += ["", f"The same corpus through `mindloom corpus`: {r['cli_cpu_s']} CPU-s "
+                    f"({r.get('cli_mb_per_cpu_s')} MB/CPU-s); the DAG path costs {r.get('dag_over_cli')}× that; "
+                    f"tokens equal: {r.get('cli_tokens_equal')}."]
         if r.get("quality_by_domain"):
             out += ["", "Quality filter, kept / in by domain: " + ", ".join(
                 f"{d} {k:,} / {n:,}" for d, (n, k) in r["quality_by_domain"].items()) + "."]
+    if res.get("stage_exponents"):
+        out += ["", "CPU-seconds per stage between the smallest and the largest size (medians of the repeats):", ""]
+        out += table(["Stage", "CPU s small", "CPU s large", "Growth", "Exponent"],
+                     [[x["stage"], x["cpu_small"], x["cpu_large"], x["growth"], x["exponent"]]
+                      for x in res["stage_exponents"]])
     side = res.get("side") or {}
     if side.get("tokenize"):
         t = side["tokenize"]
@@ -498,7 +583,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallelism", type=int, default=8, help="mapped tasks per per-shard stage")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--tok-mb", type=float, default=64.0, help="MB of kept text for the tokenization / sink checks")
-    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=2, help="repeats of the tokenization / MindRecord side checks")
+    ap.add_argument("--runs", type=int, default=3, help="runs of the chain per size (median and spread reported)")
+    ap.add_argument("--dup-exact", type=float, default=0.15, help="share of planted exact copies")
+    ap.add_argument("--dup-near", type=float, default=0.15, help="share of planted near copies")
+    ap.add_argument("--no-cli", dest="cli", action="store_false", help="skip the mindloom corpus comparison run")
     ap.add_argument("--skip", default="", help="comma list of: peer, side (tokenize + mindrecord)")
     ap.add_argument("--no-install", action="store_true", help="do not install the datatrove venv when missing")
     ap.add_argument("--timeout", type=float, default=6 * 3600)
@@ -511,7 +600,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     sizes = [QUICK_GB] if a.quick else [float(x) for x in a.sizes.split(",") if x.strip()]
     if a.quick:
-        a.repeats, a.tok_mb, a.file_mb = 1, min(a.tok_mb, 4.0), min(a.file_mb, 8.0)
+        a.repeats, a.runs, a.tok_mb, a.file_mb = 1, 1, min(a.tok_mb, 4.0), min(a.file_mb, 8.0)
         if a.out == RESULTS_DIR / "scale.json":          # a try, never the topic's results
             a.out = RESULTS_DIR / "scale_quick.json"
     a.work.mkdir(parents=True, exist_ok=True)
@@ -520,7 +609,9 @@ def main(argv: list[str] | None = None) -> int:
            "machine": machine(), "sizes_gb": sizes, "quick": a.quick, "seed": a.seed, "seq_len": a.seq_len,
            "parallelism": a.parallelism, "target_values": TARGETS, "runs": []}
     for size in sizes:
-        res["runs"].append(run_size(size, a))
+        res["runs"].append(scale_stats.combine([run_size(size, a) for _ in range(max(1, a.runs))]))
+    if len(res["runs"]) > 1:
+        res["stage_exponents"] = scale_stats.stage_exponents(res["runs"][0], res["runs"][-1])
     first = res["runs"][0]
     side = peer = None
     if first["rc"] == 0 and "side" not in skip:

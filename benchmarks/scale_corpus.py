@@ -19,6 +19,17 @@ generated documents rarely share a run and one shared run is at most a third of 
 stays far below MinHash's 0.8 threshold and exact and near dedup keep both (the benchmark reports what they
 removed).
 
+Planted duplicates, with known truth (issue #23: every dedup stage must work at scale).  After the distinct
+documents above, each new document is instead, with probability ``dup_exact`` (default 0.15), an exact copy of a
+document written earlier in the same domain, and with probability ``dup_near`` (0.15) a *near* copy: ``near_edit``
+(2 %) of its MinHash tokens replaced by other tokens of the same document, so the copy's shingle Jaccard with its
+original lands around 0.8-0.9.  The original is drawn from a reservoir of the domain's last ``RESERVOIR``
+distinct documents (so copies sit in other files and shards than their originals).  ``<out>/truth.jsonl`` has one
+line per planted copy: ``{"copy", "of", "kind": "exact"|"near", "domain", "jaccard"}``, the Jaccard computed with
+the shingles mindloom's MinHash stage uses for that domain under the default config (code: code 8-grams; CJK
+text: character 5-grams; else word 5-grams), so ``scale_truth.py`` can compare what each dedup stage removed with
+what the LSH banding predicts for that pair.
+
 Sizes are UTF-8 bytes of text, split over the domains in the source files' proportions; each domain is written as
 ``<out>/<domain>/part-NNNNN.jsonl`` files of at most ``file_mb`` MB (at least two per domain).  ``<out>/corpus.json``
 records the parameters and counts; a folder with the same parameters is reused.
@@ -28,14 +39,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import random
+import re
 import time
 from pathlib import Path
 
 MIN_PARAGRAPHS = 4
 RUN_MAX = 6
 MIN_RUNS = 3
-FORMAT = 3            # bump when the recipe changes: cached corpora are rebuilt
+FORMAT = 4            # bump when the recipe changes: cached corpora are rebuilt
+RESERVOIR = 512       # originals a planted copy is drawn from: the domain's last distinct documents
 
 
 class SourceMissing(SystemExit):
@@ -118,11 +132,55 @@ def domain_targets(src: Path, total_bytes: int) -> dict[str, int]:
     return {d: int(total_bytes * s / whole) for d, s in sizes.items()}
 
 
-def build(src: Path, out: Path, total_mb: float, seed: int = 1234, file_mb: float = 256.0,
-          log=print) -> dict:
+_EDIT_TOKEN = {"word": re.compile(r"[^\W_]+"), "code": re.compile(r"\w+"),
+               "char": re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")}
+
+
+def shingle_kind(domain: str, text: str) -> tuple[str, int]:
+    """The (kind, n) mindloom's MinHash stage shingles ``text`` of ``domain`` with under the default config."""
+    from pipeline.dedup.minhash.config import MinhashConfig
+    from pipeline.dedup.minhash.shingles import resolve_kind
+
+    cfg = MinhashConfig()
+    rule = next((r for r in cfg.domain_shingles if r.domain == domain), None)
+    kind = resolve_kind(text, rule.kind if rule else cfg.shingle_kind, cfg.cjk_share)
+    return kind, (rule.n if rule and rule.n else cfg.ngram_for(kind))
+
+
+def pair_jaccard(domain: str, a: str, b: str) -> float:
+    """Exact Jaccard of the two texts' MinHash shingle sets (what the stage's exact check computes)."""
+    from pipeline.dedup.minhash.shingles import shingles
+
+    kind, n = shingle_kind(domain, a)
+    sa, sb = set(shingles(a, kind, n)), set(shingles(b, kind, n))
+    return len(sa & sb) / max(len(sa | sb), 1)
+
+
+def near_copy(domain: str, text: str, rng: random.Random, edit: float) -> str:
+    """``text`` with ``edit`` of its MinHash tokens replaced by other tokens of the same text."""
+    kind, _ = shingle_kind(domain, text)
+    spans = [m.span() for m in _EDIT_TOKEN[kind].finditer(text)]
+    if len(spans) < 2:
+        return text + " " + text[: max(1, len(text) // 50)]
+    vocab = [text[a:b] for a, b in spans]
+    picked = sorted(rng.sample(range(len(spans)), max(1, round(edit * len(spans)))))
+    out, last = [], 0
+    for i in picked:
+        a, b = spans[i]
+        new = rng.choice(vocab)
+        if new == vocab[i]:
+            new = vocab[i] + vocab[(i + 1) % len(vocab)]
+        out += [text[last:a], new]
+        last = b
+    return "".join(out) + text[last:]
+
+
+def build(src: Path, out: Path, total_mb: float, seed: int = 1234, file_mb: float = 256.0, dup_exact: float = 0.15,
+          dup_near: float = 0.15, near_edit: float = 0.02, log=print) -> dict:
     """Write the corpus (or reuse it when ``out/corpus.json`` has the same parameters); return that record."""
     params = {"format": FORMAT, "source": str(src.resolve()), "total_mb": total_mb, "seed": seed, "file_mb": file_mb,
-              "min_paragraphs": MIN_PARAGRAPHS, "run_max": RUN_MAX, "min_runs": MIN_RUNS}
+              "min_paragraphs": MIN_PARAGRAPHS, "run_max": RUN_MAX, "min_runs": MIN_RUNS, "dup_exact": dup_exact,
+              "dup_near": dup_near, "near_edit": near_edit, "reservoir": RESERVOIR}
     meta = out / "corpus.json"
     if meta.exists():
         old = json.loads(meta.read_text())
@@ -132,42 +190,74 @@ def build(src: Path, out: Path, total_mb: float, seed: int = 1234, file_mb: floa
     t0 = time.perf_counter()
     out.mkdir(parents=True, exist_ok=True)
     domains = {}
-    for dom, want in domain_targets(src, int(total_mb * 1e6)).items():
-        pool, rng = pools[dom], random.Random(f"{seed}/{dom}")
-        n_files = max(2, -(-want // int(file_mb * 1e6)))
-        per_file = want / n_files
-        ddir = out / dom
-        ddir.mkdir(exist_ok=True)
-        for old in ddir.glob("*.jsonl"):
-            old.unlink()
-        seen: set[bytes] = set()
-        docs = written = redrawn = 0
-        sources = 0
-        extra = ', "lang": "code"' if dom == "code" else ""
-        for fi in range(n_files):
-            with open(ddir / f"part-{fi:05d}.jsonl", "w", encoding="utf-8") as fh:
-                while written < per_file * (fi + 1):
-                    text, size, nsrc = pool.document(rng)
-                    key = hashlib.blake2b(text.encode("utf-8"), digest_size=8).digest()
+    with open(out / "truth.jsonl.tmp", "w", encoding="utf-8") as truth:
+        for dom, want in domain_targets(src, int(total_mb * 1e6)).items():
+            domains[dom] = _build_domain(pools[dom], out / dom, want, seed, file_mb, dup_exact, dup_near, near_edit,
+                                         truth)
+            d = domains[dom]
+            log(f"  corpus {dom}: {d['docs']} docs ({d['exact_copies']} exact + {d['near_copies']} near copies), "
+                f"{d['text_bytes'] / 1e6:.1f} MB in {d['files']} files")
+    os.replace(out / "truth.jsonl.tmp", out / "truth.jsonl")
+    rec = {"params": params, "domains": domains, "text_bytes": sum(d["text_bytes"] for d in domains.values()),
+           "docs": sum(d["docs"] for d in domains.values()),
+           "planted": {"exact": sum(d["exact_copies"] for d in domains.values()),
+                       "near": sum(d["near_copies"] for d in domains.values())},
+           "build_s": round(time.perf_counter() - t0, 1)}
+    meta.write_text(json.dumps(rec, indent=1) + "\n")
+    return rec
+
+
+def _build_domain(pool: DomainPool, ddir: Path, want: int, seed: int, file_mb: float, dup_exact: float,
+                  dup_near: float, near_edit: float, truth) -> dict:
+    """One domain's files: distinct documents with planted exact and near copies (truth lines to ``truth``)."""
+    dom = pool.domain
+    rng, dup_rng = random.Random(f"{seed}/{dom}"), random.Random(f"{seed}/{dom}/dup")
+    n_files = max(2, -(-want // int(file_mb * 1e6)))
+    per_file = want / n_files
+    ddir.mkdir(exist_ok=True)
+    for old in ddir.glob("*.jsonl"):
+        old.unlink()
+    seen: set[bytes] = set()
+    recent: list[tuple[str, str]] = []            # (id, text) of the last RESERVOIR distinct documents
+    docs = written = redrawn = sources = n_exact = n_near = 0
+    extra = ', "lang": "code"' if dom == "code" else ""
+    for fi in range(n_files):
+        with open(ddir / f"part-{fi:05d}.jsonl", "w", encoding="utf-8") as fh:
+            while written < per_file * (fi + 1):
+                doc_id = f"{dom}/s{seed}/{docs:09d}"
+                u = dup_rng.random()
+                if recent and u < dup_exact + dup_near:
+                    of, orig = recent[dup_rng.randrange(len(recent))]
+                    if u < dup_exact:
+                        text, kind, jac = orig, "exact", 1.0
+                        n_exact += 1
+                    else:
+                        text = near_copy(dom, orig, dup_rng, near_edit)
+                        kind, jac = "near", round(pair_jaccard(dom, orig, text), 4)
+                        n_near += 1
+                    truth.write(json.dumps({"copy": doc_id, "of": of, "kind": kind, "domain": dom, "jaccard": jac})
+                                + "\n")
+                    esc, size = _esc(text), len(text.encode("utf-8"))
+                else:
+                    esc, size, nsrc = pool.document(rng)
+                    key = hashlib.blake2b(esc.encode("utf-8"), digest_size=8).digest()
                     if key in seen:
                         redrawn += 1
                         if redrawn > 1000 + docs:
                             raise RuntimeError(f"{dom}: cannot draw distinct documents")
                         continue
                     seen.add(key)
-                    fh.write(f'{{"id": "{dom}/s{seed}/{docs:09d}", "domain": "{dom}"{extra}, '
-                             f'"source": "bench-scale", "text": "{text}"}}\n')
-                    docs += 1
-                    written += size
                     sources += nsrc
-        domains[dom] = {"files": n_files, "docs": docs, "text_bytes": written, "redrawn_duplicates": redrawn,
-                        "mean_sources_per_doc": round(sources / max(docs, 1), 2),
-                        "source_docs": len(pool.docs)}
-        log(f"  corpus {dom}: {docs} docs, {written / 1e6:.1f} MB in {n_files} files")
-    rec = {"params": params, "domains": domains, "text_bytes": sum(d["text_bytes"] for d in domains.values()),
-           "docs": sum(d["docs"] for d in domains.values()), "build_s": round(time.perf_counter() - t0, 1)}
-    meta.write_text(json.dumps(rec, indent=1) + "\n")
-    return rec
+                    recent.append((doc_id, json.loads(f'"{esc}"')))
+                    if len(recent) > RESERVOIR:
+                        recent.pop(dup_rng.randrange(len(recent)))
+                fh.write(f'{{"id": "{doc_id}", "domain": "{dom}"{extra}, "source": "bench-scale", "text": "{esc}"}}\n')
+                docs += 1
+                written += size
+    return {"files": n_files, "docs": docs, "text_bytes": written, "redrawn_duplicates": redrawn,
+            "exact_copies": n_exact, "near_copies": n_near,
+            "mean_sources_per_doc": round(sources / max(docs - n_exact - n_near, 1), 2),
+            "source_docs": len(pool.docs)}
 
 
 def shingle_jaccard(a: str, b: str, n: int = 5) -> float:

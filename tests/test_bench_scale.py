@@ -57,7 +57,7 @@ def test_corpus_is_deterministic_by_seed(source, tmp_path):
 
 
 def test_documents_are_distinct_and_stay_in_their_domain(source, tmp_path):
-    scale_corpus.build(source, tmp_path, 0.3, seed=3, file_mb=0.05, log=lambda *_: None)
+    scale_corpus.build(source, tmp_path, 0.3, seed=3, file_mb=0.05, dup_exact=0.0, dup_near=0.0, log=lambda *_: None)
     src_units = {}
     for f in source.glob("*.jsonl"):
         units = set()
@@ -76,6 +76,65 @@ def test_documents_are_distinct_and_stay_in_their_domain(source, tmp_path):
             worst = max(scale_corpus.shingle_jaccard(x, y) for x, y in itertools.combinations(texts[:40], 2))
             assert worst < 0.5
     assert all("\u4e00" <= c <= "\u9fff" or not c.isalpha() for d in _docs(tmp_path, "zh") for c in d["text"])
+
+
+def test_planted_copies_are_in_the_truth_with_their_true_jaccard(source, tmp_path):
+    rec = scale_corpus.build(source, tmp_path, 0.3, seed=3, file_mb=0.05, log=lambda *_: None)
+    truth = [json.loads(x) for x in (tmp_path / "truth.jsonl").read_text("utf-8").splitlines()]
+    docs = {d["id"]: d for dom in ("code", "web", "zh") for d in _docs(tmp_path, dom)}
+    assert len(truth) == rec["planted"]["exact"] + rec["planted"]["near"] and len(docs) == rec["docs"]
+    share = len(truth) / len(docs)
+    assert 0.2 < share < 0.4                                    # 15 % exact + 15 % near, drawn per document
+    copies = {t["copy"] for t in truth}
+    for t in truth:
+        a, b = docs[t["of"]], docs[t["copy"]]
+        assert t["of"] not in copies and a["domain"] == b["domain"] == t["domain"]     # originals are distinct docs
+        if t["kind"] == "exact":
+            assert a["text"] == b["text"] and t["jaccard"] == 1.0
+        else:
+            assert a["text"] != b["text"]
+            assert t["jaccard"] == round(scale_corpus.pair_jaccard(t["domain"], a["text"], b["text"]), 4)
+            assert 0.6 < t["jaccard"] < 1.0
+    originals = [d["text"] for i, d in docs.items() if i not in copies]
+    assert len(set(originals)) == len(originals)                # only the planted copies repeat
+
+
+def test_truth_evaluation_counts_found_pairs_and_false_removals(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import scale_truth
+
+    def stage(name, ids):
+        (tmp_path / name).mkdir()
+        pq.write_table(pa.table({"meta": [json.dumps({"source_id": i}) for i in ids]}), tmp_path / name / "s.parquet")
+
+    stage("ingest", ["a", "a2", "b", "b2", "c", "c2", "x", "y"])
+    stage("exact_dedup", ["a", "b", "b2", "c", "c2", "x"])              # a2 found; y removed though distinct
+    stage("minhash", ["a", "b", "c", "c2", "x"])                        # b~b2 found (J .9), c~c2 (J .82) missed
+    truth = [{"copy": "a2", "of": "a", "kind": "exact", "jaccard": 1.0},
+             {"copy": "b2", "of": "b", "kind": "near", "jaccard": 0.9},
+             {"copy": "c2", "of": "c", "kind": "near", "jaccard": 0.82}]
+    (tmp_path / "truth.jsonl").write_text("".join(json.dumps(t) + "\n" for t in truth))
+    r = scale_truth.evaluate(tmp_path, tmp_path / "truth.jsonl")
+    assert r["exact"] == {"pairs": 1, "found": 1, "recall": 1.0, "removed": 2, "removed_planted": 1, "precision": 0.5}
+    m = r["minhash"]
+    assert (m["pairs_at_or_above_threshold"], m["found_at_or_above"], m["removed"], m["precision"]) == (2, 1, 1, 1.0)
+    p82, p90 = (1 - (1 - 0.82 ** 8) ** 14), (1 - (1 - 0.9 ** 8) ** 14)
+    assert m["predicted_at_or_above"] == round((p82 + p90) / 2, 4)
+    assert m["by_jaccard"]["0.80-0.85"] == {"pairs": 1, "found": 0, "recall": 0.0, "predicted": round(p82, 4)}
+
+
+def test_repeats_give_median_and_spread_and_per_stage_exponents():
+    import scale_stats
+
+    def run(mb, cpu, stage_cpu):
+        return {"rc": 0, "corpus_mb": mb, "cpu_s": cpu, "stages": [{"stage": "ingest", "cpu_s": stage_cpu}]}
+
+    small = scale_stats.combine([run(1000, 120, 10), run(1000, 100, 12), run(1000, 110, 11)])
+    large = scale_stats.combine([run(4000, 400, 40), run(4000, 420, 64), run(4000, 450, 44)])
+    assert small["cpu_s"] == 110 and small["spread"]["cpu_s"] == {"median": 110, "min": 100, "max": 120, "n": 3}
+    rows = scale_stats.stage_exponents(small, large)
+    assert rows == [{"stage": "ingest", "cpu_small": 11, "cpu_large": 44, "growth": 4.0, "exponent": 1.0}]
 
 
 def test_missing_source_fails_clearly(tmp_path, capsys):
