@@ -34,7 +34,7 @@ import re
 from collections import Counter
 
 CHUNK_CHARS = 400
-MAX_CHUNKS = 12
+MAX_CHUNKS = 6
 _HAN = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff]")
 _KANA = re.compile(r"[\u3040-\u30ff]")
 _WORD = re.compile(r"[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\u3040-\u30ff\uac00-\ud7af]|[^\W\d_]{2,}")

@@ -22,7 +22,7 @@ from pipeline.io import atomic_path, marker_path, read_json, stats_path
 
 #: rows per Parquet row group; a row group is also flushed once its text reaches ROW_GROUP_BYTES
 ROW_GROUP = 1024
-ROW_GROUP_BYTES = 8 << 20
+ROW_GROUP_BYTES = 2 << 20
 
 
 def part_name(shard: str, k: int) -> str:
