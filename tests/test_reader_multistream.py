@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bz2
 import io
+import itertools
 import random
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
@@ -69,7 +70,7 @@ def as_one_file(root: Path, dump: Path) -> tuple[list[dict], dict]:
 def assert_stream_ranges(dump: Path, units: list[dict]) -> None:
     data = dump.read_bytes()
     assert units[0]["start"] == 0 and units[-1]["end"] == len(data)
-    assert all(a["end"] == b["start"] and STREAM_MAGIC.match(data[b["start"]:]) for a, b in zip(units, units[1:]))
+    assert all(a["end"] == b["start"] and STREAM_MAGIC.match(data[b["start"]:]) for a, b in itertools.pairwise(units))
 
 
 def test_multistream_dump_with_index_is_read_by_several_tasks_as_if_whole(tmp_path):
