@@ -122,6 +122,7 @@ def test_a_stream_header_inside_data_is_not_taken_for_a_stream(tmp_path):
     assert len(units) == 1 and "start" not in units[0] and len(rows) == 3
 
 
+@pytest.mark.slow
 def test_demo_articles_as_a_multistream_dump(tmp_path):
     """The demo's encyclopedia dump (gensim's enwiki excerpt, 60 sampled articles and every other page), written
     with 10 pages per stream and an index: 4 parallel tasks give what one task reading it whole gives."""
