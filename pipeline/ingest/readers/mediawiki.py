@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from xml.etree.ElementTree import ParseError
 
 from pipeline.configkit import _f
-from pipeline.ingest.readers import multistream
 from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection
+from pipeline.ingest.readers.multistream import open_range, plan_ranges
 from pipeline.ingest.readers.storage import compression_of
 from pipeline.ingest.readers.wikitext import DROP_SECTIONS, wikitext_to_text
 
@@ -56,7 +56,7 @@ class MediawikiReader(Reader):
     def units(self, ref: FileRef, storage, docs_per_shard: int, shard_bytes: int = 64 << 20) -> list[dict]:
         """A multistream ``.bz2`` dump: ranges of whole bz2 streams (``multistream.py``); anything else: whole."""
         if compression_of(ref.path) == "bz2" and ref.size:
-            ranges = multistream.plan_ranges(ref, storage, docs_per_shard, shard_bytes)
+            ranges = plan_ranges(ref, storage, docs_per_shard, shard_bytes)
             if ranges is not None:
                 return ranges
         return [{"docs_estimate": 1}]
@@ -70,7 +70,7 @@ class MediawikiReader(Reader):
         ranged = "head" in unit
         n, last, broken = 0, None, False
         where = f"bytes {unit['start']}-{unit['end']}" if ranged else ""
-        fh = multistream.open_range(storage, ref, unit) if ranged else storage.open(ref.path)
+        fh = open_range(storage, ref, unit) if ranged else storage.open(ref.path)
         with fh:
             try:
                 dump = mwxml.Dump.from_file(fh)
