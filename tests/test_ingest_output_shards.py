@@ -71,8 +71,8 @@ def test_compressed_jsonl_larger_than_shard_bytes_gives_several_output_shards(tm
     assert spec["units"][0]["whole_file"].startswith("one gz stream, not splittable")
     want = expected_parts(lines, limit)
     parts = output_shards(rdir, spec["shard"])
-    assert len(want) == 5 and parts == ["d-00000"] + [f"d-00000-{k:05d}" for k in range(1, len(want))]
-    assert stats[0]["parts"] == parts
+    assert len(want) == 5 and parts == ["d-00000"] + [f"d-00000_{k:05d}" for k in range(1, len(want))]
+    assert stats[0]["parts"] == parts and {p.rsplit("-", 1)[0] for p in parts} == {"d"}   # the domain, as stages read it
     rows = []
     for name, idx in zip(parts, want, strict=True):
         st = read_json(rdir / "stats" / "ingest" / f"{name}.json")
@@ -104,10 +104,10 @@ def test_compressed_jsonl_larger_than_shard_bytes_gives_several_output_shards(tm
     (rdir / "ingest" / "d-00000.parquet.done").unlink()
     cfg = config_from_dict({"data_root": str(tmp_path / "a"), "ingest": {"workers": 1, "shard_bytes": 300_000},
                             "sources": [{"domain": "d", "paths": [str(path)], "lang": "en"}]})
-    assert run_ingest_shard(cfg, rdir, spec)["parts"] == ["d-00000", "d-00000-00001", "d-00000-00002"]
+    assert run_ingest_shard(cfg, rdir, spec)["parts"] == ["d-00000", "d-00000_00001", "d-00000_00002"]
     assert sorted(f.name for f in (rdir / "stats" / "ingest").iterdir()) == [
-        "d-00000-00001.json", "d-00000-00002.json", "d-00000.json"]
-    assert not list((rdir / "ingest").glob("d-00000-0000[34]*"))
+        "d-00000.json", "d-00000_00001.json", "d-00000_00002.json"]
+    assert not list((rdir / "ingest").glob("d-00000_0000[34]*"))
 
 
 def test_later_stages_run_over_the_output_shards_in_plan_batches(tmp_path):

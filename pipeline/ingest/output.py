@@ -6,8 +6,9 @@ once it is read (a 1 GB ``.jsonl.zst`` may be 5 GB of text), so the task cuts it
 starts once the current one holds ``ingest.shard_bytes`` of input (the decompressed record bytes that the stats
 count as ``in_bytes``), so one shard holds at most ``shard_bytes`` plus one record.
 
-Names: part 0 keeps the plan shard's name (``web-00003``), part k > 0 is ``web-00003-00001`` …, so sorted names are
-plan order.  Each part has its own ``ingest/<part>.parquet``, rejects table, ``stats/ingest/<part>.json`` and marker,
+Names: part 0 keeps the plan shard's name (``web-00003``), part k > 0 is ``web-00003_00001`` …, so sorted names are
+plan order, and ``name.rsplit("-", 1)[0]`` is still the domain (stages that meet an empty shard name its domain
+that way).  Each part has its own ``ingest/<part>.parquet``, rejects table, ``stats/ingest/<part>.json`` and marker,
 so in = kept + removed holds per part.  The marker of part 0 is written last and lists every part (``parts``): it
 is the plan shard's completion marker, and what later stages read (:func:`output_shards`) to learn the shards they
 work on, without opening any data.
@@ -26,7 +27,7 @@ ROW_GROUP_BYTES = 2 << 20
 
 
 def part_name(shard: str, k: int) -> str:
-    return shard if k == 0 else f"{shard}-{k:05d}"
+    return shard if k == 0 else f"{shard}_{k:05d}"
 
 
 def doc_path(rdir: Path, shard: str) -> Path:
@@ -55,7 +56,7 @@ def output_specs(specs: list[dict]) -> list[dict]:
 def remove_stale_parts(rdir: Path, shard: str, keep: int) -> None:
     """Delete parts ``keep``, ``keep + 1``, … of ``shard`` left by an earlier run that cut its input differently
     (another ``shard_bytes``), so ``stats/ingest`` and ``ingest/`` hold exactly the parts of this run."""
-    rx = re.compile(re.escape(shard) + r"-(\d{5})(?:\.parquet(?:\.done)?|\.json)\Z")
+    rx = re.compile(re.escape(shard) + r"_(\d{5})(?:\.parquet(?:\.done)?|\.json)\Z")
     for folder in (rdir / "ingest", rdir / "rejects" / "ingest", stats_path(rdir, "ingest", shard).parent):
         if not folder.is_dir():
             continue
