@@ -173,3 +173,36 @@ def test_peak_memory_of_a_big_compressed_jsonl_task_stays_under_the_model(tmp_pa
     assert len(res["parts"]) == 6                 # 48 MB of input in 8 MiB output shards
     assert res["growth"] < model, f"peak grew by {res['growth'] / 2**20:.1f} MiB > model {model / 2**20:.1f} MiB"
     assert model < 48_000_000 * 3 // 4            # the model is well below the input: holding it would fail
+
+
+def _chain(tmp: pathlib.Path, shard_bytes: int) -> tuple[dict, dict]:
+    import yaml
+    from conftest import tiny_config
+
+    from pipeline.config import load_config
+    from pipeline.tasks.corpus import collect_stats, run_all
+
+    path = tiny_config(tmp)
+    data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    plain = tmp / "in" / "prose.jsonl"
+    (tmp / "in" / "prose.jsonl.gz").write_bytes(gzip.compress(plain.read_bytes(), mtime=0))
+    plain.unlink()
+    data["sources"][1]["paths"] = [str(tmp / "in" / "prose.jsonl.gz")]
+    data["ingest"]["shard_bytes"] = shard_bytes
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    summary = run_all(load_config(path), "r1", progress=False)
+    return summary, collect_stats(summary["run_dir"])
+
+
+@pytest.mark.slow
+def test_the_chain_over_output_shards_gives_what_one_shard_per_file_gives(tmp_path):
+    """The CLI chain (the DAG's task functions) with the .jsonl.gz cut into 3 output shards: every stage runs over
+    them, and the kept documents, tokens and samples are those of the run with one shard per file."""
+    cut, cut_stats = _chain(tmp_path / "cut", 40_000)
+    one, one_stats = _chain(tmp_path / "one", 64 << 20)
+    names = sorted(f.name for f in (pathlib.Path(cut["run_dir"]) / "tokenize").glob("prose*.parquet"))
+    assert names == ["prose-00000.parquet", "prose-00000_00001.parquet", "prose-00000_00002.parquet"]
+    assert (cut["tokens"], cut["samples"]) == (one["tokens"], one["samples"])
+    for stage in ("ingest", "exact_dedup", "quality", "tokenize"):
+        assert {d: (v["in_docs"], v["kept_docs"]) for d, v in cut_stats[stage].items()} == {
+            d: (v["in_docs"], v["kept_docs"]) for d, v in one_stats[stage].items()}, stage
