@@ -141,6 +141,38 @@ def _write_encyclopedia_dump(cache_dir: Path, path: Path, rng: random.Random, k:
     return min(k, len(articles))
 
 
+def write_multistream(xml: bytes, path: Path, pages_per_stream: int = 100) -> Path:
+    """A whole MediaWiki dump as Wikimedia writes a multistream one: the header (up to the first page) in one bz2
+    stream, ``pages_per_stream`` pages per stream, the closing tag in the last; and beside it the index
+    (``offset:page_id:title`` per page, bz2) under the name the ``mediawiki`` reader looks for.  Returns the index.
+    """
+    import html
+
+    from pipeline.ingest.readers.multistream import index_path
+
+    idx = Path(index_path(str(path)) or "")
+    if not idx.name:
+        raise ValueError(f"{path.name}: a multistream dump's name holds 'multistream' and '.xml'")
+    pages = list(_PAGE.finditer(xml))
+    chunks = [xml[:pages[0].start()]]
+    spans = [pages[i:i + pages_per_stream] for i in range(0, len(pages), pages_per_stream)]
+    chunks += [b"".join(m.group() for m in span) for span in spans] + [xml[pages[-1].end():]]
+    out, lines, offset = [], [], 0
+    for k, chunk in enumerate(chunks):
+        for m in spans[k - 1] if 0 < k <= len(spans) else ():
+            page_id = re.search(rb"<id>(\d+)</id>", m.group()).group(1).decode()
+            title = html.unescape(re.search(rb"<title>(.*?)</title>", m.group()).group(1).decode())
+            lines.append(f"{offset}:{page_id}:{title}\n")
+        data = bz2.compress(chunk, 9)
+        out.append(data)
+        offset += len(data)
+    for target, data in ((path, b"".join(out)), (idx, bz2.compress("".join(lines).encode(), 9))):
+        tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+    return idx
+
+
 # ---------------------------------------------------------------- docs: Django reST docs of three releases
 def _django_docs(cache_dir: Path) -> Iterator[dict]:
     for version in DJANGO_VERSIONS:

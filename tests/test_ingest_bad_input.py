@@ -26,9 +26,9 @@ def run(tmp: pathlib.Path, sources: list[dict], **opts) -> dict:
     specs = plan_ingest(cfg)
     stats = [run_ingest_shard(cfg, rdir, s) for s in specs]
     rejects, docs = [], []
-    for s in specs:
-        docs += pq.read_table(rdir / "ingest" / f"{s['shard']}.parquet").to_pylist()
-        path = rdir / "rejects" / "ingest" / f"{s['shard']}.parquet"
+    for part in (p for st in stats for p in st["parts"]):        # every output shard, in plan order
+        docs += pq.read_table(rdir / "ingest" / f"{part}.parquet").to_pylist()
+        path = rdir / "rejects" / "ingest" / f"{part}.parquet"
         rejects += pq.read_table(path).to_pylist() if path.exists() else []
     removed: dict = {}
     for st in stats:

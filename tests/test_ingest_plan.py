@@ -53,12 +53,13 @@ def ingest(tmp: pathlib.Path, path: str, **ingest) -> tuple[list[dict], list[dic
     rdir = tmp / "data" / "run"
     stats = [run_ingest_shard(cfg, rdir, s) for s in specs]
     docs, rejects = [], []
-    for s, st in zip(specs, stats, strict=True):
+    for st in stats:
         assert st["in_docs"] == st["kept_docs"] + sum(v["docs"] for v in st["removed"].values())
         assert st["in_bytes"] == st["kept_bytes"] + sum(v["bytes"] for v in st["removed"].values())
-        docs += pq.read_table(rdir / "ingest" / f"{s['shard']}.parquet").to_pylist()
-        rej = rdir / "rejects" / "ingest" / f"{s['shard']}.parquet"
-        rejects += pq.read_table(rej).to_pylist() if rej.exists() else []
+        for part in st["parts"]:
+            docs += pq.read_table(rdir / "ingest" / f"{part}.parquet").to_pylist()
+            rej = rdir / "rejects" / "ingest" / f"{part}.parquet"
+            rejects += pq.read_table(rej).to_pylist() if rej.exists() else []
     return specs, docs, rejects
 
 

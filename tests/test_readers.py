@@ -32,9 +32,9 @@ def ingest(tmp: pathlib.Path, sources: list[dict], **ingest_opts) -> dict:
     json.dumps(specs)                                   # specs travel through XCom
     stats = [run_ingest_shard(cfg, rdir, s) for s in specs]
     docs, rejects = [], []
-    for s in specs:
-        docs += pq.read_table(rdir / "ingest" / f"{s['shard']}.parquet").to_pylist()
-        rej = rdir / "rejects" / "ingest" / f"{s['shard']}.parquet"
+    for part in (p for st in stats for p in st["parts"]):        # every output shard, in plan order
+        docs += pq.read_table(rdir / "ingest" / f"{part}.parquet").to_pylist()
+        rej = rdir / "rejects" / "ingest" / f"{part}.parquet"
         rejects += pq.read_table(rej).to_pylist() if rej.exists() else []
     return {"cfg": cfg, "rdir": rdir, "specs": specs, "stats": stats, "docs": docs, "rejects": rejects}
 

@@ -50,9 +50,13 @@ class IngestConfig:
     docs_per_shard: int = _f(2000, desc="Target documents per shard (JSONL lines, Parquet rows, files); shards "
                                         "map 1:1 onto Airflow mapped tasks. Plain JSONL is cut into line-aligned "
                                         "byte ranges of about this many lines (estimated from the file's head); "
-                                        "compressed JSONL and WARC files are one shard each.", ge=1)
-    shard_bytes: int = _f(64 << 20, desc="Most input bytes per shard: the largest JSONL byte range, and the limit "
-                                         "when many files are grouped into one shard.", ge=1)
+                                        "compressed JSONL and WARC files are one task each (their output is "
+                                        "cut by shard_bytes); MediaWiki multistream dumps are cut into ranges "
+                                        "of about this many pages.", ge=1)
+    shard_bytes: int = _f(64 << 20, desc="Most input bytes per shard: the largest JSONL byte range or range of bz2 "
+                                         "streams of a MediaWiki multistream dump, the limit when many files are "
+                                         "grouped into one task, and the input bytes (decompressed) after which a "
+                                         "task starts its next output shard.", ge=1)
     strict: bool = _f(False, desc="Fail on the first bad record instead of quarantining it in the rejects table.")
     max_doc_chars: int = _f(20_000_000, desc="Records with longer text are rejected (reason too_long).", ge=1)
     max_record_bytes: int = _f(64 << 20, desc="Raw records (lines, files, HTTP bodies) above this many bytes are "

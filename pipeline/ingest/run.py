@@ -3,35 +3,51 @@
 Two entry points, matching two Airflow tasks:
 
 * :func:`plan_ingest` lists every source's paths (local or object storage) and splits the input into work units
-  without reading it: byte ranges of plain JSONL aligned to line starts, Parquet row groups (footer only), and
-  whole files otherwise (compressed JSONL, WARC, text, HTML, code, MediaWiki dumps: planned from their listed size,
-  never opened).  A JSONL range is found from the file size and a short scan to the next newline at each cut
+  without reading it: byte ranges of plain JSONL aligned to line starts, Parquet row groups (footer only), byte
+  ranges of whole bz2 streams of MediaWiki multistream dumps (from the dump's index, or short probes for stream
+  headers: ``readers/multistream.py``), and whole files otherwise (compressed JSONL, WARC, text, HTML, code,
+  single-stream dumps: planned from their listed size, never opened; a compressed one says ``whole_file`` in its
+  unit).  A JSONL range is found from the file size and a short scan to the next newline at each cut
   (``readers/jsonl.py``: one small ranged read per unit, so a 1 TB corpus on S3 is planned by reading a few MB);
   its target size is ``min(ingest.shard_bytes, ingest.docs_per_shard × bytes per line)`` measured on the file's
   head, so small files still give shards of about ``docs_per_shard`` lines.  Units are then packed in order into
   shards of at most about ``docs_per_shard`` documents and ``shard_bytes`` bytes.  Document counts at plan time
   are estimates (``docs_estimate``); the real counts come from ingest.  The plan depends only on the listed files'
-  bytes and the config, so rerunning it gives the same shards.  Each shard is one JSON-serialisable spec, one
-  mapped task, one output file.  Paths that cannot be listed (missing, unreadable, symlink loops) become units of
-  their own, so they are counted in a shard like any bad document.
+  bytes and the config, so rerunning it gives the same shards.  Each plan shard is one JSON-serialisable spec.
+  Paths that cannot be listed (missing, unreadable, symlink loops) become units of their own, so they are counted
+  in a shard like any bad document.
 * :func:`run_ingest_shard` streams the shard's records out of its reader (main process: I/O only), parses,
   normalizes, language-tags and hashes them in a pool of ``ingest.workers`` processes (results are consumed in
-  submission order, so the output is byte-identical whatever the pool size), and writes
-  ``ingest/<shard>.parquet`` (:data:`DOC_SCHEMA`), ``rejects/ingest/<shard>.parquet`` (:data:`REJECT_SCHEMA`) and
-  ``stats/ingest/<shard>.json``.
+  submission order, so the output is byte-identical whatever the pool size), and writes output shards of at most
+  ``ingest.shard_bytes`` input bytes (plus one record) each: ``ingest/<part>.parquet`` (:data:`DOC_SCHEMA`),
+  ``rejects/ingest/<part>.parquet`` (:data:`REJECT_SCHEMA`) and ``stats/ingest/<part>.json``, as many parts as
+  the input needs (a 5 GB ``.jsonl.zst`` gives ~80 of them from one task).  Part 0 carries the plan shard's name
+  and, in its marker, the list of parts that later stages run over (:mod:`pipeline.ingest.output`).
 
 Accounting: every record a reader frames is one document in (bytes: its raw, decompressed size); it is kept or
-removed under one reason.  Bad input (malformed JSON, invalid UTF-8, truncated archives, binary files, broken HTTP
-headers, missing or unreadable paths, symlink loops, oversized records, …) is logged with file, location
-(``byte N`` in plain JSONL, ``line N`` in compressed JSONL, ``row N`` in Parquet, ``record N @ byte B`` in WARC)
-and reason, written to the rejects table and counted; with ``ingest.strict`` the first one fails the task with
-the same message.  Policy skips (vendored code, WARC request records, blank lines) are counted but never fail a
-run.
+removed under one reason, in the output shard it falls in.  Bad input (malformed JSON, invalid UTF-8, truncated
+archives, binary files, broken HTTP headers, missing or unreadable paths, symlink loops, oversized records, …) is
+logged with file, location (``byte N`` in plain JSONL, ``line N`` in compressed JSONL, ``row N`` in Parquet,
+``record N @ byte B`` in WARC, ``page id N`` in MediaWiki) and reason, written to the rejects table and counted;
+with ``ingest.strict`` the first one fails the task with the same message.  Policy skips (vendored code, WARC
+request records, blank lines) are counted but never fail a run.
 
-Memory: a shard is streamed: records are framed in the task's process, handed to the ``ingest.workers`` pool in
-batches of at most ``BATCH_RECORDS`` records or ``BATCH_BYTES`` bytes (a few batches in flight per worker), and the
-kept rows are flushed to Parquet in row groups, so a task holds a few batches, one row group and one record of at
-most ``ingest.max_record_bytes``: not the shard, not the corpus.
+Memory model of one ingest task (:func:`memory_model`; tests/test_ingest_output_shards.py measures it): the input
+is streamed, never held.  Over the process's footprint after start-up (interpreter, pyarrow, the 1 MB fastText
+model), the task's main process holds
+
+* the reader: two 1 MiB buffers and the decompressor's window (gzip 32 KiB, bz2 < 4 MiB, zstd ≤ 8 MiB at the
+  levels that do not use ``--long``), with the Parquet writer's state: :data:`FIXED_BYTES` in all;
+* the batches in flight: 1 in process, ``2 × workers + 1`` with a pool, each of at most :data:`BATCH_BYTES` (or
+  :data:`BATCH_RECORDS` records) and held twice (raw records and their finished rows): ``2 × BATCH_BYTES`` each;
+* one row group per output table: ``ROW_GROUP_BYTES`` of text as Python strings, its Arrow copy and its encoded
+  pages: ``4 × ROW_GROUP_BYTES``;
+* the largest record, three times (raw, parsed, normalized); ``ingest.max_record_bytes`` caps it.
+
+So not the shard, not the file, not the corpus: a 100 GB ``.jsonl.zst`` is read in the same memory as a 100 MB
+one.  Each pool worker holds its own batch and rows (``2 × BATCH_BYTES``) over the same start-up footprint.  A
+MediaWiki range also keeps one emptied XML element per page it read (mwxml never clears the root), a few MB for a
+range of ``shard_bytes`` of bz2 streams; a single-stream dump read whole keeps one per page of the dump.
 """
 
 from __future__ import annotations
@@ -49,10 +65,11 @@ from pipeline.ingest.config import SourceConfig
 from pipeline.ingest.empty_sources import check_source
 from pipeline.ingest.langid import language_columns
 from pipeline.ingest.normalize import doc_id, normalize_text, text_hash
+from pipeline.ingest.output import ROW_GROUP_BYTES, TableSink, doc_path, part_name, reject_path, remove_stale_parts
 from pipeline.ingest.readers import FileRef, RawRecord, Reader, ReadError, Rejection, make_reader
 from pipeline.ingest.readers.base import snippet_of
-from pipeline.ingest.readers.storage import Storage, _oserror_reason
-from pipeline.io import atomic_path, completed, count_removed, new_stats, write_marker, write_stats
+from pipeline.ingest.readers.storage import Storage, _oserror_reason, compression_of
+from pipeline.io import completed, count_removed, new_stats, write_marker, write_stats
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +79,8 @@ REJECT_COLUMNS = ("source", "path", "where", "reason", "detail", "snippet", "nby
 PARALLEL_MIN_BYTES = 2 << 20
 BATCH_RECORDS = 64
 BATCH_BYTES = 4 << 20
-ROW_GROUP = 1024
+#: reader buffers, decompressor window and Parquet writer state (see "Memory model" above)
+FIXED_BYTES = 16 << 20
 
 
 class IngestError(RuntimeError):
@@ -133,7 +151,11 @@ def _plan_source(src: SourceConfig, reader: Reader, cfg: MindloomConfig) -> list
                               "problem": [reason, getattr(exc, "detail", str(exc))]})
                 continue
             for piece in pieces:
-                nbytes = piece["end"] - piece["start"] if piece.get("end", -1) >= 0 else ref.size
+                ranged = piece.get("end", -1) >= 0
+                nbytes = piece["end"] - piece["start"] if ranged else ref.size
+                if not ranged and (kind := compression_of(ref.path)):
+                    piece = {**piece, "whole_file": f"one {kind} stream, not splittable: one reader task, its "
+                                                    "output cut into shards of ingest.shard_bytes"}
                 units.append({"path": ref.path, "rel": ref.rel, "size": ref.size, "bytes": nbytes, **piece})
     return units
 
@@ -302,73 +324,66 @@ def worker_count(configured: int) -> int:
         return os.cpu_count() or 1
 
 
-class _TableSink:
-    """Streams rows into a Parquet file under a temporary name; the file exists only once ``commit`` ran."""
+def memory_model(workers: int, largest_record: int) -> int:
+    """Bytes an ingest task's main process may grow by over its start-up footprint (module docstring)."""
+    in_flight = 1 if workers <= 1 else 2 * workers + 1
+    return FIXED_BYTES + in_flight * 2 * BATCH_BYTES + 4 * ROW_GROUP_BYTES + 3 * largest_record
 
-    def __init__(self, path: Path, schema, always: bool):
-        self.path, self.schema, self.always = path, schema, always
-        self.rows: dict[str, list] = {c: [] for c in schema.names}
-        self.writer = self.ctx = None
-        self.count = 0
 
-    def add(self, row: dict) -> None:
-        for k in self.rows:
-            self.rows[k].append(row[k])
-        self.count += 1
-        if len(self.rows[self.schema.names[0]]) >= ROW_GROUP:
-            self._flush()
+class _Part:
+    """One output shard being written: its documents, rejects and accounting."""
 
-    def _flush(self) -> None:
-        import pyarrow as pa
-        import pyarrow.parquet as pq
+    def __init__(self, rdir: Path, spec: dict, k: int):
+        self.rdir, self.name = rdir, part_name(spec["shard"], k)
+        self.stats = new_stats(spec["domain"])
+        self.langs: Counter = Counter()
+        self.docs = TableSink(doc_path(rdir, self.name), doc_schema(), always=True)
+        self.rejects = TableSink(reject_path(rdir, self.name), reject_schema(), always=False)
 
-        if self.writer is None:
-            self.ctx = atomic_path(self.path)
-            tmp = self.ctx.__enter__()
-            self.writer = pq.ParquetWriter(tmp, self.schema, compression="zstd")
-        if self.rows[self.schema.names[0]] or not self.count:
-            self.writer.write_table(pa.table(self.rows, schema=self.schema), row_group_size=ROW_GROUP)
-        self.rows = {c: [] for c in self.schema.names}
-
-    def commit(self) -> bool:
-        if not self.count and not self.always:
-            return False
-        self._flush()
-        self.writer.close()
-        self.ctx.__exit__(None, None, None)
-        return True
+    def close(self) -> dict:
+        """Commit both tables and the stats (in = kept + removed is checked); the marker is the caller's."""
+        self.docs.commit()
+        self.rejects.commit()
+        self.stats["lang_docs"] = dict(sorted(self.langs.items()))
+        return write_stats(self.rdir, "ingest", self.name, self.stats)
 
     def abort(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            self.ctx.__exit__(RuntimeError, RuntimeError("aborted"), None)
+        self.docs.abort()
+        self.rejects.abort()
 
 
 def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
-    """Read one shard, normalize, write the shard, its rejects and its stats; return the stats."""
-    out = rdir / "ingest" / f"{spec['shard']}.parquet"
+    """Read one plan shard; write as many output shards as its input needs (:mod:`pipeline.ingest.output`), each
+    with its documents, rejects, stats and marker.  Returns the plan shard's stats: the sum over its output shards,
+    with ``parts`` listing them."""
+    out = doc_path(rdir, spec["shard"])
     if done := completed(out):
         log.info("ingest %s already complete, skipping", spec["shard"])
-        return done["stats"]
+        return done.get("spec_stats", done["stats"])
     src = cfg.sources[spec["source_index"]]
     reader = make_reader(src, cfg.ingest.max_record_bytes)
     storage = Storage(src.fs_options)
     full_path = {u["rel"]: u["path"] for u in spec["units"]}
-    stats = new_stats(spec["domain"])
-    langs: Counter = Counter()
     workers = worker_count(cfg.ingest.workers) if spec.get("bytes", 0) >= PARALLEL_MIN_BYTES else 1
     init_args = (_source_dict(src), cfg.ingest.max_record_bytes, cfg.ingest.max_doc_chars, spec["domain"])
-    docs = _TableSink(out, doc_schema(), always=True)
-    rejects = _TableSink(rdir / "rejects" / "ingest" / f"{spec['shard']}.parquet", reject_schema(), always=False)
+    limit = cfg.ingest.shard_bytes
+    part = _Part(rdir, spec, 0)
+    closed: list[dict] = []
     try:
         for res, nbytes in _results(_records(reader, storage, spec), workers, init_args):
             if isinstance(res, Rejection):
                 nbytes = res.nbytes
+            if part.stats["in_bytes"] >= limit:     # this output shard is full: the record starts the next one
+                closed.append(part.close())
+                if len(closed) > 1:
+                    write_marker(doc_path(rdir, part.name), {"stats": closed[-1]})
+                part = _Part(rdir, spec, len(closed))
+            stats = part.stats
             stats["in_docs"] += 1
             stats["in_bytes"] += nbytes
             if isinstance(res, dict):
-                docs.add(res)
-                langs[res["lang"]] += 1
+                part.docs.add(res)
+                part.langs[res["lang"]] += 1
                 stats["kept_docs"] += 1
                 stats["kept_bytes"] += nbytes
                 continue
@@ -379,20 +394,42 @@ def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
             if not res.policy:
                 log.warning("rejected %s", message)
             if res.listed:
-                rejects.add({"source": spec.get("source", ""), "path": path, "where": res.where,
-                             "reason": res.reason, "detail": res.detail[:500], "snippet": res.snippet[:200],
-                             "nbytes": nbytes})
+                part.rejects.add({"source": spec.get("source", ""), "path": path, "where": res.where,
+                                  "reason": res.reason, "detail": res.detail[:500], "snippet": res.snippet[:200],
+                                  "nbytes": nbytes})
             count_removed(stats, res.reason, nbytes)
-        docs.commit()
-        rejects.commit()
+        closed.append(part.close())
     except BaseException:
-        docs.abort()
-        rejects.abort()
+        part.abort()
         raise
-    stats["lang_docs"] = dict(sorted(langs.items()))
-    stats = write_stats(rdir, "ingest", spec["shard"], stats)
-    write_marker(out, {"stats": stats})
-    return stats
+    if len(closed) > 1:
+        write_marker(doc_path(rdir, part.name), {"stats": closed[-1]})
+    remove_stale_parts(rdir, spec["shard"], len(closed))
+    parts = [s["shard"] for s in closed]
+    total = _sum_stats(spec, closed)
+    if len(closed) > 1:
+        log.info("ingest %s: %d output shards of at most %d input bytes (+ one record)", spec["shard"], len(closed),
+                 limit)
+    write_marker(out, {"stats": closed[0], "parts": parts, "spec_stats": total})
+    return total
+
+
+def _sum_stats(spec: dict, parts: list[dict]) -> dict:
+    """The plan shard's accounting: every output shard's, added up."""
+    if len(parts) == 1:
+        return {**parts[0], "parts": [parts[0]["shard"]]}
+    total = {"stage": "ingest", "shard": spec["shard"], **new_stats(spec["domain"])}
+    langs: Counter = Counter()
+    for p in parts:
+        for k in ("in_docs", "in_bytes", "kept_docs", "kept_bytes"):
+            total[k] += p[k]
+        for reason, v in p["removed"].items():
+            count_removed(total, reason, v["bytes"], v["docs"])
+        langs.update(p["lang_docs"])
+    total["removed"] = dict(sorted(total["removed"].items()))
+    total["lang_docs"] = dict(sorted(langs.items()))
+    total["parts"] = [p["shard"] for p in parts]
+    return total
 
 
 def _source_dict(src: SourceConfig) -> dict:

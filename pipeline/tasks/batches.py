@@ -78,15 +78,18 @@ def pool_size(configured: int, items: int) -> int:
     return max(1, min(configured or worker_cores(), items))
 
 
-def run_batch(fn: Callable[[dict], dict], batch: dict, workers: int = 1) -> dict:
+def run_batch(fn: Callable[[dict], dict], batch: dict, workers: int = 1,
+              expand: Callable[[list[dict]], list[dict]] | None = None) -> dict:
     """Run a per-shard stage over the batch's shards in order; with ``workers`` > 1 in a pool of spawned processes
-    (results in shard order).  Returns counts, not the per-shard stats (those are in each shard's marker and
-    ``stats/``)."""
-    specs = batch_specs(batch)
+    (results in shard order).  ``expand`` turns the batch's plan specs into the specs the stage runs over (after
+    ingest: one per output shard, ``pipeline.ingest.output.output_specs``).  Returns counts, not the per-shard
+    stats (those are in each shard's marker and ``stats/``)."""
+    plan = batch_specs(batch)
+    specs = expand(plan) if expand else plan
     if workers > 1 and len(specs) > 1:
         with ProcessPoolExecutor(min(workers, len(specs)), mp_context=get_context("spawn")) as pool:
             done = list(pool.map(fn, specs))
     else:
         done = [fn(spec) for spec in specs]
     return {"task": batch["task"], "of": batch["of"], "first": batch["first"], "last": batch["last"],
-            "shards": len(done), "input_bytes": sum(s.get("bytes", 0) for s in specs)}
+            "shards": len(done), "input_bytes": sum(s.get("bytes", 0) for s in plan)}

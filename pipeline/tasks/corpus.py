@@ -16,6 +16,7 @@ from pipeline import confine
 from pipeline.config import MindloomConfig, config_from_dict
 from pipeline.dedup import exact as exact_dedup
 from pipeline.form import config_from_params
+from pipeline.ingest import output as ingest_output
 from pipeline.ingest import run as ingest
 from pipeline.io import read_json, run_dir, write_json
 from pipeline.profile import measured
@@ -79,9 +80,10 @@ def load_run_config(rdir: str | Path) -> MindloomConfig:
 
 
 def _run_of(items: list[dict]) -> tuple[Path, list[str]]:
-    """The run folder and every shard of the run, in plan order, from shard specs or batch handles alike."""
+    """The run folder and every output shard of ingest, in plan order, from shard specs or batch handles alike
+    (a plan shard may have given several: ``pipeline.ingest.output``)."""
     rdir = Path(items[0]["run_dir"])
-    return rdir, [s["shard"] for s in read_json(rdir / batches.PLAN)]
+    return rdir, [p for s in read_json(rdir / batches.PLAN) for p in ingest_output.output_shards(rdir, s["shard"])]
 
 
 def plan_tasks(params: dict | MindloomConfig, run_id: str, config_path: str | None = None) -> list[dict]:
@@ -103,7 +105,8 @@ def run_stage_batch(stage: str, batch: dict) -> dict:
     cfg = load_run_config(batch["run_dir"])
     workers = batches.pool_size(cfg.task_workers, batch["last"] - batch["first"] + 1) if stage in POOLED else 1
     with measured(batch["run_dir"], stage, batches.batch_unit(batch)) as prof:
-        out = batches.run_batch(SHARD_STAGES[stage], batch, workers)
+        out = batches.run_batch(SHARD_STAGES[stage], batch, workers,
+                                None if stage == "ingest" else ingest_output.output_specs)
         prof.update(shards=out["shards"], input_bytes=out["input_bytes"], workers=workers)
     return {**out, **{k: prof[k] for k in ("wall_s", "cpu_s", "peak_rss_mb")}}      # what the task reports
 
@@ -422,6 +425,7 @@ def run_all(params: dict | MindloomConfig, run_id: str, config_path: str | None 
             fn(spec)
 
     each("ingest", ingest_shard)
+    specs = ingest_output.output_specs(specs)       # the later stages run over ingest's output shards
     exact_index(specs)
     each("exact dedup", exact_dedup_shard)
     each("minhash signatures", minhash_signatures)

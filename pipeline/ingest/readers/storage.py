@@ -264,9 +264,33 @@ class Storage:
         except OSError as exc:
             raise ReadError(_oserror_reason(exc), f"cannot be opened ({exc.strerror or exc})") from None
 
+    def size_of(self, path: str) -> int | None:
+        """The size of a file, or None when there is none (a stat / HEAD, never a read)."""
+        try:
+            if is_uri(path):
+                import pyarrow.fs as pafs
+
+                fs, inner = self.filesystem(path)
+                info = fs.get_file_info(inner)
+                return info.size if info.type == pafs.FileType.File else None
+            st = os.stat(path.removeprefix("file://"))
+            return st.st_size if stat.S_ISREG(st.st_mode) else None
+        except OSError:
+            return None
+
+    def open_range(self, path: str, start: int, end: int):
+        """A buffered stream of the decompressed content of bytes [start, end) of a file whose compressed
+        streams start at ``start`` and end at ``end`` (whole bz2 streams of a multistream dump)."""
+        fh = self.open_random_access(path)
+        fh.seek(start)
+        return self._decompressed(_Limited(fh, end - start), path)
+
     def open(self, path: str):
         """A buffered binary stream of the decompressed content (by suffix: .gz, .bz2, .zst/.zstd)."""
-        raw = self.open_raw(path)
+        return self._decompressed(self.open_raw(path), path)
+
+    @staticmethod
+    def _decompressed(raw, path: str):
         kind = compression_of(path)
         if kind == "gz":
             return io.BufferedReader(_Checked(gzip.GzipFile(fileobj=raw, mode="rb"), "gzip"), 1 << 20)
@@ -306,6 +330,31 @@ class _Checked(io.RawIOBase):
             raise ReadError("corrupt_file", f"{self.kind} data is corrupt ({exc})") from None
         n = len(data)
         buf[:n] = data
+        return n
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            super().close()
+
+
+class _Limited(io.RawIOBase):
+    """At most ``n`` bytes of a stream (a byte range), then end of file."""
+
+    def __init__(self, inner, n: int):
+        self.inner, self.left = inner, n
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buf) -> int:
+        if self.left <= 0:
+            return 0
+        data = self.inner.read(min(len(buf), self.left))
+        n = len(data)
+        buf[:n] = data
+        self.left -= n
         return n
 
     def close(self) -> None:
