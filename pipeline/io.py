@@ -84,7 +84,21 @@ def config_digest(*parts: Any) -> str:
     Marker digests chain: a unit's digest covers its own settings and the ``sha256`` its inputs' markers recorded,
     so a changed upstream output (or setting) makes every unit below it incomplete, without reading any data.
     """
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=_plain).encode()).hexdigest()
+
+
+def settings(section: Any, *runtime: str) -> dict:
+    """A config section's fields without the ``runtime`` ones (worker counts: they change no output)."""
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(section).items() if k not in runtime}
+
+
+def _plain(obj: Any) -> Any:
+    """JSON form of a config dataclass (its fields) or anything else (its str)."""
+    import dataclasses
+
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else str(obj)
 
 
 def write_marker(output: str | Path, extra: dict | None = None, *, config: str | None = None,
@@ -158,6 +172,13 @@ class HashingFile:
 
     def seekable(self) -> bool:
         return False
+
+
+def recorded_sha256(path: str | Path) -> str:
+    """The sha256 of an input as its marker recorded it (no data read); an input written without a marker (a
+    hand-made test file, a foreign folder) is hashed instead."""
+    done = completed(path)
+    return done["sha256"] if done and done.get("sha256") else sha256_file(path)
 
 
 def write_parquet(table: Any, path: str | Path) -> str:

@@ -89,16 +89,16 @@ def test_any_corpus_fills_every_file_within_one_row(tmp_path, n_docs, shard_num,
     assert m["documents"] == n_docs
 
 
-def test_several_buckets_per_file_and_files_per_bucket_give_the_one_stream(tmp_path):
-    """With more files (``shard_mb`` tiny) a file's rows straddle buckets; the result is still the one stream."""
+def test_rows_straddle_buckets_and_files_straddle_documents(tmp_path):
+    """Five files over three shards: file boundaries fall inside documents and key-range buckets alike, and the
+    files still hold the one stream (copies are fed by stream position, not by bucket)."""
     rng = np.random.default_rng(5)
     docs = {f"b-{s:05d}": [rng.integers(3, 500, int(n), dtype=np.int32) for n in rng.integers(50, 3_000, 30)]
             for s in range(3)}
-    m = build(tmp_path, docs, seq_len=127, shard_num=2, shard_mb=1)
+    m = build(tmp_path, docs, seq_len=127, shard_num=5)
     stream = sum(len(t) + 1 for ts in docs.values() for t in ts)
-    assert len(m["shards"]) == 2 * -(-(-(-stream // (1 << 18))) // 2)
     counts = [s["samples"] for s in m["shards"]]
-    assert sum(counts) == stream // 128 and max(counts) - min(counts) <= 1
+    assert len(counts) == 5 and sum(counts) == stream // 128 and max(counts) - min(counts) <= 1
     assert np.array_equal(np.concatenate(read_rows(tmp_path / "mindrecord")), expected_stream(docs, 127, "drop", False))
 
 

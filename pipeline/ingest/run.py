@@ -52,7 +52,16 @@ from pipeline.ingest.normalize import doc_id, normalize_text, text_hash
 from pipeline.ingest.readers import FileRef, RawRecord, Reader, ReadError, Rejection, make_reader
 from pipeline.ingest.readers.base import snippet_of
 from pipeline.ingest.readers.storage import Storage, _oserror_reason
-from pipeline.io import atomic_path, completed, count_removed, new_stats, write_marker, write_stats
+from pipeline.io import (
+    atomic_path,
+    completed,
+    config_digest,
+    count_removed,
+    new_stats,
+    settings,
+    write_marker,
+    write_stats,
+)
 
 log = logging.getLogger(__name__)
 
@@ -347,7 +356,9 @@ class _TableSink:
 def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
     """Read one shard, normalize, write the shard, its rejects and its stats; return the stats."""
     out = rdir / "ingest" / f"{spec['shard']}.parquet"
-    if done := completed(out):
+    digest = config_digest("ingest", cfg.sources[spec["source_index"]], settings(cfg.ingest, "workers"),
+                           {k: v for k, v in spec.items() if k != "run_dir"})
+    if done := completed(out, digest):
         log.info("ingest %s already complete, skipping", spec["shard"])
         return done["stats"]
     src = cfg.sources[spec["source_index"]]
@@ -391,7 +402,7 @@ def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
         raise
     stats["lang_docs"] = dict(sorted(langs.items()))
     stats = write_stats(rdir, "ingest", spec["shard"], stats)
-    write_marker(out, {"stats": stats})
+    write_marker(out, {"stats": stats}, config=digest)
     return stats
 
 

@@ -377,11 +377,20 @@ def collect_stats(rdir: str | Path) -> dict:
 
 @_profiled("publish")
 def publish(specs: list[dict]) -> dict:
-    """Record the finished corpus as the latest one (``<data_root>/corpus/LATEST.json``) and summarise it."""
+    """Record the finished corpus as the latest one (``<data_root>/corpus/LATEST.json``) and summarise it.
+
+    The summary carries the manifest's sha256; the manifest carries every file's size and sha256 as its writer
+    computed them.  Nothing here reads MindRecord data.
+    """
+    import hashlib
+    import json
+
     rdir, _ = _run_of(specs)
     cfg = load_run_config(rdir)
-    manifest = read_json(Path(rdir) / "mindrecord" / mindrecord.MANIFEST)
+    raw = (Path(rdir) / "mindrecord" / mindrecord.MANIFEST).read_bytes()     # one small read: parsed and hashed
+    manifest = json.loads(raw)
     summary = manifest_summary(Path(rdir), manifest)
+    summary["manifest_sha256"] = hashlib.sha256(raw).hexdigest()     # what training checks at start
     summary["stats"] = collect_stats(rdir)
     empty = Path(rdir) / "empty_sources.json"
     summary["empty_sources"] = read_json(empty) if empty.exists() else []
