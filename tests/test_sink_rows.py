@@ -111,3 +111,47 @@ def test_fewer_rows_than_files_fails_with_one_line(tmp_path):
     assert msg == ("pack.shard_num: the corpus packs into 4 rows of 64 tokens, fewer than its 8 output files "
                    "(pack.shard_num 8); lower pack.shard_num or add data")
     assert not (tmp_path / "sink" / "scatter").exists()           # refused before any work
+
+
+def two_documents(tmp: Path, **pack):
+    """Two real documents (about 60 KB of Python source, one domain) through the whole chain with seed 1, under
+    which the former per-document deal put both into file 0 and stopped ("output file 2 of 2 packs into 0 rows")."""
+    import sysconfig
+
+    from conftest import write_jsonl
+
+    from pipeline.config import config_from_dict
+
+    root = Path(sysconfig.get_paths()["stdlib"])
+    write_jsonl(tmp / "in.jsonl", [{"id": n, "text": (root / n).read_text(encoding="utf-8")}
+                                   for n in ("tempfile.py", "ntpath.py")])
+    return config_from_dict({
+        "data_root": str(tmp / "data"), "seed": 1, "parallelism": 2,
+        "sources": [{"domain": "code", "paths": [str(tmp / "in.jsonl")], "lang": "code"}],
+        "tokenizer": {"vocab_size": 2000, "sample_chars": 200_000},
+        "mixture": {"val_fraction": 0.0, "val_min_docs": 0}, "pack": {"shard_num": 2, **pack}})
+
+
+@pytest.mark.slow
+def test_two_real_documents_fill_two_files_through_the_chain(tmp_path):
+    from pipeline.io import read_json, read_parquet
+    from pipeline.tasks.corpus import run_all
+
+    summary = run_all(two_documents(tmp_path), "two", progress=False)
+    m = read_json(summary["manifest"])
+    tok = [n for f in sorted(Path(summary["run_dir"], "tokenize").glob("*.parquet"))
+           for n in read_parquet(f, columns=["n_tokens"]).column(0).to_pylist()]
+    rows = (sum(tok) + len(tok)) // 129          # seq_len 128: the stream of both documents, each with its EOS
+    assert len(tok) == 2 and m["documents"] == 2 and 100 <= rows <= 150
+    assert [s["samples"] for s in m["shards"]] == [rows // 2, rows - rows // 2]
+    assert m["samples"] == rows and m["dropped_tail_tokens"] == sum(tok) + 2 - rows * 129
+
+
+@pytest.mark.slow
+def test_fewer_rows_than_shard_num_stops_the_chain_with_one_line(tmp_path):
+    from pipeline.tasks.corpus import run_all
+
+    with pytest.raises(shards.RowDealError, match=r"^pack.shard_num: the corpus packs into \d+ rows of 129 tokens, "
+                                                  r"fewer than its 256 output files \(pack.shard_num 256\); lower "
+                                                  r"pack.shard_num or add data$"):
+        run_all(two_documents(tmp_path, shard_num=256), "two", progress=False)
