@@ -100,8 +100,7 @@ def write_mindrecord(rdir: Path, shards: list[str], *, seq_len: int, shard_num: 
     mapped tasks (:mod:`pipeline.tasks.corpus`).
     """
     final = rdir / "mindrecord"
-    if (final / MANIFEST).exists():
-        manifest = read_json(final / MANIFEST)
+    if (final / MANIFEST).exists() and (manifest := read_json(final / MANIFEST)).get("config_sha256") == config_sha256:
         verify(final, full_read=False, hashes=False)
         return manifest
     if not mixture:
@@ -141,15 +140,22 @@ def sink_layout(rdir: Path, *, seq_len: int, shard_mb: int, shard_num: int,
     Rows are dealt to files (:mod:`pipeline.sink.shards`), so any corpus with at least as many rows as files fills
     every file; one with fewer fails here, before any scatter, with one line naming ``pack.shard_num``.
     """
+    import json
+
+    from pipeline.io import config_digest
+
     path = rdir / "sink" / "layout.json"
-    if path.exists():
-        return read_json(path)
-    report = read_json(rdir / "mixture" / "report.json")
+    raw = (rdir / "mixture" / "report.json").read_bytes()
+    key = config_digest("sink_layout", seq_len, shard_mb, shard_num, add_bos, remainder,
+                        hashlib.sha256(raw).hexdigest())
+    if path.exists() and (layout := read_json(path)).get("key") == key:
+        return layout
+    report = json.loads(raw)
     tokens = scatter.stream_tokens(report, add_bos)
     n_files = scatter.n_output_files(tokens, shard_mb, shard_num)
     shards_mod.check_rows(shards_mod.total_rows(tokens, seq_len, remainder), n_files, seq_len, shard_num)
     layout = {"n_files": n_files, "domains": sorted(report["domains"]), "stream_tokens": tokens,
-              "shard_mb": shard_mb, "shard_num": shard_num}
+              "shard_mb": shard_mb, "shard_num": shard_num, "key": key}
     write_json(path, layout)
     return layout
 

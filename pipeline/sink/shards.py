@@ -221,8 +221,9 @@ def finalize_set(rdir: Path, n_files: int, shards: list[str], *, seq_len: int, d
     from pipeline.sink.verify import rank_split, verify
 
     final = rdir / "mindrecord"
-    if (final / MANIFEST).exists():
-        return read_json(final / MANIFEST)
+    if (final / MANIFEST).exists() and (old := read_json(final / MANIFEST)).get("config_sha256") == \
+            extra.get("config_sha256"):
+        return old
     entries = []
     for k in range(n_files):
         done = completed(output_path(rdir, k, n_files))

@@ -244,9 +244,21 @@ def _tokenizer_info(rdir: Path) -> dict:
     return read_json(rdir / "tokenizer" / "spm.model.done")["info"]
 
 
+def _sink_final(rdir: Path) -> dict | None:
+    """The run's finished MindRecord set when it was written with the run's current config (a rerun skips the
+    sink; a Clear after a config change writes it again)."""
+    path = rdir / "mindrecord" / mindrecord.MANIFEST
+    if not path.exists():
+        return None
+    manifest = read_json(path)
+    return manifest if manifest.get("config_sha256") == load_run_config(rdir).digest() else None
+
+
 def sink_scatter_shard(spec: dict) -> dict:
-    """Sink step 1 (per shard): assign the shard's training copies to the output files."""
+    """Sink step 1 (per shard): put the shard's training copies into the key-range buckets."""
     rdir = Path(spec["run_dir"])
+    if _sink_final(rdir):
+        return {"shard": spec["shard"], "skipped": "the MindRecord set is final"}
     layout = _sink_layout(rdir)
     cfg = load_run_config(rdir)
     return scatter.run_scatter_shard(rdir, spec["shard"], seed=cfg.seed, n_files=layout["n_files"],
@@ -279,8 +291,12 @@ def sink_file_batches(specs: list[dict]) -> list[dict]:
 
 
 def write_file_batch(batch: dict) -> dict:
-    """Sink step 2 (per output file): pack and write the batch's MindRecord files, ``pack.write_workers`` at once."""
+    """Sink step 2 (per output file): pack and write the batch's MindRecord files (their rows of the corpus stream),
+    ``pack.write_workers`` at once; each writer verifies its own file."""
     rdir = Path(batch["run_dir"])
+    if _sink_final(rdir):
+        return {"task": batch["task"], "of": batch["of"], "files": 0, "samples": 0,
+                "skipped": "the MindRecord set is final"}
     _, shards = _run_of([batch])
     n_files = _sink_layout(rdir)["n_files"]
     files = list(range(batch["first"], batch["last"] + 1))
@@ -332,7 +348,7 @@ def write_mindrecord(specs: list[dict]) -> dict:
 
 @_profiled("write_validation")
 def write_validation(specs: list[dict]) -> dict:
-    """Write and verify the held-out MindRecord sets, one per domain (``mindrecord_val/<domain>/``)."""
+    """Write the held-out MindRecord sets, one per domain (``mindrecord_val/<domain>/``), verified as written."""
     rdir, _ = _run_of(specs)
     cfg = load_run_config(rdir)
     tok = _tokenizer_info(rdir)
@@ -341,7 +357,6 @@ def write_validation(specs: list[dict]) -> dict:
         bos_id=tok.get("bos_id", tokenizer.BOS_ID), pad_id=tok.get("pad_id", tokenizer.PAD_ID),
         vocab_size=tok["vocab_size"], tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(),
         domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries)
-    mindrecord.verify(rdir / validation.VAL_DIR, full_read=True)
     return manifest
 
 
