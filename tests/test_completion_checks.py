@@ -8,6 +8,7 @@ now a check is a stat and a small JSON read.  Measured with the kernel's count o
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 from pathlib import Path
 
@@ -140,3 +141,37 @@ def test_sink_writer_checks_every_scatter_file_by_its_marker(tmp_path, monkeypat
     data = sum(p.stat().st_size for p in inputs)
     assert c.read <= marker_bytes([*inputs, out]) + 512 and c.read * 100 < data, (c.read, data)
     print(f"sink_write rerun: {c.read} bytes read for {len(inputs)} scatter files of {data} bytes")
+
+
+def test_a_config_change_makes_ingest_and_tokenize_markers_stale(tmp_path):
+    """Ingest and tokenize markers carry their config digest: a Clear after a config change redoes the unit."""
+    from test_tokenizer import SMALL, write_quality_shards
+
+    from pipeline.tokenizer import run as tok
+
+    write_jsonl(tmp_path / "a.jsonl", prose_records(6))
+    base = {"data_root": str(tmp_path), "ingest": {"workers": 1},
+            "sources": [{"domain": "a", "paths": [str(tmp_path / "a.jsonl")]}]}
+    spec = plan_ingest(config_from_dict(base))[0]
+    out = tmp_path / "run" / "ingest" / f"{spec['shard']}.parquet"
+    run_ingest_shard(config_from_dict(base), tmp_path / "run", spec)
+    first = pio.read_marker(out)
+    assert pio.completed(out, first["config"]) and first["bytes"] == out.stat().st_size
+    run_ingest_shard(config_from_dict({**base, "ingest": {"workers": 2}}), tmp_path / "run", spec)
+    assert pio.read_marker(out) == first                       # worker count changes no output: still complete
+    changed = config_from_dict({**base, "ingest": {"workers": 1, "max_doc_chars": 500}})
+    stats = run_ingest_shard(changed, tmp_path / "run", spec)
+    assert pio.read_marker(out)["config"] != first["config"] and stats["kept_docs"] < first["stats"]["kept_docs"]
+
+    rdir = tmp_path / "tok"
+    shards = write_quality_shards(rdir, {"prose": prose_records(30)}, per_shard=30)
+    tok.train_tokenizer(SMALL, rdir, shards, 1)
+    tok.run_tokenize_shard(rdir, shards[0], workers=1)
+    path = rdir / "tokenize" / f"{shards[0]}.parquet"
+    before = pio.read_marker(path)
+    tok.train_tokenizer(SMALL, rdir, shards, 2)        # another seed, the same sample: the same model bytes,
+    tok.run_tokenize_shard(rdir, shards[0], workers=1)  # so the tokenized shard is still complete
+    assert pio.read_marker(path) == before
+    tok.train_tokenizer(dataclasses.replace(SMALL, vocab_size=SMALL.vocab_size + 50), rdir, shards, 2)
+    tok.run_tokenize_shard(rdir, shards[0], workers=1)  # another model: tokenized again
+    assert pio.read_marker(path)["config"] != before["config"]
