@@ -1,8 +1,9 @@
 """MindRecord token sets of the corpus and validation split, and their verification against the manifest.
 
-:func:`write_mindrecord` orders every tokenized document (with the mixture's copies) and :func:`write_token_set`
-packs them (:mod:`pipeline.sink.packing`) and writes the shards through the one writer
-(:mod:`pipeline.sink.writer`), into a temporary folder that is renamed into place.
+:func:`write_mindrecord` runs the corpus sink in one process (scatter into key-range buckets, one writer per file
+dealt its consecutive rows of the one packed stream, the set assembled: :mod:`pipeline.sink.scatter`,
+:mod:`pipeline.sink.shards`); :func:`write_token_set` packs documents already in order (validation sets, tests)
+and deals the rows round-robin, through the one writer (:mod:`pipeline.sink.writer`).
 
 Row schema: ``input_ids`` int32 ``[seq_len + 1]``; optionally ``domain_id`` int32 (index into the manifest's
 ``domains``: the domain of the row's first token; an index field, so ``MindPage`` can list rows per domain) and
