@@ -175,3 +175,34 @@ def test_a_config_change_makes_ingest_and_tokenize_markers_stale(tmp_path):
     tok.train_tokenizer(dataclasses.replace(SMALL, vocab_size=SMALL.vocab_size + 50), rdir, shards, 2)
     tok.run_tokenize_shard(rdir, shards[0], workers=1)  # another model: tokenized again
     assert pio.read_marker(path)["config"] != before["config"]
+
+
+def test_training_start_checks_the_published_manifest_digest_and_sizes_only(tmp_path, monkeypatch):
+    """``pretrain`` compares the manifest with the digest publish recorded and every file's size: no file hashed."""
+    import hashlib
+    import json
+
+    from pipeline.sink import verify
+    from pipeline.tasks.pretrain import check_manifest_digest
+
+    mr = tmp_path / "mindrecord"
+    mr.mkdir()
+    (mr / "a.mindrecord").write_bytes(b"x" * 100)
+    (mr / "a.mindrecord.db").write_bytes(b"y")
+    manifest = {"format": "mindrecord", "samples": 4, "shards": [{"file": "a.mindrecord", "bytes": 100,
+                                                                  "sha256": "0" * 64, "db_sha256": "0" * 64}]}
+    raw = json.dumps(manifest).encode()
+    (mr / "manifest.json").write_bytes(raw)
+    summary = {"mindrecord_dir": str(mr), "manifest_sha256": hashlib.sha256(raw).hexdigest()}
+    with Counted(monkeypatch) as c:
+        monkeypatch.setattr(verify, "sha256_file", pio.sha256_file)
+        check_manifest_digest(summary)
+        assert verify.verify(mr, full_read=False, hashes=False, num_shards=2)["ranks"]["rows_per_rank"] == 2
+    assert c.hashed == []           # the recorded sha256 values are wrong on purpose: never looked at
+    with pytest.raises(verify.ShardError, match="differs from the published corpus"):
+        check_manifest_digest({**summary, "manifest_sha256": "1" * 64})
+    with pytest.raises(verify.ShardError, match="4 rows cannot be split over 8"):
+        verify.verify(mr, full_read=False, hashes=False, num_shards=8)
+    (mr / "a.mindrecord").write_bytes(b"x" * 99)
+    with pytest.raises(verify.ShardError, match="99 bytes, manifest says 100"):
+        verify.verify(mr, full_read=False, hashes=False)
