@@ -1,9 +1,12 @@
 """Atomic file output, completion markers and the run-folder layout shared by every stage.
 
 Every output is written under a temporary name in the same folder and renamed into place, so a crash never
-leaves a half-written file under a final name.  A stage that finishes a shard writes ``<output>.done`` holding the
-sha256 of what it wrote; a rerun that finds a marker whose checksum still matches skips the shard, which makes
-Airflow retries and clears idempotent.
+leaves a half-written file under a final name.  A stage that finishes a unit writes ``<output>.done`` holding the
+size and sha256 of what it wrote (the digest computed once, by the writer) and the digest of the configuration and
+inputs that produced it (:func:`config_digest`).  :func:`completed` trusts a marker whose size and config digest
+still match: it never reads the output's data, so a fan-in task that checks thousands of inputs reads thousands of
+small JSON files, not the corpus.  Data is verified where it is written; a full re-read is an explicit request
+(``mindloom verify``).  Reruns, retries and clears skip complete units and redo those whose config changed.
 """
 
 from __future__ import annotations
@@ -58,9 +61,12 @@ def atomic_path(final: str | Path) -> Iterator[Path]:
             tmp_path.unlink()
 
 
-def write_json(path: str | Path, obj: Any) -> None:
+def write_json(path: str | Path, obj: Any) -> str:
+    """Write ``obj`` atomically; return the sha256 of the bytes written (a digest without a second read)."""
+    data = (json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n").encode("utf-8")
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(obj, indent=1, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+        tmp.write_bytes(data)
+    return hashlib.sha256(data).hexdigest()
 
 
 def read_json(path: str | Path) -> Any:
@@ -72,29 +78,118 @@ def marker_path(output: str | Path) -> Path:
     return output.with_name(output.name + ".done")
 
 
-def write_marker(output: str | Path, extra: dict | None = None) -> None:
-    """Record that ``output`` is complete, with its checksum (and e.g. the stage's stats)."""
-    write_json(marker_path(output), {"output": Path(output).name, "sha256": sha256_file(output), **(extra or {})})
+def config_digest(*parts: Any) -> str:
+    """sha256 of the canonical JSON of ``parts``: the settings of a unit and the digests of its inputs.
+
+    Marker digests chain: a unit's digest covers its own settings and the ``sha256`` its inputs' markers recorded,
+    so a changed upstream output (or setting) makes every unit below it incomplete, without reading any data.
+    """
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=_plain).encode()).hexdigest()
 
 
-def completed(output: str | Path) -> dict | None:
-    """The marker of ``output`` when it exists and still matches the file; otherwise None."""
-    marker = marker_path(output)
-    if not marker.exists() or not Path(output).exists():
-        return None
+def settings(section: Any, *runtime: str) -> dict:
+    """A config section's fields without the ``runtime`` ones (worker counts: they change no output)."""
+    import dataclasses
+
+    return {k: v for k, v in dataclasses.asdict(section).items() if k not in runtime}
+
+
+def _plain(obj: Any) -> Any:
+    """JSON form of a config dataclass (its fields) or anything else (its str)."""
+    import dataclasses
+
+    return dataclasses.asdict(obj) if dataclasses.is_dataclass(obj) else str(obj)
+
+
+def write_marker(output: str | Path, extra: dict | None = None, *, config: str | None = None,
+                 sha256: str | None = None) -> dict:
+    """Record that ``output`` is complete: its size, its sha256 and the ``config`` digest that produced it.
+
+    ``sha256`` is the digest the writer computed while writing; without one the file just written is hashed here
+    (once, by the unit that wrote it: never again by a unit that only checks it).
+    """
+    output = Path(output)
+    info = {"output": output.name, "bytes": output.stat().st_size, "sha256": sha256 or sha256_file(output),
+            **({"config": config} if config is not None else {}), **(extra or {})}
+    write_json(marker_path(output), info)
+    return info
+
+
+def read_marker(output: str | Path) -> dict | None:
+    """The marker of ``output`` as written, or None (no data is read)."""
     try:
-        info = read_json(marker)
+        return read_json(marker_path(output))
     except (OSError, ValueError):
         return None
-    return info if info.get("sha256") == sha256_file(output) else None
 
 
-def write_parquet(table: Any, path: str | Path) -> None:
-    """Atomically write a pyarrow Table (zstd, deterministic for the same rows)."""
+def completed(output: str | Path, config: str | None = None) -> dict | None:
+    """The marker of ``output`` when the output exists with the recorded size (and ``config`` digest); else None.
+
+    Cheap by design (a stat and a small JSON read): the data was hashed once when written, and a rerun of a unit
+    whose settings or inputs changed is caught by the config digest, not by re-reading the output.
+    """
+    output = Path(output)
+    info = read_marker(output)
+    if not info or not isinstance(info, dict):
+        return None
+    try:
+        size = output.stat().st_size
+    except OSError:
+        return None
+    if info.get("bytes") != size or (config is not None and info.get("config") != config):
+        return None
+    return info
+
+
+class HashingFile:
+    """A binary file that hashes what passes through it: the digest of an output without reading it back."""
+
+    def __init__(self, fh):
+        self._fh, self.hash, self.size = fh, hashlib.sha256(), 0
+        self.closed = False
+
+    def write(self, data) -> int:
+        data = memoryview(data)
+        self.hash.update(data)
+        self.size += data.nbytes
+        return self._fh.write(data)
+
+    def tell(self) -> int:
+        return self.size
+
+    def flush(self) -> None:
+        self._fh.flush()
+
+    def close(self) -> None:
+        self.closed = True
+
+    def writable(self) -> bool:
+        return True
+
+    def readable(self) -> bool:
+        return False
+
+    def seekable(self) -> bool:
+        return False
+
+
+def recorded_sha256(path: str | Path) -> str:
+    """The sha256 of an input as its marker recorded it (no data read); an input written without a marker (a
+    hand-made test file, a foreign folder) is hashed instead."""
+    done = completed(path)
+    return done["sha256"] if done and done.get("sha256") else sha256_file(path)
+
+
+def write_parquet(table: Any, path: str | Path) -> str:
+    """Atomically write a pyarrow Table (zstd, deterministic for the same rows); return its sha256, hashed while
+    writing (pass it to :func:`write_marker`)."""
     import pyarrow.parquet as pq
 
-    with atomic_path(path) as tmp:
-        pq.write_table(table, tmp, compression="zstd", row_group_size=1024)
+    with atomic_path(path) as tmp, open(tmp, "wb") as fh:
+        sink = HashingFile(fh)
+        pq.write_table(table, sink, compression="zstd", row_group_size=1024)
+    return sink.hash.hexdigest()
 
 
 def read_parquet(path: str | Path, columns: list[str] | None = None) -> Any:

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.io import write_json, write_parquet
+from pipeline.io import write_json, write_marker, write_parquet
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -53,8 +53,10 @@ def make_run(rdir: Path, n_shards: int) -> list[str]:
         toks = rng.integers(4, 32000, size=(docs, DOC_TOKENS), dtype=np.int32)
         tokens = pa.ListArray.from_arrays(pa.array(np.arange(docs + 1, dtype=np.int32) * DOC_TOKENS),
                                           pa.array(toks.reshape(-1)))
-        write_parquet(pa.table({"doc_id": ids, "domain": ["a" if i % 3 else "b" for i in range(docs)],
-                                "tokens": tokens}), rdir / "tokenize" / f"{name}.parquet")
+        path = rdir / "tokenize" / f"{name}.parquet"
+        write_marker(path, sha256=write_parquet(pa.table({"doc_id": ids, "domain": ["a" if i % 3 else "b"
+                                                                                    for i in range(docs)],
+                                                          "tokens": tokens}), path))
         write_parquet(pa.table({"doc_id": ids, "copies": pa.array([1] * docs, pa.int32())}),
                       rdir / "mixture" / f"{name}.parquet")
         names.append(name)

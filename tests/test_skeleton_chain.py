@@ -91,12 +91,23 @@ def test_mindrecord_round_trip_is_exact_and_decodes_to_corpus_text(chain):
         assert pieces and all(p[2:-2] in corpus_text for p in pieces)
 
 
-def test_rerun_is_idempotent_and_byte_identical(chain, tmp_path):
+def test_rerun_is_idempotent_and_byte_identical(chain, tmp_path, monkeypatch):
+    import pipeline.io
+    import pipeline.sink.verify
+    import pipeline.sink.writer
+    import pipeline.tokenizer.run
+
     cfg, summary = chain
     first = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
              for p in Path(summary["mindrecord_dir"]).iterdir()}
+    hashed = []
+    for mod in (pipeline.io, pipeline.sink.verify, pipeline.sink.writer, pipeline.tokenizer.run):
+        monkeypatch.setattr(mod, "sha256_file", lambda path, *a, _real=mod.sha256_file: hashed.append(path) or
+                            _real(path, *a))
     again = run_all(cfg, "manual__2026-11-29T10:00:00+00:00", progress=False)   # same run: skipped by markers
     assert again["tokens"] == summary["tokens"]
+    assert hashed == []          # completion checks trust markers: a complete chain is not re-read to be skipped
+    monkeypatch.undo()
     other = run_all(cfg, "second_run", progress=False)                          # fresh run, same seed
     second = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in Path(other["mindrecord_dir"]).iterdir()}
     assert first == second

@@ -25,6 +25,10 @@ bytes.  :func:`exact_partition_count` (what ``dedup.exact_partitions: 0`` is mea
 160 bytes per document and 256 MB per task (1.7 M documents per partition), at most 1024 partitions, so a
 step-2 task stays under 2 GB up to about 13 billion documents.  The survivors never depend on the partition
 count.
+
+Completion: every marker carries a digest of its settings and of the ``sha256`` its inputs' markers recorded, so a
+changed input or partition count redoes the step.  Inputs are checked by their markers (a stat and a small JSON
+read each), never re-read or hashed: step 2 checks every shard's hash file and step 3 every partition file.
 """
 
 from __future__ import annotations
@@ -32,7 +36,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from pipeline.io import completed, count_removed, new_stats, read_parquet, write_marker, write_parquet, write_stats
+from pipeline.io import (
+    completed,
+    config_digest,
+    count_removed,
+    new_stats,
+    read_parquet,
+    write_marker,
+    write_parquet,
+    write_stats,
+)
 
 log = logging.getLogger(__name__)
 
@@ -75,23 +88,33 @@ def _partition_path(rdir: Path, partition: int, n_partitions: int) -> Path:
     return rdir / "exact_dedup" / "partitions" / f"p{partition:05d}-of-{n_partitions:05d}.parquet"
 
 
+def _input_marker(path: Path, what: str, hint: str) -> dict:
+    """The marker of a complete input (its existence, size and digest; its data is not read)."""
+    done = completed(path)
+    if not done:
+        raise FileNotFoundError(f"{path}: {what} is missing or incomplete; {hint}")
+    return done
+
+
 def run_exact_hash_shard(rdir: Path, shard: str, n_partitions: int = DEFAULT_PARTITIONS) -> dict:
     """Step 1: the shard's (partition, text_hash, doc_id, row), sorted by partition then row."""
     import pyarrow as pa
 
     _check_partitions(n_partitions)
     out = _hash_path(rdir, shard)
-    if done := completed(out):
+    src = rdir / "ingest" / f"{shard}.parquet"
+    digest = config_digest("exact_hash", n_partitions, _input_marker(src, "ingest shard", "run ingest first")["sha256"])
+    if done := completed(out, digest):
         return done["info"]
-    t = read_parquet(rdir / "ingest" / f"{shard}.parquet", columns=["doc_id", "text_hash"])
+    t = read_parquet(src, columns=["doc_id", "text_hash"])
     hashes = t.column("text_hash").to_pylist()
     parts = [partition_of(h, n_partitions) for h in hashes]
     table = pa.table({"partition": pa.array(parts, pa.int32()), "text_hash": pa.array(hashes, pa.string()),
                       "doc_id": t.column("doc_id"), "row": pa.array(range(len(hashes)), pa.int64())})
     table = table.sort_by([("partition", "ascending"), ("row", "ascending")])
-    write_parquet(table, out)
+    sha = write_parquet(table, out)
     info = {"shard": shard, "docs": len(hashes), "n_partitions": n_partitions}
-    write_marker(out, {"info": info})
+    write_marker(out, {"info": info}, config=digest, sha256=sha)
     return info
 
 
@@ -140,14 +163,15 @@ def run_exact_partition(rdir: Path, shards: list[str], partition: int, n_partiti
 
     _check_partitions(n_partitions)
     out = _partition_path(rdir, partition, n_partitions)
-    if done := completed(out):
+    names = sorted(shards)
+    inputs = [_input_marker(_hash_path(rdir, s), f"hashes of shard {s}", "run the exact-hash step first")["sha256"]
+              for s in names]
+    digest = config_digest("exact_partition", partition, n_partitions, enabled, names, inputs)
+    if done := completed(out, digest):
         return done["info"]
     words, ids, counts = [], [], []
-    names = sorted(shards)
     for shard in names:
         path = _hash_path(rdir, shard)
-        if not completed(path):
-            raise FileNotFoundError(f"{path}: hashes of shard {shard} are missing; run the exact-hash step first")
         t = pq.read_table(path, columns=["text_hash", "doc_id"], filters=[("partition", "=", partition)])
         words.append(_hash_words(t.column("text_hash"), path))
         ids.extend(t.column("doc_id").chunks)
@@ -174,12 +198,12 @@ def run_exact_partition(rdir: Path, shards: list[str], partition: int, n_partiti
     doc_ids = pa.chunked_array(ids, pa.string())
     ends = np.cumsum(counts, dtype=np.int64)
     shard_of = np.searchsorted(ends, dup_ord, side="right")
-    write_parquet(pa.table({"doc_id": doc_ids.take(pa.array(dup_ord)).combine_chunks(),
-                            "kept_id": doc_ids.take(pa.array(kept_ord)).combine_chunks(),
-                            "shard": pa.array([names[i] for i in shard_of.tolist()], pa.string())}), out)
+    sha = write_parquet(pa.table({"doc_id": doc_ids.take(pa.array(dup_ord)).combine_chunks(),
+                                  "kept_id": doc_ids.take(pa.array(kept_ord)).combine_chunks(),
+                                  "shard": pa.array([names[i] for i in shard_of.tolist()], pa.string())}), out)
     info = {"partition": partition, "n_partitions": n_partitions, "unique_texts": unique,
             "duplicates": len(dup_ord)}
-    write_marker(out, {"info": info})
+    write_marker(out, {"info": info}, config=digest, sha256=sha)
     return info
 
 
@@ -194,6 +218,13 @@ def build_exact_index(rdir: Path, shards: list[str], enabled: bool = True,
             "partitions": n_partitions}
 
 
+def _partition_digests(rdir: Path, n_partitions: int) -> list[str]:
+    """The recorded sha256 of every partition file (markers only)."""
+    return [_input_marker(_partition_path(rdir, p, n_partitions),
+                          f"exact-dedup partition {p} of {n_partitions}",
+                          "run every partition (same n_partitions) before dropping duplicates")["sha256"] for p in range(n_partitions)]
+
+
 def _duplicates_of(rdir: Path, shard: str, n_partitions: int):
     import pyarrow as pa
     import pyarrow.parquet as pq
@@ -201,9 +232,6 @@ def _duplicates_of(rdir: Path, shard: str, n_partitions: int):
     ids = []
     for p in range(n_partitions):
         path = _partition_path(rdir, p, n_partitions)
-        if not completed(path):
-            raise FileNotFoundError(f"{path}: exact-dedup partition {p} of {n_partitions} is missing; run every "
-                                    "partition (same n_partitions) before dropping duplicates")
         ids.append(pq.read_table(path, columns=["doc_id"], filters=[("shard", "=", shard)]).column("doc_id"))
     return pa.chunked_array([c for col in ids for c in col.chunks], pa.string())
 
@@ -215,9 +243,12 @@ def run_exact_dedup_shard(rdir: Path, shard: str, n_partitions: int = DEFAULT_PA
 
     _check_partitions(n_partitions)
     out = rdir / "exact_dedup" / f"{shard}.parquet"
-    if done := completed(out):
+    src = rdir / "ingest" / f"{shard}.parquet"
+    digest = config_digest("exact_dedup", n_partitions, _input_marker(src, "ingest shard", "run ingest first")["sha256"],
+                           _partition_digests(rdir, n_partitions))
+    if done := completed(out, digest):
         return done["stats"]
-    table = read_parquet(rdir / "ingest" / f"{shard}.parquet")
+    table = read_parquet(src)
     is_dup = pc.is_in(table.column("doc_id"), value_set=_duplicates_of(rdir, shard, n_partitions))
     domain = table.column("domain")[0].as_py() if table.num_rows else shard.rsplit("-", 1)[0]
     stats = new_stats(domain)
@@ -230,7 +261,7 @@ def run_exact_dedup_shard(rdir: Path, shard: str, n_partitions: int = DEFAULT_PA
     n_dup = table.num_rows - kept.num_rows
     if n_dup:
         count_removed(stats, "exact_duplicate", stats["in_bytes"] - stats["kept_bytes"], n_dup)
-    write_parquet(kept, out)
+    sha = write_parquet(kept, out)
     stats = write_stats(rdir, "exact_dedup", shard, stats)
-    write_marker(out, {"stats": stats})
+    write_marker(out, {"stats": stats}, config=digest, sha256=sha)
     return stats

@@ -69,7 +69,7 @@ from pipeline.ingest.output import ROW_GROUP_BYTES, TableSink, doc_path, part_na
 from pipeline.ingest.readers import FileRef, RawRecord, Reader, ReadError, Rejection, make_reader
 from pipeline.ingest.readers.base import snippet_of
 from pipeline.ingest.readers.storage import Storage, _oserror_reason, compression_of
-from pipeline.io import completed, count_removed, new_stats, write_marker, write_stats
+from pipeline.io import completed, config_digest, count_removed, new_stats, settings, write_marker, write_stats
 
 log = logging.getLogger(__name__)
 
@@ -354,10 +354,12 @@ class _Part:
 
 def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
     """Read one plan shard; write as many output shards as its input needs (:mod:`pipeline.ingest.output`), each
-    with its documents, rejects, stats and marker.  Returns the plan shard's stats: the sum over its output shards,
-    with ``parts`` listing them."""
+    with its documents, rejects, stats and marker (with the digest of the settings that produced it).  Returns the
+    plan shard's stats: the sum over its output shards, with ``parts`` listing them."""
     out = doc_path(rdir, spec["shard"])
-    if done := completed(out):
+    digest = config_digest("ingest", cfg.sources[spec["source_index"]], settings(cfg.ingest, "workers"),
+                           {k: v for k, v in spec.items() if k != "run_dir"})
+    if done := completed(out, digest):
         log.info("ingest %s already complete, skipping", spec["shard"])
         return done.get("spec_stats", done["stats"])
     src = cfg.sources[spec["source_index"]]
@@ -376,7 +378,7 @@ def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
             if part.stats["in_bytes"] >= limit:     # this output shard is full: the record starts the next one
                 closed.append(part.close())
                 if len(closed) > 1:
-                    write_marker(doc_path(rdir, part.name), {"stats": closed[-1]})
+                    write_marker(doc_path(rdir, part.name), {"stats": closed[-1]}, config=digest)
                 part = _Part(rdir, spec, len(closed))
             stats = part.stats
             stats["in_docs"] += 1
@@ -403,14 +405,14 @@ def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
         part.abort()
         raise
     if len(closed) > 1:
-        write_marker(doc_path(rdir, part.name), {"stats": closed[-1]})
+        write_marker(doc_path(rdir, part.name), {"stats": closed[-1]}, config=digest)
     remove_stale_parts(rdir, spec["shard"], len(closed))
     parts = [s["shard"] for s in closed]
     total = _sum_stats(spec, closed)
     if len(closed) > 1:
         log.info("ingest %s: %d output shards of at most %d input bytes (+ one record)", spec["shard"], len(closed),
                  limit)
-    write_marker(out, {"stats": closed[0], "parts": parts, "spec_stats": total})
+    write_marker(out, {"stats": closed[0], "parts": parts, "spec_stats": total}, config=digest)
     return total
 
 

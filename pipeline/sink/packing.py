@@ -59,13 +59,19 @@ class StreamPacker:
     policy to the carried tail.  Feeding a stream in any chunking gives the same rows as feeding it at once, so
     memory is bounded by the chunk (about 30 bytes per token of the chunk for the index arithmetic) plus the
     carried partial row.  ``tokens_per_domain`` counts the real tokens of emitted rows per domain index.
+
+    A writer of one slice of a longer stream gives ``rows=(first, stop)`` (global row indices it keeps) and calls
+    :meth:`align` with the stream position of the first token it feeds: rows outside the window are cut the same
+    way but neither yielded nor counted.
     """
 
     def __init__(self, *, seq_len: int, eos_id: int, bos_id: int | None, pad_id: int, boundaries: bool = False,
-                 n_domains: int = 0):
+                 n_domains: int = 0, rows: tuple[int, int | None] = (0, None)):
         import numpy as np
 
         self.width = seq_len + 1
+        self.next_row = 0                          # global index of the next row cut
+        self.first_row, self.stop_row = rows
         self.eos_id, self.bos_id, self.pad_id, self.boundaries = eos_id, bos_id, pad_id, boundaries
         self.tail = np.zeros(0, np.int32)         # tokens of the partial row
         self.tail_owner = np.zeros(0, np.int32)   # their domain index
@@ -83,20 +89,37 @@ class StreamPacker:
                 [self.tokens_per_domain, np.zeros(len(counts) - len(self.tokens_per_domain), np.int64)])
         self.tokens_per_domain[: len(counts)] += counts
 
+    def align(self, offset: int) -> None:
+        """The next token fed is token ``offset`` of the whole stream (a writer starting mid-stream)."""
+        import numpy as np
+
+        if len(self.tail) or self.next_row:
+            raise RuntimeError("StreamPacker.align: only before the first feed")
+        fill = offset % self.width                 # placeholder tokens of the row the stream enters mid-way
+        self.tail = np.full(fill, self.pad_id, np.int32)
+        self.tail_owner = np.full(fill, -1, np.int32)
+        self.next_row = offset // self.width
+
     def _emit(self, stream, owner, seg_start, n_rows: int):
         import numpy as np
 
-        used = n_rows * self.width
-        rows = stream[:used].reshape(n_rows, self.width)
-        self._count(owner[:used])
+        first = self.next_row
+        self.next_row += n_rows
+        a = max(self.first_row - first, 0)
+        b = n_rows if self.stop_row is None else min(self.stop_row - first, n_rows)
+        if b <= a:
+            return None
+        w = self.width
+        rows = stream[a * w:b * w].reshape(b - a, w)
+        self._count(owner[a * w:b * w])
         row_starts = []
         if self.boundaries:
-            s = seg_start[seg_start < used]
-            row_of = s // self.width
-            cuts = np.searchsorted(row_of, np.arange(n_rows + 1))
-            row_starts = [_with_zero((s[cuts[r]:cuts[r + 1]] - r * self.width).astype(np.int32))
-                          for r in range(n_rows)]
-        return rows, owner[:used:self.width].copy(), row_starts
+            s = seg_start[(seg_start >= a * w) & (seg_start < b * w)]
+            row_of = s // w
+            cuts = np.searchsorted(row_of, np.arange(a, b + 1))
+            row_starts = [_with_zero((s[cuts[r - a]:cuts[r - a + 1]] - r * w).astype(np.int32))
+                          for r in range(a, b)]
+        return rows, owner[a * w:b * w:w].copy(), row_starts
 
     def feed(self, flat, starts, lens, dom, order):
         """Append documents ``order`` to the stream; yield the complete rows (one tuple per call, if any)."""
@@ -123,8 +146,8 @@ class StreamPacker:
         seg_start = np.concatenate([self.tail_starts, seg_start])
         n_rows = total // self.width
         used = n_rows * self.width
-        if n_rows:
-            yield self._emit(stream, owner, seg_start, n_rows)
+        if n_rows and (part := self._emit(stream, owner, seg_start, n_rows)) is not None:
+            yield part
         self.tail, self.tail_owner = stream[used:].copy(), owner[used:].copy()
         self.tail_starts = seg_start[seg_start >= used] - used
 
@@ -137,7 +160,8 @@ class StreamPacker:
             self.padded_tokens = self.width - tail
             stream = np.concatenate([self.tail, np.full(self.padded_tokens, self.pad_id, np.int32)])
             owner = np.concatenate([self.tail_owner, np.full(self.padded_tokens, -1, np.int32)])
-            yield self._emit(stream, owner, self.tail_starts, 1)
+            if (part := self._emit(stream, owner, self.tail_starts, 1)) is not None:
+                yield part
         else:
             self.dropped_tail_tokens = tail
         self.tail = self.tail[:0]

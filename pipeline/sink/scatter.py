@@ -1,30 +1,32 @@
-"""Sink step 1 (per tokenized shard): every training copy of every document assigned to an output MindRecord file.
+"""Sink step 1 (per tokenized shard): every training copy of every document put in its key-range bucket.
 
 The mixture (:mod:`pipeline.sink.mixture`) decided how many copies of each document train.  Each copy gets its order
-key (:func:`pipeline.sink.packing.order_keys`: a hash of seed, doc id and copy number) and goes to output file
-``key % n_files``; inside a file the copies are packed in key order.  So the order of the shipped rows depends only
-on (seed, doc id, copy), never on shard boundaries, task count or a process RNG, and every output file holds a
-hash-random sample of every domain.
+key (:func:`pipeline.sink.packing.order_keys`: a hash of seed, doc id and copy number); the corpus is one packed
+stream of every copy in key order, so the order of the shipped rows depends only on (seed, doc id, copy), never on
+shard boundaries, task count or a process RNG.  To cut that stream without a global sort, keys are split into
+``n_buckets`` ranges (:func:`bucket_of`, monotone in the key): bucket 0's copies in key order, then bucket 1's, and
+so on, *is* the stream.  Output files are then dealt rows, not documents (:mod:`pipeline.sink.shards`).
 
 :func:`run_scatter_shard` writes ``sink/scatter/<shard>.arrow`` (an Arrow IPC file, uncompressed) whose record
-batch ``k`` holds the copies bound for output file ``k``: ``key`` uint64, ``domain`` int32 (index into the set's
-domain list), ``tokens`` list<int32>.  A writer task reads batch ``k`` of every scatter file and nothing else
-(:mod:`pipeline.sink.shards`).  This is the map side of a map/reduce shuffle: ``shards * files`` batches in all.
-The completion marker lists the tokens and copies per output file, so writers can size their buffers exactly.
+batch ``b`` holds the shard's copies in bucket ``b``, in key order: ``key`` uint64, ``domain`` int32 (index into the
+set's domain list), ``tokens`` list<int32>.  The completion marker lists the tokens and copies per bucket, so a
+writer knows where every bucket starts in the stream from the markers alone and reads only the buckets its rows
+fall in.  The number of buckets is the number of output files (a writer reads about one bucket's worth).
 
 :func:`n_output_files` sizes the set: the smallest multiple of ``pack.shard_num`` whose files hold at most
 ``pack.shard_mb`` MiB of row tokens each.
 
 Memory: one tokenized shard at a time, about 30 bytes per token of the shard (the Parquet column, its copy
 reordered by key, and the Arrow batches), plus 24 bytes per copy for keys and indices.  It does not depend on the
-corpus size.
+corpus size.  The tokenized input is identified by its marker's digest, the mixture decisions are hashed as they
+are read: no input is read twice.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.io import atomic_path, completed, read_parquet, sha256_file, write_marker
+from pipeline.io import HashingFile, atomic_path, completed, config_digest, write_marker
 from pipeline.sink.packing import order_keys
 
 SCATTER_DIR = Path("sink") / "scatter"
@@ -47,18 +49,42 @@ def scatter_path(rdir: Path, shard: str) -> Path:
     return rdir / SCATTER_DIR / f"{shard}.arrow"
 
 
+def bucket_of(keys, n_buckets: int):
+    """Key-range bucket of every key: monotone in the key, so the buckets in order are the key-ordered stream."""
+    import numpy as np
+
+    return (((keys >> np.uint64(32)) * np.uint64(n_buckets)) >> np.uint64(32)).astype(np.int64)
+
+
+def _read_hashed(path: Path, columns: list[str]):
+    """A small Parquet file read once from memory, with the sha256 of its bytes (no second read to hash it)."""
+    import hashlib
+
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = path.read_bytes()
+    return pq.read_table(pa.BufferReader(data), columns=columns), hashlib.sha256(data).hexdigest()
+
+
 def run_scatter_shard(rdir: Path, shard: str, *, seed: int, n_files: int, domains: list[str]) -> dict:
-    """Assign the shard's training copies to ``n_files`` output files; return the marker (counts per file)."""
+    """Put the shard's training copies into ``n_files`` key-range buckets; return the marker (counts per bucket)."""
     import numpy as np
     import pyarrow as pa
 
+    from pipeline.io import read_parquet
+
     out = scatter_path(rdir, shard)
-    if (done := completed(out)) and done.get("n_files") == n_files:
-        return done
     tok_path, mix_path = rdir / "tokenize" / f"{shard}.parquet", rdir / "mixture" / f"{shard}.parquet"
+    tok_done = completed(tok_path)
+    if not tok_done:
+        raise FileNotFoundError(f"{tok_path}: tokenized shard is missing or incomplete; run tokenize first")
+    dec, mix_sha = _read_hashed(mix_path, ["doc_id", "copies"])
+    digest = config_digest("sink_scatter", seed, n_files, domains, tok_done["sha256"], mix_sha)
+    if done := completed(out, digest):
+        return done
     t = read_parquet(tok_path, columns=["doc_id", "domain", "tokens"])
     ids = t.column("doc_id").to_pylist()
-    dec = read_parquet(mix_path, columns=["doc_id", "copies"])
     if dec.column("doc_id").to_pylist() != ids:
         raise ValueError(f"{mix_path}: documents differ from {tok_path}; rerun the mixture plan after tokenization")
     copies = dec.column("copies").to_numpy().astype(np.int64)
@@ -69,14 +95,14 @@ def run_scatter_shard(rdir: Path, shard: str, *, seed: int, n_files: int, domain
         raise ValueError(f"{tok_path}: domain {exc.args[0]!r} is not in the mixture report's domains "
                          f"{domains}; rerun the mixture plan") from None
     idx, keys = order_keys(seed, ids, copies)
-    target = (keys % np.uint64(n_files)).astype(np.int64)
-    order = np.lexsort((keys, target))        # by output file, then by key
-    idx, keys, target = idx[order], keys[order], target[order]
+    order = np.argsort(keys, kind="stable")            # key order is bucket order too (bucket_of is monotone)
+    idx, keys = idx[order], keys[order]
+    target = bucket_of(keys, n_files)
     tokens = t.column("tokens").combine_chunks().take(pa.array(idx))
     lens = np.diff(tokens.offsets.to_numpy()).astype(np.int64) if len(idx) else np.zeros(0, np.int64)
     bounds = np.searchsorted(target, np.arange(n_files + 1))
     schema = pa.schema([("key", pa.uint64()), ("domain", pa.int32()), ("tokens", pa.list_(pa.int32()))])
-    with atomic_path(out) as tmp, pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
+    with atomic_path(out) as tmp, open(tmp, "wb") as fh, pa.ipc.new_file(sink := HashingFile(fh), schema) as writer:
         for k in range(n_files):
             lo, hi = int(bounds[k]), int(bounds[k + 1])
             writer.write_batch(pa.record_batch([pa.array(keys[lo:hi], pa.uint64()),
@@ -85,15 +111,12 @@ def run_scatter_shard(rdir: Path, shard: str, *, seed: int, n_files: int, domain
     cum = np.concatenate([[0], np.cumsum(lens)])
     extra = {"shard": shard, "n_files": n_files, "copies": np.diff(bounds).tolist(),
              "tokens": (cum[bounds[1:]] - cum[bounds[:-1]]).tolist(), "docs": len(ids),
-             "unique_docs": int((copies > 0).sum()), "input_sha256": sha256_file(tok_path),
-             "mixture_sha256": sha256_file(mix_path)}
-    write_marker(out, extra)
-    return {**extra, "output": out.name}
+             "unique_docs": int((copies > 0).sum()), "input_sha256": tok_done["sha256"], "mixture_sha256": mix_sha}
+    return write_marker(out, extra, config=digest, sha256=sink.hash.hexdigest())
 
 
-def read_batch(path: Path, k: int):
-    """Record batch ``k`` of a scatter file (only its bytes are read)."""
+def open_batch(path: Path, k: int):
+    """Record batch ``k`` of a scatter file, memory-mapped: only the pages a writer touches are read."""
     import pyarrow as pa
 
-    with pa.OSFile(str(path), "rb") as f:
-        return pa.ipc.open_file(f).get_batch(k)
+    return pa.ipc.open_file(pa.memory_map(str(path), "r")).get_batch(k)

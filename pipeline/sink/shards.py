@@ -1,19 +1,29 @@
-"""Sink step 2 (per output file) and 3 (the set): each MindRecord file packed and written on its own.
+"""Sink step 2 (per output file) and 3 (the set): the corpus stream's rows dealt to files, each file written alone.
 
-:func:`write_output_file` reads batch ``k`` of every scatter file (:mod:`pipeline.sink.scatter`), sorts the copies
-by key, packs them chunk by chunk (:class:`pipeline.sink.packing.StreamPacker`) and streams the rows into
-``sink/out/corpus-<k>-of-<n>.mindrecord`` with a completion marker holding its manifest entry.  Each file is its own
-packed stream: its tail shorter than a row is dropped (``remainder: drop``) or padded, per file.
+The corpus is one packed stream: every training copy in key order (:mod:`pipeline.sink.scatter`), cut into rows of
+``seq_len + 1`` tokens.  Rows, not documents, are dealt to files: of ``R`` rows, file ``k`` of ``n`` holds the
+consecutive rows ``[k*R // n, (k+1)*R // n)``, so every file gets ``R // n`` or ``R // n + 1`` rows whatever the
+documents look like (two documents of 110 rows fill two files with 55 each), and only the stream's last partial
+row is dropped (``remainder: drop``) or padded into the last file.  :func:`row_plan` finds, from the scatter
+markers alone, where every key-range bucket starts in the stream and how many rows there are; a corpus with fewer
+rows than files fails with one line saying so.
 
-:func:`finalize_set` assembles ``manifest.json`` from the markers, renames ``sink/out`` to ``mindrecord`` and
-removes the scatter files.  The manifest's ``layout`` is ``"contiguous"``: rows are consecutive in the packed stream
-within a file (what long-context re-packing needs, :mod:`pipeline.train.repack`), and ``rows_sha256`` is the sha256
-of the files' own ``rows_sha256`` values joined in file order.
+:func:`write_output_file` reads only the buckets its rows fall in (memory-mapped, every shard's batch of them),
+orders their copies by key, and feeds the copies that overlap its rows to a windowed
+:class:`pipeline.sink.packing.StreamPacker`, chunk by chunk, into ``sink/out/corpus-<k>-of-<n>.mindrecord``.  The
+writer then verifies its own file (every row read back through ``MindDataset`` in a memory-limited child, count and
+content hash) before renaming it into place and writing the marker with its manifest entry: data is verified once,
+where it is written.
 
-Memory of a writer task: 4 bytes per token of its file (all its copies' tokens, read batch by batch into one
-preallocated array), 24 bytes per copy (key, length, domain, order), and the packing chunk (about 30 bytes per token
-of ``CHUNK_TOKENS``, ~120 MB).  With the default ``pack.shard_mb: 256`` that is about 0.5 GB plus the MindSpore
-import, whatever the corpus size: the corpus grows the number of files, not the memory of one.
+:func:`finalize_set` assembles ``manifest.json`` from the markers (no data read), checks the row deal and the rank
+split, renames ``sink/out`` to ``mindrecord`` and removes the scatter files.  The manifest's ``layout`` is
+``"contiguous"``: the files in manifest order are the packed stream (what long-context re-packing needs,
+:mod:`pipeline.train.repack`), and ``rows_sha256`` is the sha256 of the files' own ``rows_sha256`` values joined in
+file order.
+
+Memory of a writer task: per bucket it touches, 32 bytes per copy (key, length, domain, source); the tokens of
+one packing chunk (``CHUNK_TOKENS``, about 30 bytes per token, ~120 MB) gathered from the mapped scatter files.
+It does not grow with the corpus: the corpus grows the number of files and buckets, not the size of one.
 """
 
 from __future__ import annotations
@@ -23,94 +33,197 @@ import os
 import shutil
 from pathlib import Path
 
-from pipeline.io import completed, read_json, write_json, write_marker
+from pipeline.io import completed, config_digest, read_json, read_marker, write_json, write_marker
 from pipeline.sink.packing import StreamPacker
-from pipeline.sink.scatter import SCATTER_DIR, read_batch, scatter_path
+from pipeline.sink.scatter import SCATTER_DIR, open_batch, scatter_path
 from pipeline.sink.writer import MANIFEST, ShardWriter, set_manifest, shard_names
 
 OUT_DIR = Path("sink") / "out"
 CHUNK_TOKENS = 4 << 20      # tokens packed per StreamPacker.feed call
 
 
+class RowDealError(ValueError):
+    """The corpus packs into fewer rows than output files (one line, names ``pack.shard_num``)."""
+
+
 def output_path(rdir: Path, k: int, n_files: int) -> Path:
     return rdir / OUT_DIR / shard_names("corpus", n_files)[k]
+
+
+def total_rows(stream_tokens: int, seq_len: int, remainder: str) -> int:
+    """Rows of ``seq_len + 1`` tokens the stream packs into (the tail dropped, or padded into one more row)."""
+    width = seq_len + 1
+    return stream_tokens // width if remainder == "drop" else -(-stream_tokens // width)
+
+
+def check_rows(rows: int, n_files: int, seq_len: int, shard_num: int | None = None) -> None:
+    if rows < n_files:
+        raise RowDealError(f"pack.shard_num: the corpus packs into {rows} rows of {seq_len + 1} tokens, fewer than "
+                           f"its {n_files} output files (pack.shard_num {shard_num or n_files}); lower "
+                           "pack.shard_num or add data")
+
+
+def file_rows(rows: int, n_files: int, k: int) -> tuple[int, int]:
+    """Global row range ``[first, stop)`` of output file ``k``: consecutive rows, counts differing by at most 1."""
+    return k * rows // n_files, (k + 1) * rows // n_files
+
+
+def row_plan(markers: list[dict], n_files: int, *, seq_len: int, bos: bool, remainder: str) -> dict:
+    """From the scatter markers: stream tokens per bucket, where each bucket starts, and the row count."""
+    import numpy as np
+
+    per = 2 if bos else 1                    # EOS (and BOS) per copy
+    bucket = np.zeros(n_files, np.int64)
+    for m in markers:
+        bucket += np.asarray(m["tokens"], np.int64) + per * np.asarray(m["copies"], np.int64)
+    start = np.concatenate([[0], np.cumsum(bucket)])
+    rows = total_rows(int(start[-1]), seq_len, remainder)
+    check_rows(rows, n_files, seq_len)
+    return {"bucket_start": start.tolist(), "stream_tokens": int(start[-1]), "rows": rows}
+
+
+def _scatter_markers(rdir: Path, shards: list[str], n_files: int) -> list[dict]:
+    markers = [completed(scatter_path(rdir, s)) for s in shards]
+    missing = [s for s, m in zip(shards, markers, strict=True) if not m or m.get("n_files") != n_files]
+    if missing:
+        raise RuntimeError(f"{scatter_path(rdir, missing[0])}: not scattered into {n_files} buckets "
+                           f"({len(missing)} shards missing); run the sink scatter step first")
+    return markers
+
+
+def _bucket_copies(rdir: Path, shards: list[str], markers: list[dict], b: int) -> dict:
+    """Bucket ``b`` of every shard, memory-mapped: per copy its key, length, domain and source (part, row)."""
+    import numpy as np
+
+    keys, lens, dom, part, sources = [], [], [], [], []
+    for shard, m in zip(shards, markers, strict=True):
+        if not m["copies"][b]:
+            continue
+        batch = open_batch(scatter_path(rdir, shard), b)
+        col = batch.column(2)
+        offsets = col.offsets.to_numpy()
+        keys.append(batch.column(0).to_numpy())
+        dom.append(batch.column(1).to_numpy())
+        lens.append(np.diff(offsets).astype(np.int64))
+        part.append(np.full(len(batch), len(sources), np.int32))
+        sources.append((col.values.to_numpy(zero_copy_only=False), offsets[:-1].astype(np.int64)))
+    if not sources:
+        return {"n": 0}
+    rows = np.concatenate([np.arange(len(k), dtype=np.int64) for k in keys])
+    return {"n": len(rows), "keys": np.concatenate(keys), "lens": np.concatenate(lens), "dom": np.concatenate(dom),
+            "part": np.concatenate(part), "row": rows, "sources": sources}
+
+
+def _gather(bucket: dict, chunk):
+    """The tokens of copies ``chunk`` (indices into the bucket), back to back: (flat, starts, lens)."""
+    import numpy as np
+
+    n = bucket["lens"][chunk]
+    dst = np.cumsum(n) - n
+    flat = np.empty(int(n.sum()), np.int32)
+    part = bucket["part"][chunk]
+    for p, (values, starts) in enumerate(bucket["sources"]):
+        sel = np.flatnonzero(part == p)
+        if not len(sel):
+            continue
+        ln = n[sel]
+        ramp = np.arange(int(ln.sum()), dtype=np.int64) - np.repeat(np.cumsum(ln) - ln, ln)
+        flat[np.repeat(dst[sel], ln) + ramp] = values[np.repeat(starts[bucket["row"][chunk[sel]]], ln) + ramp]
+    return flat, dst, n
 
 
 def write_output_file(rdir: Path, k: int, n_files: int, shards: list[str], *, seq_len: int, eos_id: int,
                       bos_id: int | None, pad_id: int, remainder: str, domain_field: bool, boundaries: bool,
                       n_domains: int) -> dict:
-    """Pack and write output file ``k`` of ``n_files`` from every shard's scatter batch ``k``; its manifest entry."""
+    """Pack and write output file ``k`` of ``n_files`` (its rows of the corpus stream); its manifest entry."""
     import numpy as np
 
     final = output_path(rdir, k, n_files)
-    if done := completed(final):
+    markers = _scatter_markers(rdir, shards, n_files)
+    digest = config_digest("sink_write", k, n_files, seq_len, eos_id, bos_id, pad_id, remainder, domain_field,
+                           boundaries, n_domains, [m["sha256"] for m in markers])
+    if done := completed(final, digest):
         return done["entry"]
-    markers = [completed(scatter_path(rdir, s)) for s in shards]
-    missing = [s for s, m in zip(shards, markers, strict=True) if not m or m.get("n_files") != n_files]
-    if missing:
-        raise RuntimeError(f"{scatter_path(rdir, missing[0])}: not scattered into {n_files} files "
-                           f"({len(missing)} shards missing); run the sink scatter step first")
-    n_tok = sum(m["tokens"][k] for m in markers)
-    n_copies = sum(m["copies"][k] for m in markers)
-    flat = np.empty(n_tok, np.int32)
-    keys, lens, dom = (np.empty(n_copies, np.uint64), np.empty(n_copies, np.int64), np.empty(n_copies, np.int32))
-    t = c = 0
-    for shard, m in zip(shards, markers, strict=True):
-        if not m["copies"][k]:
-            continue
-        b = read_batch(scatter_path(rdir, shard), k)
-        col = b.column(2)
-        vals = col.values.to_numpy(zero_copy_only=False)
-        n = len(b)
-        flat[t:t + len(vals)] = vals
-        keys[c:c + n] = b.column(0).to_numpy()
-        dom[c:c + n] = b.column(1).to_numpy()
-        lens[c:c + n] = np.diff(col.offsets.to_numpy())
-        t, c = t + len(vals), c + n
-        del b, col, vals
-    order = np.argsort(keys, kind="stable")
-    starts = np.cumsum(lens) - lens
+    plan = row_plan(markers, n_files, seq_len=seq_len, bos=bos_id is not None, remainder=remainder)
+    first, stop = file_rows(plan["rows"], n_files, k)
+    width, last = seq_len + 1, k == n_files - 1
+    lo = first * width
+    hi = plan["stream_tokens"] if last else stop * width       # the last file also takes the stream's tail
+    per = 2 if bos_id is not None else 1
     packer = StreamPacker(seq_len=seq_len, eos_id=eos_id, bos_id=bos_id, pad_id=pad_id, boundaries=boundaries,
-                          n_domains=n_domains)
+                          n_domains=n_domains, rows=(first, stop))
     tmp_dir = final.parent / f".tmp-{k:05d}-{os.getpid()}"     # MindRecord files must keep their own name
     shutil.rmtree(tmp_dir, ignore_errors=True)
     tmp_dir.mkdir(parents=True)
     tmp = tmp_dir / final.name
     writer = ShardWriter(tmp, seq_len, domain_field=domain_field, boundaries=boundaries)
-    digest = hashlib.sha256()
+    digest_rows = hashlib.sha256()
 
     def put(parts):
         for rows, row_domain, row_starts in parts:
-            digest.update(np.ascontiguousarray(rows).tobytes())
+            digest_rows.update(np.ascontiguousarray(rows).tobytes())
             for i in range(len(rows)):
                 writer.add(rows[i], row_domain[i], row_starts[i] if boundaries else None)
 
-    cum = np.cumsum(lens[order])
-    cuts = np.searchsorted(cum, np.arange(CHUNK_TOKENS, int(cum[-1]) if len(cum) else 0, CHUNK_TOKENS))
-    for chunk in np.split(order, cuts):
-        put(packer.feed(flat, starts, lens, dom, chunk))
-    put(packer.finish(remainder))
-    if not writer.samples:
+    start = plan["bucket_start"]
+    copies, aligned = 0, False
+    for b in range(n_files):
+        if start[b] >= hi or start[b + 1] <= lo or start[b] == start[b + 1]:
+            continue
+        bucket = _bucket_copies(rdir, shards, markers, b)
+        order = np.argsort(bucket["keys"], kind="stable")      # shard order breaks ties: deterministic
+        seg = bucket["lens"][order] + per
+        at = start[b] + np.cumsum(seg) - seg                    # stream position of every copy
+        keep = (at + seg > lo) & (at < hi)
+        sel = order[keep]
+        if not len(sel):
+            continue
+        if not aligned:
+            packer.align(int(at[keep][0]))
+            aligned = True
+        copies += int((at[keep] >= lo).sum())                  # copies that begin in this file
+        cum = np.cumsum(bucket["lens"][sel])
+        for chunk in np.split(sel, np.searchsorted(cum, np.arange(CHUNK_TOKENS, int(cum[-1]), CHUNK_TOKENS))):
+            flat, starts, lens = _gather(bucket, chunk)
+            put(packer.feed(flat, starts, lens, bucket["dom"][chunk], np.arange(len(chunk))))
+        del bucket, order, seg, at, keep, sel
+    if last:
+        put(packer.finish(remainder))
+    if writer.samples != stop - first:
         writer.close()
-        raise ValueError(f"pack.shard_num: output file {k + 1} of {n_files} packs into 0 rows of {seq_len + 1} "
-                         f"tokens ({n_tok} tokens in {n_copies} copies); lower pack.shard_num or pack.shard_mb")
+        raise RuntimeError(f"{final}: packed {writer.samples} rows, the row plan gives it {stop - first} "
+                           f"(rows {first}..{stop - 1} of {plan['rows']}); the scatter markers disagree with the data")
     entry = writer.close()
-    os.replace(f"{tmp}.db", f"{final}.db")
-    os.replace(tmp, final)
-    tmp_dir.rmdir()
-    entry.update(file=final.name, rows_sha256=digest.hexdigest(), copies=int(n_copies),
+    entry.update(file=final.name, rows_sha256=digest_rows.hexdigest(), copies=copies, rows=[first, stop],
                  tokens_per_domain=[int(x) for x in packer.tokens_per_domain],
                  dropped_tail_tokens=packer.dropped_tail_tokens, padded_tokens=packer.padded_tokens)
-    write_marker(final, {"entry": entry})
+    _verify_written(tmp_dir, entry, seq_len=seq_len, domain_field=domain_field, boundaries=boundaries)
+    os.replace(f"{tmp}.db", f"{final}.db")
+    os.replace(tmp, final)
+    shutil.rmtree(tmp_dir)
+    write_marker(final, {"entry": entry}, config=digest, sha256=entry["sha256"])
     return entry
 
 
+def _verify_written(tmp_dir: Path, entry: dict, *, seq_len: int, domain_field: bool, boundaries: bool) -> None:
+    """The writer's own full check of the file it wrote: every row read back (count, length, content hash)."""
+    from pipeline.sink.verify import verify
+
+    write_json(tmp_dir / MANIFEST, set_manifest([entry], seq_len=seq_len, rows_sha256=entry["rows_sha256"],
+                                                domain_field=domain_field, boundaries=boundaries))
+    verify(tmp_dir, full_read=True, hashes=False)
+
+
 def finalize_set(rdir: Path, n_files: int, shards: list[str], *, seq_len: int, domains: list[str],
-                 domain_field: bool, boundaries: bool, extra: dict) -> dict:
-    """Assemble the manifest from the written files, rename ``sink/out`` to ``mindrecord``; return the manifest."""
+                 domain_field: bool, boundaries: bool, extra: dict, num_shards: int | None = None) -> dict:
+    """Assemble the manifest from the writers' markers, check the row deal (and the split over ``num_shards``
+    ranks), rename ``sink/out`` to ``mindrecord``; return the manifest.  Reads no MindRecord data."""
+    from pipeline.sink.verify import rank_split, verify
+
     final = rdir / "mindrecord"
-    if (final / MANIFEST).exists():
-        return read_json(final / MANIFEST)
+    if (final / MANIFEST).exists() and (old := read_json(final / MANIFEST)).get("config_sha256") == \
+            extra.get("config_sha256"):
+        return old
     entries = []
     for k in range(n_files):
         done = completed(output_path(rdir, k, n_files))
@@ -118,7 +231,14 @@ def finalize_set(rdir: Path, n_files: int, shards: list[str], *, seq_len: int, d
             raise RuntimeError(f"{output_path(rdir, k, n_files)}: output file {k + 1} of {n_files} is not written; "
                                "run the sink write step first")
         entries.append(done["entry"])
-    scatter = [read_json(scatter_path(rdir, s).with_name(scatter_path(rdir, s).name + ".done")) for s in shards]
+    rows = sum(e["samples"] for e in entries)
+    for k, e in enumerate(entries):
+        if e.get("rows") != list(file_rows(rows, n_files, k)):
+            raise RuntimeError(f"{output_path(rdir, k, n_files)}: holds rows {e.get('rows')}, the deal of {rows} rows "
+                               f"over {n_files} files gives {list(file_rows(rows, n_files, k))}; rewrite the sink")
+    scatter = [read_marker(scatter_path(rdir, s)) for s in shards]
+    if not all(scatter):
+        raise RuntimeError(f"{scatter_path(rdir, shards[scatter.index(None)])}: scatter marker missing; rerun the sink")
     per_domain = {d: sum(e["tokens_per_domain"][i] for e in entries if i < len(e["tokens_per_domain"]))
                   for i, d in enumerate(domains)}
     total = sum(per_domain.values()) or 1
@@ -134,11 +254,14 @@ def finalize_set(rdir: Path, n_files: int, shards: list[str], *, seq_len: int, d
         "unique_documents": sum(m["unique_docs"] for m in scatter),
         "inputs": [{"shard": m["shard"], "sha256": m["input_sha256"], "docs": m["docs"],
                     "mixture_sha256": m["mixture_sha256"]} for m in scatter]})
+    if num_shards:
+        rank_split(manifest, num_shards, rdir / OUT_DIR)
     out = rdir / OUT_DIR
     for f in out.iterdir():        # leftovers of killed writers
         if f.name.startswith("."):
             shutil.rmtree(f)
     write_json(out / MANIFEST, manifest)
+    verify(out, full_read=False, hashes=False)          # every file there with its size: no data read
     if final.exists():
         shutil.rmtree(final)
     os.replace(out, final)

@@ -298,7 +298,8 @@ def corpus_summary_of_run(data_root: str | Path, corpus_run: str) -> dict:
 
 
 def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
-                   cfg: MindloomConfig | None = None, manifest_path: str | Path | None = None) -> dict:
+                   cfg: MindloomConfig | None = None, manifest_path: str | Path | None = None,
+                   full_check: bool = False) -> dict:
     """Which corpus to train on, first match wins:
 
     1. ``manifest_path``, a ``corpus_summary.json`` (the CLI's ``--corpus``; never taken from a run's conf);
@@ -306,8 +307,9 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
     3. the triggering Asset event;
     4. the latest published corpus.
 
-    The shards are checked against their manifest (sha256 of every file) before any training starts, because
-    MindRecord itself cannot detect corrupt rows.
+    Before any training starts, the manifest must have the digest the corpus summary recorded and every shard the
+    manifest's size: a stat per file, whatever the corpus size (each file was fully verified by the writer that
+    wrote it).  ``full_check`` also hashes every file; ``mindloom verify DIR`` re-reads every row.
     """
     from pipeline import confine
     from pipeline.form import config_from_params
@@ -330,8 +332,22 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
                 confine.check_path(summary[key], roots, f"corpus {key}")
         for domain, path in (summary.get("val_mindrecord_dirs") or {}).items():
             confine.check_path(path, roots, f"corpus val_mindrecord_dirs[{domain!r}]")
-    mindrecord.verify(summary["mindrecord_dir"], full_read=False)
+    check_manifest_digest(summary)
+    mindrecord.verify(summary["mindrecord_dir"], full_read=False, hashes=full_check)
     return {k: v for k, v in summary.items() if k != "stats"}
+
+
+def check_manifest_digest(summary: dict) -> None:
+    """The corpus' ``manifest.json`` is the one published (``manifest_sha256`` of the summary, when recorded)."""
+    import hashlib
+
+    from pipeline.sink import mindrecord
+
+    path = Path(summary["mindrecord_dir"]) / mindrecord.MANIFEST
+    want = summary.get("manifest_sha256")
+    if want and path.exists() and hashlib.sha256(path.read_bytes()).hexdigest() != want:
+        raise mindrecord.ShardError(f"{path}: differs from the published corpus (manifest sha256 {want[:16]}…); "
+                                    "the corpus was changed after publishing, run `mindloom verify` on it")
 
 
 def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dict | None = None) -> dict:

@@ -47,8 +47,11 @@ from pipeline.configkit import ConfigError
 from pipeline.io import (
     atomic_path,
     completed,
+    config_digest,
     new_stats,
+    read_marker,
     read_parquet,
+    settings,
     sha256_file,
     write_marker,
     write_stats,
@@ -258,11 +261,12 @@ def train_tokenizer(tc: TokenizerConfig, rdir: Path, shards: list[str], seed: in
     import sentencepiece as spm
 
     out = rdir / "tokenizer" / "spm.model"
-    if done := completed(out):
+    digest = config_digest("tokenizer", settings(tc, "encode_workers"), seed, weights, [_input_sha(rdir, s) for s in sorted(shards)])
+    if done := completed(out, digest):
         return done["info"]
     if tc.model_path:
         info = _use_existing(tc, out)
-        write_marker(out, {"info": info})
+        write_marker(out, {"info": info}, config=digest, sha256=info["sha256"])
         return info
     lines, budgets = _sample_lines(rdir, shards, tc.sample_chars, seed, weights or {}, tc.min_domain_share)
     sample = rdir / "tokenizer" / "sample.txt"
@@ -286,8 +290,13 @@ def train_tokenizer(tc: TokenizerConfig, rdir: Path, shards: list[str], seed: in
     info = model_info(out, trained=True, sample_lines=len(lines), sample_chars=sum(len(x) for x in lines),
                       sample_chars_per_domain=budgets, character_coverage=coverage, train_threads=threads,
                       special_ids={t: sp.piece_to_id(t) for t in tc.special_tokens})
-    write_marker(out, {"info": info})
+    write_marker(out, {"info": info}, config=digest, sha256=info["sha256"])
     return info
+
+
+def _input_sha(rdir: Path, shard: str) -> str | None:
+    """The digest a filtered shard's marker recorded (None for a shard written without one); its data is not read."""
+    return (read_marker(rdir / "quality" / f"{shard}.parquet") or {}).get("sha256")
 
 
 def load(model_path: str | Path):
@@ -432,9 +441,10 @@ def run_tokenize_shard(rdir: Path, shard: str, workers: int = 0, batch_chars: in
     import pyarrow.parquet as pq
 
     out = rdir / "tokenize" / f"{shard}.parquet"
-    if done := completed(out):
-        return done["stats"]
     model = rdir / "tokenizer" / "spm.model"
+    digest = config_digest("tokenize", batch_chars, (read_marker(model) or {}).get("sha256"), _input_sha(rdir, shard))
+    if done := completed(out, digest):
+        return done["stats"]
     sp = load(model)
     is_byte = byte_piece_table(sp)
     src = rdir / "quality" / f"{shard}.parquet"
@@ -471,5 +481,5 @@ def run_tokenize_shard(rdir: Path, shard: str, workers: int = 0, batch_chars: in
                  byte_fallback_tokens=byte_tokens, bytes_per_token=nbytes / tokens if tokens else None,
                  lossy_docs=lossy)
     stats = write_stats(rdir, "tokenize", shard, stats)
-    write_marker(out, {"stats": stats})
+    write_marker(out, {"stats": stats}, config=digest)
     return stats

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.io import read_json, sha256_file, write_json
+from pipeline.io import read_json, recorded_sha256, write_json
 
 INDEX_BIT = np.uint64(1 << 63)
 _ORD_BITS = 40
@@ -138,7 +138,7 @@ def verify_input(rdir: Path, manifest: dict, shard: str) -> Path:
     path = input_path(rdir, manifest["input_stage"], shard)
     if not path.exists():
         raise MinhashError(f"{path}: input shard is missing (stage 1 read {entry['docs']} documents from it)")
-    actual = sha256_file(path)
+    actual = recorded_sha256(path)
     if actual != entry["input_sha256"]:
         raise MinhashError(f"{path}: sha256 {actual[:16]}… differs from the stage-1 manifest "
                            f"({entry['input_sha256'][:16]}…); the input changed after signatures were computed")

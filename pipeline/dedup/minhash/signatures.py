@@ -31,7 +31,7 @@ import numpy as np
 import pipeline.dedup.minhash.shingles as sh
 from pipeline.dedup.minhash.config import MinhashConfig, check_config
 from pipeline.dedup.minhash.layout import MinhashError, band_column, input_path, signature_path
-from pipeline.io import completed, sha256_file, write_marker, write_parquet
+from pipeline.io import completed, recorded_sha256, write_marker, write_parquet
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ def run_signatures_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage
     src = input_path(rdir, input_stage, shard)
     if not src.exists():
         raise MinhashError(f"{src}: input shard of minhash stage 1 is missing (is stage {input_stage!r} done?)")
-    src_sha256 = sha256_file(src)
+    src_sha256 = recorded_sha256(src)
     q_digest = quality_digest(quality)
     if (done := completed(out)) and done.get("config") == digest and done.get("input_sha256") == src_sha256 \
             and done.get("quality_sha256", "") == q_digest:

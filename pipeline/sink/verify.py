@@ -1,0 +1,220 @@
+"""Checks of a MindRecord set against its manifest: cheap (sizes, rank split) by default, every byte on request.
+
+MindRecord itself has no checksums (zeroed or bit-flipped row data reads back silently wrong), so the full check
+(``mindloom verify``, and each corpus writer on the file it just wrote) hashes the files and re-reads every row
+through ``MindDataset`` in a memory-limited child process, because a damaged shard has made the reader allocate
+23 GB.  The corpus' final step and training start only check that every file exists with the manifest's size and
+that the rows split over the data-parallel ranks: their data was verified when it was written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from pipeline.io import read_json, sha256_file
+from pipeline.sink.writer import COLUMN, DOMAIN_COLUMN, MANIFEST, STARTS_COLUMN, row_digest
+
+
+class ShardError(RuntimeError):
+    """A MindRecord shard does not match its manifest or cannot be read; the message names the file."""
+
+
+#: Address-space limit of the reader child; a damaged shard has made MindDataset allocate 23 GB (mindspore.md §3.4).
+VERIFY_MEM_MB = int(os.environ.get("MINDLOOM_VERIFY_MEM_MB", "6144"))
+
+
+def _check_files(mr_dir: Path, manifest: dict, hashes: bool = True) -> None:
+    """Existence, then size, then (with ``hashes``) sha256 of every data and index file: the cheapest telling
+    error first."""
+    for s in manifest["shards"]:
+        data, index = mr_dir / s["file"], mr_dir / (s["file"] + ".db")
+        for path in (data, index):
+            if not path.exists():
+                raise ShardError(f"{path}: missing (listed in the manifest)")
+        if "bytes" in s and data.stat().st_size != s["bytes"]:
+            raise ShardError(f"{data}: {data.stat().st_size} bytes, manifest says {s['bytes']} (truncated or "
+                             "overwritten shard)")
+        for path, key in ((data, "sha256"), (index, "db_sha256")) if hashes else ():
+            if sha256_file(path) != s[key]:
+                raise ShardError(f"{path}: sha256 differs from the manifest (corrupt shard)")
+
+
+def rank_split(manifest: dict, num_shards: int, where: Path | str = "") -> dict:
+    """How ``num_shards`` data-parallel ranks split the set's rows (from the manifest, no data read).
+
+    Each rank reads ``ceil(rows / ranks)`` rows; MindDataset evens out the ranks by repeating the first rows
+    (``padding_rows``).  A set with fewer rows than ranks would give a rank nothing but repeats: refused.
+    """
+    samples = int(manifest["samples"])
+    if samples < num_shards:
+        raise ShardError(f"{where}: {samples} rows cannot be split over {num_shards} data-parallel ranks "
+                         "(train.workers); write more rows or train on fewer ranks")
+    per_rank = -(-samples // num_shards)
+    return {"num_shards": num_shards, "rows_per_rank": per_rank, "padding_rows": per_rank * num_shards - samples}
+
+
+def verify(mr_dir: str | Path, full_read: bool = True, num_shards: int | None = None,
+           mem_limit_mb: int | None = None, timeout_s: float | None = None, hashes: bool = True) -> dict:
+    """Check a MindRecord set (or a collection of sets, e.g. ``mindrecord_val``) against its manifest.
+
+    Always: every data and ``.db`` file exists with the manifest's size, and (``hashes``, the default) sha256;
+    ``hashes=False`` with ``full_read=False`` reads no data (the corpus' final step and training start), and with
+    ``num_shards`` checks the rank split from the manifest (:func:`rank_split`).  With ``full_read``: a child
+    process limited to ``mem_limit_mb`` of address space reads every shard through ``MindDataset`` and the row
+    counts, row lengths and content hash of the decoded rows must match; with ``num_shards`` it also reads the set
+    as that many data-parallel ranks (``num_shards``/``shard_id``) and checks that each rank gets
+    ``ceil(rows / ranks)`` rows and that together they cover every row (MindDataset evens out the ranks by
+    repeating the first rows; their number is reported as ``padding_rows``).  Raises :class:`ShardError` naming
+    the file.
+    """
+    mr_dir = Path(mr_dir)
+    if not (mr_dir / MANIFEST).exists():
+        raise ShardError(f"{mr_dir / MANIFEST}: manifest missing; the MindRecord set is incomplete")
+    manifest = read_json(mr_dir / MANIFEST)
+    if manifest.get("format") == "mindrecord-collection":
+        return {"dir": str(mr_dir), "sets": {name: verify(mr_dir / s["dir"], full_read, num_shards, mem_limit_mb,
+                                                          timeout_s, hashes)
+                                             for name, s in sorted(manifest["sets"].items())}}
+    _check_files(mr_dir, manifest, hashes)
+    result = {"dir": str(mr_dir), "shards": len(manifest["shards"]), "samples": manifest["samples"], "read": 0}
+    if not full_read:
+        if num_shards:
+            result["ranks"] = rank_split(manifest, num_shards, mr_dir)
+        return result
+    report = _read_in_child(mr_dir, num_shards or 0, mem_limit_mb or VERIFY_MEM_MB, timeout_s)
+    total_fp = 0
+    for s, got in zip(manifest["shards"], report["shards"], strict=True):
+        path = mr_dir / s["file"]
+        if got["rows"] != s["samples"]:
+            raise ShardError(f"{path}: {got['rows']} rows read, manifest says {s['samples']}")
+        if got["bad_length"]:
+            raise ShardError(f"{path}: {got['bad_length']} rows are not {manifest['row_length']} tokens long")
+        if s.get("content_sha256") and got["content_sha256"] != s["content_sha256"]:
+            raise ShardError(f"{path}: decoded rows differ from what was written (content sha256 mismatch)")
+        total_fp = (total_fp + got["fingerprint"]) % 2**64
+        result["read"] += got["rows"]
+    result["reader_max_rss_mb"] = report["max_rss_mb"]
+    if num_shards:
+        per_rank = -(-manifest["samples"] // num_shards)
+        padding = per_rank * num_shards - manifest["samples"]
+        union_fp = 0
+        for r in report["ranks"]:
+            if r["rows"] != per_rank:
+                raise ShardError(f"{mr_dir}: rank {r['rank']} of {num_shards} reads {r['rows']} rows, "
+                                 f"expected {per_rank}")
+            union_fp = (union_fp + r["fingerprint"]) % 2**64
+        if union_fp != (total_fp + sum(report["first_digests"][:padding])) % 2**64:
+            raise ShardError(f"{mr_dir}: the {num_shards} ranks together do not read every row exactly once "
+                             f"(plus {padding} padding rows)")
+        result["ranks"] = {"num_shards": num_shards, "rows_per_rank": per_rank, "padding_rows": padding}
+    return result
+
+
+def _read_in_child(mr_dir: Path, ranks: int, mem_limit_mb: int, timeout_s: float | None) -> dict:
+    """Run :func:`_reader_main` in a subprocess under RLIMIT_AS; turn any failure into a ShardError naming the file."""
+    import json
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    def limit():
+        lim = mem_limit_mb << 20
+        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
+
+    repo = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "MALLOC_ARENA_MAX": "2", "GLOG_v": "3",
+           "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
+    cmd = [sys.executable, "-m", "pipeline.sink.verify", "read", str(mr_dir), str(ranks)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env, timeout=timeout_s)
+        out, err, rc = proc.stdout, proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        out, err, rc = (exc.stdout or b"").decode(errors="replace"), "", f"timeout after {timeout_s} s"
+    events = []
+    for line in out.splitlines():
+        if line.startswith("{"):
+            try:
+                events.append(json.loads(line))
+            except ValueError:
+                pass
+    done = next((e for e in events if e["event"] == "done"), None)
+    if rc == 0 and done:
+        return done
+    started = [e for e in events if e["event"] == "start"]
+    err_event = next((e for e in events if e["event"] == "error"), None)
+    if err_event:
+        reason = err_event["error"]
+    elif isinstance(rc, int) and rc < 0:
+        reason = f"reader killed by {signal.Signals(-rc).name}; address-space limit {mem_limit_mb} MB"
+    else:
+        tail = [ln for ln in err.splitlines() if ln.strip() and "WARNING" not in ln][-1:]
+        reason = (f"reader exit {rc}: {tail[0][:300] if tail else 'no message'} "
+                  f"(address-space limit {mem_limit_mb} MB)")
+    if started:
+        raise ShardError(f"{mr_dir / started[-1]['file']}: unreadable through MindDataset ({reason})")
+    raise ShardError(f"{mr_dir}: MindDataset reader failed before reading any shard ({reason})")
+
+
+def _reader_main(mr_dir: str, ranks: int) -> int:
+    """Child side of :func:`verify`: read every shard (then every rank) and print one JSON line per step."""
+    import json
+    import resource
+
+    def emit(obj):
+        print(json.dumps(obj), flush=True)
+
+    mr_dir = Path(mr_dir)
+    manifest = read_json(mr_dir / MANIFEST)
+    fields = manifest.get("fields", [COLUMN])
+    has_dom, has_starts = DOMAIN_COLUMN in fields, STARTS_COLUMN in fields
+    row_length = manifest["row_length"]
+    files = [str(mr_dir / s["file"]) for s in manifest["shards"]]
+    first: list[int] = []
+
+    def read(d):
+        content, n, bad, fp = hashlib.sha256(), 0, 0, 0
+        for row in d.create_tuple_iterator(output_numpy=True, num_epochs=1):
+            ids = row[0]
+            dom = int(row[fields.index(DOMAIN_COLUMN)]) if has_dom else None
+            starts = row[fields.index(STARTS_COLUMN)] if has_starts else None
+            b = row_digest(ids, dom, starts)
+            content.update(b)
+            digest = int.from_bytes(hashlib.blake2b(b, digest_size=8).digest(), "big")
+            fp = (fp + digest) % 2**64
+            if len(first) < ranks:
+                first.append(digest)
+            bad += len(ids) != row_length
+            n += 1
+        return {"rows": n, "content_sha256": content.hexdigest(), "bad_length": bad, "fingerprint": fp}
+
+    try:
+        import mindspore.dataset as ds
+
+        shards, rank_results = [], []
+        for f in files:
+            emit({"event": "start", "file": Path(f).name})
+            shards.append(read(ds.MindDataset(f, columns_list=fields, shuffle=False, num_parallel_workers=1)))
+        collect = first.copy()
+        for r in range(ranks):
+            emit({"event": "start", "file": f"(rank {r} of {ranks} over all shards)"})
+            res = read(ds.MindDataset(files, columns_list=fields, shuffle=False, num_parallel_workers=1,
+                                      num_shards=ranks, shard_id=r))
+            rank_results.append({"rank": r, "rows": res["rows"], "fingerprint": res["fingerprint"]})
+    except (RuntimeError, MemoryError, OSError, ValueError) as exc:
+        msg = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+        emit({"event": "error", "error": msg[:300]})
+        return 3
+    emit({"event": "done", "shards": shards, "ranks": rank_results, "first_digests": collect,
+          "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024})
+    return 0
+
+
+if __name__ == "__main__":
+    import sys
+
+    if len(sys.argv) != 4 or sys.argv[1] != "read":
+        sys.exit("usage: python -m pipeline.sink.verify read DIR RANKS")
+    sys.exit(_reader_main(sys.argv[2], int(sys.argv[3])))
