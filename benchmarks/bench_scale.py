@@ -590,9 +590,11 @@ def main(argv: list[str] | None = None) -> int:
     if first["rc"] == 0 and "side" not in skip:
         side = res["side"] = side_benchmarks(first, a)
     if "peer" not in skip:
-        peer = res["datatrove"] = scale_peer.run_datatrove(first, a)
+        peer = res["datatrove"] = scale_peer.run_datatrove(first, a, measured)
         if peer.get("mb_per_cpu_s"):
-            peer["mindloom"] = scale_peer.run_mindloom_shared(first, a)
+            corpus = a.work / f"corpus-{first['size_gb']:g}gb"
+            base = chain_config(corpus, a.work / "unused", a.seq_len, a.parallelism, "scale-shared")
+            peer["mindloom"] = scale_peer.run_mindloom_shared(first, a, base, measured)
     res["targets"] = targets(res["runs"], side, peer)
     res["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     a.out.parent.mkdir(parents=True, exist_ok=True)

@@ -24,20 +24,19 @@ from pathlib import Path
 from common import REPO, tail
 
 
-def shared_chain_config(corpus: Path, data_root: Path, seq_len: int, parallelism: int) -> dict:
-    """mindloom's config for the shared steps (see the module docstring)."""
-    from bench_scale import chain_config  # bench_scale imports this module: no import circle at load time
-
-    d = chain_config(corpus, data_root, seq_len, parallelism, "scale-shared")
+def shared_chain_config(base: dict) -> dict:
+    """mindloom's config for the shared steps (see the module docstring), from the bench's chain config ``base``."""
+    d = json.loads(json.dumps(base))
+    d["run_name"] = "scale-shared"
     d["quality"]["chains"] = [{"domain": "*", "filters": ["gopher_repetition", "gopher_quality"]}]
     d["minhash"].update(shingle_kind="word", domain_shingles=[])
     return d
 
 
-def run_mindloom_shared(first: dict, a: argparse.Namespace) -> dict:
-    """``mindloom corpus`` on the smallest corpus with :func:`shared_chain_config`, measured like the DAG run."""
+def run_mindloom_shared(first: dict, a: argparse.Namespace, base: dict, measured) -> dict:
+    """``mindloom corpus`` on the smallest corpus with :func:`shared_chain_config` of ``base`` (the bench's chain
+    config with its data root moved here), measured by ``measured`` like the DAG run."""
     import yaml
-    from bench_scale import measured
 
     corpus = a.work / f"corpus-{first['size_gb']:g}gb"
     run = a.work / "mindloom-shared"
@@ -46,8 +45,7 @@ def run_mindloom_shared(first: dict, a: argparse.Namespace) -> dict:
     shutil.rmtree(run, ignore_errors=True)
     run.mkdir(parents=True)
     cfg = run / "config.yaml"
-    cfg.write_text(yaml.safe_dump(shared_chain_config(corpus, run / "data", a.seq_len, a.parallelism),
-                                  sort_keys=False))
+    cfg.write_text(yaml.safe_dump({**shared_chain_config(base), "data_root": str(run / "data")}, sort_keys=False))
     argv = [str(Path(sys.executable).parent / "mindloom"), "corpus", "--config", str(cfg), "--run-id", "shared"]
     print(f"[scale] mindloom corpus, shared chain, on {corpus.name} ...", flush=True)
     m = measured(argv, log=run / "mindloom.log", env={**os.environ, "PYTHONUNBUFFERED": "1"}, timeout=a.timeout,
@@ -64,7 +62,7 @@ def run_mindloom_shared(first: dict, a: argparse.Namespace) -> dict:
     return out
 
 
-def run_datatrove(first: dict, a: argparse.Namespace) -> dict:
+def run_datatrove(first: dict, a: argparse.Namespace, measured) -> dict:
     import common
 
     py, status = common.ensure_peer("datatrove", install=not a.no_install)
@@ -91,8 +89,6 @@ def run_datatrove(first: dict, a: argparse.Namespace) -> dict:
     print(f"[scale] datatrove on {corpus.name} ({files} files) ...", flush=True)
     # LanguageFilter's model goes into an asset cache of the bench's own (HF_ASSETS_CACHE), not ~/.cache
     env = {**os.environ, "HF_ASSETS_CACHE": str(a.work / "datatrove-assets"), "HF_HUB_OFFLINE": "1"}
-    from bench_scale import measured
-
     m = measured(argv, log=log, env=env, timeout=a.timeout, cwd=REPO)
     m.pop("samples")
     out = {"status": "ok" if m["rc"] == 0 else f"failed (rc {m['rc']}): {tail(log, 8)}", **m,

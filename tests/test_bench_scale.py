@@ -231,3 +231,16 @@ def test_scale_topic_merges_into_results_and_renders(tmp_path, monkeypatch):
     assert merged["topics"]["scale"]["commands"] == ["benchmarks/bench_scale.py --sizes 1"]
     md = report.render(merged)
     assert "## The corpus DAG at scale" in md and "| cost_exponent | – | <= 1.05 | – | needs two sizes |" in md
+
+
+def test_shared_chain_config_is_a_valid_config_with_the_same_steps_for_every_domain(source, tmp_path):
+    import scale_peer
+
+    from pipeline.config import config_from_dict
+
+    scale_corpus.build(source, tmp_path / "c", 0.1, seed=3, file_mb=0.05, log=lambda *_: None)
+    base = bench_scale.chain_config(tmp_path / "c", tmp_path / "d", 256, 2, "x")
+    cfg = config_from_dict(scale_peer.shared_chain_config(base))
+    assert [(c.domain, c.filters) for c in cfg.quality.chains] == [("*", ["gopher_repetition", "gopher_quality"])]
+    assert cfg.minhash.shingle_kind == "word" and cfg.minhash.domain_shingles == []
+    assert base["quality"]["chains"] != [c for c in cfg.to_dict()["quality"]["chains"]]       # base left as it was
