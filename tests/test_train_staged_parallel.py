@@ -44,13 +44,13 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def run_stage(cfg, corpus, out_dir, stage: str, workers: int, log_dir) -> None:
+def run_stage(cfg, corpus, out_dir, stage: str, workers: int, log_dir, init_from: str | None = None) -> None:
     """build_job + the launch the orchestrator does: in this process for one rank, msrun for more."""
     from pipeline.tasks.pretrain import build_job
     from pipeline.train.job import TrainJob
     from pipeline.train.launch import env_with_venv, train_command
 
-    path = build_job(cfg, corpus, out_dir, stage=stage)
+    path = build_job(cfg, corpus, out_dir, stage=stage, init_from=init_from)
     if workers == 1:
         from pipeline.train.trainer import run_training
 
@@ -90,6 +90,15 @@ def staged(tmp_path_factory, corpus):
             d = stage_dir(cfg.data_root, name, stage)
             run_stage(cfg, corpus, d, stage, kw.get("workers", 1), root / f"{name}_{stage}_log")
             out[name][stage] = losses(d)
+    # weights-only across TP degrees: TP=2 main -> TP=1 long_context (merge), TP=1 main -> TP=2 (slice)
+    from pipeline.train.commit import marker_path
+
+    for name, src, kw in (("tp2_to_tp1", "tp2", LAYOUTS["tp1"]), ("tp1_to_tp2", "tp1", LAYOUTS["tp2"])):
+        cfg = _cfg(root, **kw)
+        d = stage_dir(cfg.data_root, name, "long_context")
+        run_stage(cfg, corpus, d, "long_context", kw.get("workers", 1), root / f"{name}_log",
+                  init_from=marker_path(str(stage_dir(cfg.data_root, src, "main")), 4))
+        out[name] = {"long_context": losses(d)}
     (root / "losses.json").write_text(json.dumps(out, indent=1))
     print("\nstaged losses:", json.dumps({n: {"main_first": v["main"][0], "long_context_final":
                                                 v["long_context"][-1]} for n, v in out.items()}))
@@ -105,6 +114,14 @@ def test_staged_parallel_run_matches_one_process_at_every_step(staged, layout):
         assert len(one) == len(other) == n, (stage, one, other)
         assert np.abs(one - other).max() < 1e-4, (layout, stage, one, other)
     assert out["tp1"]["main"][-1] < out["tp1"]["warmup"][0] - 1.0  # it trained
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("layout", ["tp2_to_tp1", "tp1_to_tp2"])
+def test_weights_only_stage_across_tp_degrees_merges_and_reslices(staged, layout):
+    _, out = staged
+    one, other = np.array(out["tp1"]["long_context"]), np.array(out[layout]["long_context"])
+    assert len(other) == 2 and np.abs(one - other).max() < 1e-4, (layout, one, other)
 
 
 @pytest.mark.slow

@@ -212,7 +212,11 @@ def assign_weights(net, raw: dict, what: str) -> int:
                 if tuple(v.shape) != tuple(p.shape):
                     raise ValueError(f"init_from {what}: {cand} has shape {tuple(v.shape)}, model expects "
                                      f"{tuple(p.shape)} (different model config?)")
-                pd[name] = v if isinstance(v, ms.Tensor) else ms.Parameter(ms.Tensor(v), name=name)
+                if not isinstance(v, ms.Tensor):  # a numpy slice (take_shard) may be a strided view
+                    import numpy as np
+
+                    v = ms.Parameter(ms.Tensor(np.ascontiguousarray(v)), name=name)
+                pd[name] = v
                 break
     missing = sorted(set(params) - set(pd))
     if missing:
