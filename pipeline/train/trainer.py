@@ -5,17 +5,20 @@ Contract with the orchestrator (all under ``job.out_dir``, written by rank 0 onl
 * ``status.json`` (atomic): ``{"state": RUNNING|SUCCEEDED|FAILED, "step", "pid", "loss", "error", ...}``
 * ``metrics.jsonl``: one JSON object per step (step, loss, lr, grad_norm, loss_scale, skipped, tokens_per_s, mfu,
   step_time_s, data_sha1, ...) through ``metrics.MetricLogger``; on resume lines past the restored step are dropped.
-* ``checkpoints/step_XXXXXXXX.ckpt`` + ``.sha256`` (``checkpoint.py``), every ``checkpoint_every`` steps and at the
-  last step, newest ``keep_checkpoints`` kept.
+* ``checkpoints/step_XXXXXXXX.ckpt`` + ``.sha256`` (``checkpoint.py``; every rank its own under ``ranks/`` when state
+  is sharded) and ``step_XXXXXXXX.commit.json`` once every rank's file is written (``commit.py``), every
+  ``checkpoint_every`` steps and at the last step, newest ``keep_checkpoints`` committed steps kept.
 * ``eval.json``: held-out loss / perplexity per domain of the final weights (``evaluate.py``).
 * ``ranks/rank_NNNNN.json`` (every rank, when data parallel): sha256 of its parameters after the last step, so
   "all ranks hold identical weights" is checkable from files.
 * ``summary.json`` at the end (incl. ``"eval"``), also the return value.
 
-Restart policy: newest valid checkpoint in out_dir (weights + optimizer + scaler + RNG + data position; falls back
-to older ones when the newest is corrupt) > ``init_from`` (``init_mode="weights"``: weights only, fresh optimizer,
-data from the start; ``"continue"``: also Adam moments and the data position, fresh step count and LR schedule) >
-fresh init. Rerunning a finished stage is therefore a cheap no-op that rewrites the summary.
+Restart policy (``resume.py``): newest committed step in out_dir whose files verify on every rank (weights +
+optimizer + scaler + RNG + data position; every rank falls back to an older one when one rank's file is corrupt) >
+``init_from``, normally the previous stage's commit marker (``init_mode="weights"``: this rank's slice of the
+weights, fresh optimizer, data from the start; ``"continue"``: this rank's own file with Adam moments and the data
+position, fresh step count and LR schedule) > fresh init. Rerunning a finished stage is therefore a cheap no-op
+that rewrites the summary.
 """
 
 from __future__ import annotations
@@ -209,7 +212,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         "skipped_steps": sum(1 for r in rows if r.get("skipped")), "tokens": step * g * seq_len,
         "tokens_per_s": tok_s, "mfu": mfu(params, tok_s or 0.0, job.peak_flops, world),
         "first_step_s": times[0][0] if times else None, "wall_s": time.time() - t_start, "params": params,
-        "checkpoint": last_ckpt, "commit": _commit_of(job.out_dir, step), "attention_impl": attention_impl(), "mode": job.mode, "precision": job.precision,
+        "checkpoint": last_ckpt, "commit": _commit_of(job.out_dir, step), "attention_impl": attention_impl(),
+        "mode": job.mode, "precision": job.precision,
         "device": job.device, "world_size": world, "global_batch": g, "grad_accum": job.grad_accum,
         "seq_len": seq_len, "data": data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
         "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": mplan.to_dict(),
