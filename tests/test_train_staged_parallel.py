@@ -101,7 +101,7 @@ def staged(tmp_path_factory, corpus):
         out[name] = {"long_context": losses(d)}
     (root / "losses.json").write_text(json.dumps(out, indent=1))
     print("\nstaged losses:", json.dumps({n: {"main_first": v["main"][0], "long_context_final":
-                                                v["long_context"][-1]} for n, v in out.items()}))
+                                                v["long_context"][-1]} for n, v in out.items() if "main" in v}))
     return root, out
 
 
