@@ -198,10 +198,10 @@ def test_stage_chain_warmup_main_long_context(tmp_path, corpus):
     with open(out["warmup"] / "metrics.jsonl") as f:
         lrs = [json.loads(ln)["lr"] for ln in f]
     assert lrs == pytest.approx([3e-3 * k / 4 for k in (1, 2, 3, 4)], rel=1e-5)  # linear warmup, whole stage
-    assert m["init_from"] == w["checkpoint"] and m["init_mode"] == "continue"
+    assert m["init_from"] == w["commit"] and m["init_mode"] == "continue"  # every rank's file of warmup's step 4
     _, meta = load_file(m["checkpoint"])
     assert meta["data_consumed"] == 8 * 8 and meta["step"] == 4  # main continued warmup's data stream
-    assert lc["init_from"] == m["checkpoint"] and lc["init_mode"] == "weights"
+    assert lc["init_from"] == m["commit"] and lc["init_mode"] == "weights"
     assert lc["seq_len"] == 4 * SEQ and lc["data"]["repacked"] and lc["data"]["contiguous_verified"]
     assert lc["model"]["rope_scaling_type"] == "ntk" and lc["model"]["max_seq_len"] == 4 * SEQ
     assert lc["tokens"] == 2 * 2 * 4 * SEQ

@@ -47,6 +47,7 @@ def _stage(out_dir: Path, ckpt_steps: list[int], stopped_at: int, launched_by: i
         p = out_dir / "checkpoints" / f"step_{s:08d}.ckpt"
         p.write_bytes(b"x")
         (out_dir / "checkpoints" / f"{p.name}.sha256").write_text(f"00  {p.name}\n")
+        write_json(out_dir / "checkpoints" / f"step_{s:08d}.commit.json", {"step": s, "ranks": 1})  # committed
     write_json(out_dir / "status.json", {"state": "FAILED", "step": stopped_at, "pid": 999999999})
     write_json(out_dir / "launch.json", {"pid": 999999999, "try_number": launched_by, "time": launch_time})
     with open(out_dir / "metrics.jsonl", "w") as fh:

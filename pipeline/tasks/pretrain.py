@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -68,17 +67,27 @@ def find_eval_sets(corpus: dict) -> dict[str, str]:
 
 
 def previous_checkpoint(out_dir: str | Path, previous: str) -> str:
-    """Final checkpoint of stage ``previous`` of the same run (its ``summary.json``), or a clear error."""
+    """Commit marker of the final step of stage ``previous`` of the same run, or a clear error.
+
+    A marker, not a file: with tensor parallelism or ZeRO every rank wrote its own file, and rank r of the next
+    stage must load rank r's (or, for weights only with another TP degree, the merged shards); the marker lists
+    every rank's file with its digest (``pipeline.train.commit``).
+    """
+    from pipeline.train.commit import committed_steps, marker_path
+
     prev_dir = Path(out_dir).parent / previous
     summary = prev_dir / "summary.json"
     if not summary.exists():
         raise FileNotFoundError(f"stage {Path(out_dir).name!r} starts from stage {previous!r}, but {summary} does "
                                 f"not exist: run stage {previous!r} of the same run first (mindloom train --stage "
                                 f"{previous} --run-id {Path(out_dir).parent.name})")
-    ckpt = read_json(summary).get("checkpoint")
-    if not ckpt or not Path(ckpt).exists():
-        raise FileNotFoundError(f"stage {previous!r} finished without a usable final checkpoint ({ckpt})")
-    return str(ckpt)
+    final = read_json(summary).get("steps")
+    steps = committed_steps(str(prev_dir))
+    if not steps or steps[0] != final:
+        raise FileNotFoundError(f"stage {previous!r} finished at step {final} without a committed final checkpoint "
+                                f"(newest committed step in {prev_dir / 'checkpoints'}: "
+                                f"{steps[0] if steps else None})")
+    return marker_path(str(prev_dir), final)
 
 
 def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str = "main",
@@ -86,9 +95,10 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
     """Write ``<out_dir>/job.json`` for ``stage`` over the corpus summary returned by ``publish``.
 
     The stage's settings are ``train.*`` with the stage's overrides (``TrainConfig.stage_settings``). Unless
-    ``init_from`` is given, a stage after the first starts from the final checkpoint of the preceding stage in the
-    sibling folder ``<out_dir>/../<previous>`` (``init: previous`` = weights, ``continue`` = full state); the
-    stage's own newest checkpoint, when there is one, always wins (the trainer resumes it).
+    ``init_from`` is given, a stage after the first starts from the final committed checkpoint (its commit marker)
+    of the preceding stage in the sibling folder ``<out_dir>/../<previous>`` (``init: previous`` = weights, each rank
+    its own slice; ``continue`` = each rank's full state); the stage's own newest committed checkpoint, when there
+    is one, always wins (the trainer resumes it).
     """
     from pipeline.train.job import TrainJob
 
@@ -119,7 +129,7 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
         try:
             init_from = previous_checkpoint(out_dir, st["previous"])
         except FileNotFoundError:
-            if not any((Path(out_dir) / "checkpoints").glob("step_*.ckpt")):
+            if not any((Path(out_dir) / "checkpoints").glob("step_*.commit.json")):
                 raise  # nothing of its own to resume either
     job = TrainJob(stage=stage, data_dir=corpus["mindrecord_dir"], out_dir=str(out_dir), model=model,
                    init_from=init_from, init_mode=init_mode if init_from else "weights", steps=st["steps"],
@@ -258,22 +268,20 @@ def record_launch(out_dir: str | Path, argv: list[str], pid: int | None, try_num
     return info
 
 
-_CKPT = re.compile(r"^step_(\d{8})\.ckpt$")
-
-
 def resume_point(out_dir: str | Path) -> dict:
     """Where a new job in ``out_dir`` resumes, read from the folder alone (no MindSpore import):
 
-    ``checkpoint_step``: the newest checkpoint with its ``.sha256`` sidecar (the trainer verifies the checksum and
-    falls back further if it does not match), or None; ``stopped_at_step``: the last step the previous job
-    reported; ``launched_by_try``: the task try that launched it.
+    ``checkpoint_step``: the newest committed step (its commit marker; the trainer checks every rank's file against
+    it and falls back to an older committed step on every rank if one does not match), or None;
+    ``stopped_at_step``: the last step the previous job reported; ``launched_by_try``: the task try that launched it.
     """
+    from pipeline.train.commit import committed_steps
+
     out_dir = Path(out_dir)
-    steps = [int(m.group(1)) for p in (out_dir / "checkpoints").glob("step_*.ckpt")
-             if (m := _CKPT.match(p.name)) and p.with_name(p.name + ".sha256").exists()]
+    steps = committed_steps(str(out_dir))
     status = read_json(out_dir / "status.json") if (out_dir / "status.json").exists() else {}
     launch = read_json(out_dir / "launch.json") if (out_dir / "launch.json").exists() else {}
-    return {"checkpoint_step": max(steps) if steps else None, "stopped_at_step": status.get("step"),
+    return {"checkpoint_step": steps[0] if steps else None, "stopped_at_step": status.get("step"),
             "launched_by_try": launch.get("try_number")}
 
 

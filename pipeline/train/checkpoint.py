@@ -9,8 +9,11 @@ Layout under ``out_dir/checkpoints``::
     step_00000020.ckpt          written as .step_00000020.tmp.ckpt, then os.replace'd (readers never see partial)
     step_00000020.ckpt.sha256   "<hex>  step_00000020.ckpt" (sha256sum -c format), written *before* the rename
 
-A checkpoint is valid only when its sidecar exists and matches, so a torn write, a truncated copy or bit rot makes the
-resume logic fall back to the previous one instead of crashing or silently loading garbage.
+A step counts only once ``commit.py`` has written its commit marker (every rank's file written, digests recorded);
+resume and stage chaining read the markers, check each rank's file against the marker's digest, and fall back to the
+previous committed step on every rank when one file is torn, truncated or rotten. Each file also records the layout
+that wrote it (``tensor_parallel``, ``tp_rank``, ``data_parallel``, ``dp_rank``, ``zero_shards``), and a load by a
+rank of another layout is refused (:func:`check_layout`), never silently taken.
 
 Besides the tensors, each file holds scalar metadata (``META_INT``/``META_FLOAT``: step, global batch split, data
 position, loss-scaler state) and the RNG state: MindSpore's default generator (``ms.get_rng_state``, used by
@@ -35,7 +38,7 @@ log = logging.getLogger("mindloom.train")
 _NAME = re.compile(r"^step_(\d{8})\.ckpt$")
 META_INT = ("step", "samples_consumed", "world_size", "global_batch", "micro_batch", "grad_accum", "seq_len",
             "data_epoch", "data_sample", "data_consumed", "loss_scale_counter", "numpy_rng_pos", "seed",
-            "tensor_parallel", "tp_rank", "dp_rank", "zero_shards")
+            "tensor_parallel", "tp_rank", "dp_rank", "zero_shards", "data_parallel")
 META_FLOAT = ("loss_scale_value",)
 META_ARRAY = ("ms_rng_state", "numpy_rng_keys")
 SKIP_ON_LOAD = ("learning_rate",)  # the LR schedule comes from the job, not the checkpoint
@@ -49,8 +52,8 @@ def ckpt_path(out_dir: str, step: int) -> str:
     return os.path.join(ckpt_dir(out_dir), f"step_{step:08d}.ckpt")
 
 
-def save(opt, out_dir: str, step: int, meta: dict, keep: int) -> str:
-    """Save ``opt`` (weights + moments + global_step) plus integer ``meta``; prune to the newest ``keep``."""
+def save(opt, out_dir: str, step: int, meta: dict) -> str:
+    """Save ``opt`` (weights + moments + global_step) plus ``meta``; pruning waits for the commit (commit.prune)."""
     d = ckpt_dir(out_dir)
     os.makedirs(d, exist_ok=True)
     final = ckpt_path(out_dir, step)
@@ -63,7 +66,6 @@ def save(opt, out_dir: str, step: int, meta: dict, keep: int) -> str:
     os.replace(side_tmp, final + ".sha256")
     os.chmod(tmp, 0o644)
     os.replace(tmp, final)
-    prune(out_dir, keep)
     return final
 
 
@@ -77,21 +79,11 @@ def list_checkpoints(out_dir: str) -> list[tuple[int, str]]:
     return sorted(out, reverse=True)
 
 
-def prune(out_dir: str, keep: int) -> None:
-    for _, p in list_checkpoints(out_dir)[keep:]:
-        for f in (p, p + ".sha256"):
-            try:
-                os.remove(f)
-            except FileNotFoundError:
-                pass
-
-
 def remove_stale_tmp(out_dir: str) -> None:
-    """Temp files left by a crash in the middle of a save."""
-    for p in glob.glob(os.path.join(ckpt_dir(out_dir), ".step_*.tmp.ckpt")) + glob.glob(
-        os.path.join(ckpt_dir(out_dir), "*.sha256.tmp")
-    ):
-        os.remove(p)
+    """Temp files left by a crash in the middle of a save (rank 0's and every rank's folder)."""
+    for d in [ckpt_dir(out_dir), *glob.glob(os.path.join(out_dir, "ranks", "rank_*", "checkpoints"))]:
+        for p in glob.glob(os.path.join(d, ".step_*.tmp.ckpt")) + glob.glob(os.path.join(d, "*.sha256.tmp")):
+            os.remove(p)
 
 
 def verify(path: str) -> str | None:
@@ -144,31 +136,15 @@ def _split_meta(pd: dict) -> tuple[dict, dict]:
     return pd, meta
 
 
-def load_file(path: str) -> tuple[dict, dict]:
-    """``(param_dict, meta)`` of one verified checkpoint (``init_mode="continue"`` of a new stage)."""
+def load_file(path: str, need_sidecar: bool = True) -> tuple[dict, dict]:
+    """``(param_dict, meta)`` of one checkpoint file given by path (``init_from``); it must match its sidecar
+    (without ``need_sidecar`` a file that has none, e.g. a ``tp_merge`` output, is taken as it is)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"init_from checkpoint {path!r} not found")
     why = verify(path)
-    if why:
+    if why and (need_sidecar or os.path.exists(path + ".sha256")):
         raise ValueError(f"init_from checkpoint {path!r} is not usable: {why}")
     return _split_meta(ms.load_checkpoint(path))
-
-
-def load_latest(out_dir: str) -> tuple[str, dict, dict] | None:
-    """Newest checkpoint that verifies and loads: ``(path, param_dict, meta)``; corrupt ones are skipped, logged."""
-    for _, path in list_checkpoints(out_dir):
-        why = verify(path)
-        if why is None:
-            try:
-                pd, meta = _split_meta(ms.load_checkpoint(path))
-            except Exception as e:  # noqa: BLE001 - any unreadable file means "try the previous one"
-                why = f"unreadable: {e}"
-            else:
-                if "step" in meta:
-                    return path, pd, meta
-                why = "no step metadata"
-        log.warning("skipping checkpoint %s: %s", path, why)
-    return None
 
 
 def restore_full(opt, pd: dict) -> None:
@@ -185,26 +161,74 @@ def restore_full(opt, pd: dict) -> None:
         raise ValueError(f"checkpoint lacks {len(missing)} optimizer/model parameters, e.g. {missing[:3]}")
 
 
-def load_weights(net, path: str) -> int:
-    """Weights only (``init_from`` of a previous stage). Accepts names with or without the ``model.`` prefix that
-    wrapping in the loss cell adds; every model parameter must be found with the right shape. Returns the count."""
+def load_verified(path: str, sha256: str) -> tuple[dict, dict]:
+    """``(param_dict, meta)`` of ``path`` after checking it against the digest its commit marker recorded."""
     if not os.path.isfile(path):
-        raise FileNotFoundError(f"init_from checkpoint {path!r} not found")
-    if os.path.exists(path + ".sha256") and (why := verify(path)):
-        raise ValueError(f"init_from checkpoint {path!r} is corrupt: {why}")
-    raw = ms.load_checkpoint(path)
+        raise FileNotFoundError(f"checkpoint {path} is missing")
+    got = sha256_file(path)
+    if got != sha256:
+        raise ValueError(f"checkpoint {path}: sha256 {got[:12]}… does not match its commit marker ({sha256[:12]}…)")
+    return _split_meta(ms.load_checkpoint(path))
+
+
+LAYOUT_META = ("tensor_parallel", "tp_rank", "data_parallel", "dp_rank", "zero_shards")
+_LAYOUT_DEFAULT = {"tensor_parallel": 1, "tp_rank": 0, "data_parallel": None, "dp_rank": 0, "zero_shards": 1}
+
+
+def check_layout(path: str, meta: dict, want: dict) -> None:
+    """Refuse, in one line naming the file and the field, a file written by another rank layout than ``want``
+    (the fields of ``LAYOUT_META`` that ``want`` gives; a file from before ``data_parallel`` was recorded passes
+    that field)."""
+    from .commit import LayoutMismatch
+
+    for k in LAYOUT_META:
+        if k not in want:
+            continue
+        have = meta.get(k, _LAYOUT_DEFAULT[k])
+        if have is not None and int(have) != int(want[k]):
+            raise LayoutMismatch(f"checkpoint {path}: written with {k}={have}, this rank expects {k}={want[k]}")
+
+
+_NOT_WEIGHTS = ("adam_m.", "adam_v.", "accum.")
+_OPT_SCALARS = ("global_step", "learning_rate", "beta1_power", "beta2_power")
+
+
+def weights_only(pd: dict) -> dict:
+    """The model weights of a loaded checkpoint dict (no moments, optimizer scalars or metadata)."""
+    return {k: v for k, v in pd.items()
+            if not k.startswith(_NOT_WEIGHTS) and k not in _OPT_SCALARS and k not in META_ARRAY}
+
+
+def assign_weights(net, raw: dict, what: str) -> int:
+    """Load the weights dict ``raw`` (Tensors or arrays) into ``net``. Accepts names with or without the
+    ``model.`` prefix that wrapping in the loss cell adds; every model parameter must be found with the right
+    shape. Returns the count."""
     params = {p.name: p for p in net.get_parameters()}
     pd = {}
     for name, p in params.items():
         for cand in (name, name.removeprefix("model."), "model." + name):
             if cand in raw:
-                if tuple(raw[cand].shape) != tuple(p.shape):
-                    raise ValueError(f"init_from {path!r}: {cand} has shape {tuple(raw[cand].shape)}, "
-                                     f"model expects {tuple(p.shape)} (different model config?)")
-                pd[name] = raw[cand]
+                v = raw[cand]
+                if tuple(v.shape) != tuple(p.shape):
+                    raise ValueError(f"init_from {what}: {cand} has shape {tuple(v.shape)}, model expects "
+                                     f"{tuple(p.shape)} (different model config?)")
+                if not isinstance(v, ms.Tensor):  # a numpy slice (take_shard) may be a strided view
+                    import numpy as np
+
+                    v = ms.Parameter(ms.Tensor(np.ascontiguousarray(v)), name=name)
+                pd[name] = v
                 break
     missing = sorted(set(params) - set(pd))
     if missing:
-        raise ValueError(f"init_from {path!r} lacks {len(missing)} model parameters, e.g. {missing[:3]}")
+        raise ValueError(f"init_from {what} lacks {len(missing)} model parameters, e.g. {missing[:3]}")
     ms.load_param_into_net(net, pd, strict_load=True)
     return len(pd)
+
+
+def load_weights(net, path: str) -> int:
+    """Weights only of one whole-model file (a TP=1 checkpoint or a ``tp_merge`` output) into ``net``."""
+    if not os.path.isfile(path):
+        raise FileNotFoundError(f"init_from checkpoint {path!r} not found")
+    if os.path.exists(path + ".sha256") and (why := verify(path)):
+        raise ValueError(f"init_from checkpoint {path!r} is corrupt: {why}")
+    return assign_weights(net, ms.load_checkpoint(path), repr(path))

@@ -6,10 +6,9 @@ is exactly the one-process / data-parallel path the trainer had before (same par
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 
+from . import commit
 from .adamw import ZeroShard
 from .model import Transformer
 from .optim import build_optimizer
@@ -35,18 +34,36 @@ def build_parallel(cfg, job, lay: RankLayout):
     return net, opt, norm_fn
 
 
+def sharded(lay: RankLayout, zero: bool) -> bool:
+    """Whether ranks hold different state (TP weight shards or ZeRO moment blocks), so every rank saves its own."""
+    return lay.tp > 1 or (zero and lay.dp > 1)
+
+
+def writers(lay: RankLayout, zero: bool) -> int:
+    """How many ranks write a file per checkpoint: all of them when sharded, else rank 0 for all."""
+    return lay.tp * lay.dp if sharded(lay, zero) else 1
+
+
 def ckpt_root(out_dir: str, rank: int, lay: RankLayout, zero: bool) -> str:
     """Where this rank's checkpoints live: ``out_dir`` when every rank holds the same state (rank 0 saves),
     else rank 0 in ``out_dir`` and rank r in ``out_dir/ranks/rank_<r>`` (sharded weights or moments)."""
-    sharded = lay.tp > 1 or (zero and lay.dp > 1)
-    if not sharded or rank == 0:
-        return out_dir
-    return os.path.join(out_dir, "ranks", f"rank_{rank:05d}")
+    return commit.rank_dir(out_dir, rank if sharded(lay, zero) else 0)
 
 
 def layout_meta(lay: RankLayout, zero: bool) -> dict:
-    return {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank, "dp_rank": lay.dp_rank,
+    """What a checkpoint file records about the rank that wrote it (checkpoint.check_layout compares it)."""
+    return {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank, "data_parallel": lay.dp, "dp_rank": lay.dp_rank,
             "zero_shards": lay.dp if zero else 1}
+
+
+def expected_file_layout(lay: RankLayout, zero: bool) -> dict:
+    """``layout_meta`` of the file this rank must load for full state (its own, or rank 0's when replicated;
+    without ZeRO the data-parallel degree may change between runs: the global batch check covers the data)."""
+    want = layout_meta(lay, zero) if sharded(lay, zero) else layout_meta(RankLayout(1, lay.dp, 0, 0, None, None),
+                                                                          False)
+    if not zero:
+        del want["data_parallel"], want["dp_rank"]
+    return want
 
 
 def param_bytes(net) -> int:

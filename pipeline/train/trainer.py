@@ -5,17 +5,20 @@ Contract with the orchestrator (all under ``job.out_dir``, written by rank 0 onl
 * ``status.json`` (atomic): ``{"state": RUNNING|SUCCEEDED|FAILED, "step", "pid", "loss", "error", ...}``
 * ``metrics.jsonl``: one JSON object per step (step, loss, lr, grad_norm, loss_scale, skipped, tokens_per_s, mfu,
   step_time_s, data_sha1, ...) through ``metrics.MetricLogger``; on resume lines past the restored step are dropped.
-* ``checkpoints/step_XXXXXXXX.ckpt`` + ``.sha256`` (``checkpoint.py``), every ``checkpoint_every`` steps and at the
-  last step, newest ``keep_checkpoints`` kept.
+* ``checkpoints/step_XXXXXXXX.ckpt`` + ``.sha256`` (``checkpoint.py``; every rank its own under ``ranks/`` when state
+  is sharded) and ``step_XXXXXXXX.commit.json`` once every rank's file is written (``commit.py``), every
+  ``checkpoint_every`` steps and at the last step, newest ``keep_checkpoints`` committed steps kept.
 * ``eval.json``: held-out loss / perplexity per domain of the final weights (``evaluate.py``).
 * ``ranks/rank_NNNNN.json`` (every rank, when data parallel): sha256 of its parameters after the last step, so
   "all ranks hold identical weights" is checkable from files.
 * ``summary.json`` at the end (incl. ``"eval"``), also the return value.
 
-Restart policy: newest valid checkpoint in out_dir (weights + optimizer + scaler + RNG + data position; falls back
-to older ones when the newest is corrupt) > ``init_from`` (``init_mode="weights"``: weights only, fresh optimizer,
-data from the start; ``"continue"``: also Adam moments and the data position, fresh step count and LR schedule) >
-fresh init. Rerunning a finished stage is therefore a cheap no-op that rewrites the summary.
+Restart policy (``resume.py``): newest committed step in out_dir whose files verify on every rank (weights +
+optimizer + scaler + RNG + data position; every rank falls back to an older one when one rank's file is corrupt) >
+``init_from``, normally the previous stage's commit marker (``init_mode="weights"``: this rank's slice of the
+weights, fresh optimizer, data from the start; ``"continue"``: this rank's own file with Adam moments and the data
+position, fresh step count and LR schedule) > fresh init. Rerunning a finished stage is therefore a cheap no-op
+that rewrites the summary.
 """
 
 from __future__ import annotations
@@ -30,13 +33,12 @@ import time
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor
 
 from pipeline.io import write_json
 
 from . import checkpoint as ckpt
-from . import testing_hooks
-from .data import DataPosition, TokenBatches
+from . import commit, resume, testing_hooks
+from .data import TokenBatches
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
 from .lease import Lease
@@ -45,7 +47,7 @@ from .metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
 from .model import CausalLMLoss, attention_impl, count_cell_params
 from .optim import TrainStep, apply_precision, build_scaler
 from .parallel import create_groups, rank_layout
-from .parallel_setup import build_parallel, ckpt_root, layout_meta, param_bytes
+from .parallel_setup import build_parallel, param_bytes
 from .pending_steps import PendingSteps, is_sync_point
 from .repack import stage_data
 
@@ -117,65 +119,6 @@ def _global_batch(job: TrainJob, world: int) -> int:
     return job.micro_batch * job.grad_accum * world
 
 
-def _check_same_layout(job: TrainJob, meta: dict, world: int, seq_len: int, what: str) -> None:
-    """Refuse a data position that cannot be continued exactly (see data.py for why the global batch suffices)."""
-    if "data_epoch" not in meta:
-        raise ValueError(f"{what} has no global data position (written by an older trainer); start a new stage "
-                         f"with init_from=<it> instead")
-    for field, have, want in (("tensor_parallel", meta.get("tensor_parallel", 1), job.tensor_parallel),
-                              ("zero", meta.get("zero_shards", 1), world if job.zero else 1)):
-        if have != want:  # per-rank shapes of weights or moments differ
-            raise ValueError(f"TrainJob.{field}: {what} was written with {field} sharding {have}, this run has "
-                             f"{want}; merge TP shards (python -m pipeline.train.tp_merge) and start a new stage "
-                             f"with init_mode='weights'")
-    g = _global_batch(job, world)
-    if meta["global_batch"] != g:
-        raise ValueError(f"TrainJob.micro_batch: {what} was written with global batch {meta['global_batch']} "
-                         f"({meta['micro_batch']} rows x grad_accum {meta['grad_accum']} x {meta['world_size']} "
-                         f"ranks), this run has {g} ({job.micro_batch} x {job.grad_accum} x {world} ranks); keep "
-                         f"batch_size x grad_accum x ranks equal to continue its data stream exactly")
-    if meta["seq_len"] != seq_len:
-        raise ValueError(f"TrainJob.seq_len: {what} was trained on rows of seq_len {meta['seq_len']}, this run "
-                         f"reads {seq_len}; its data position does not apply (use init_mode='weights')")
-
-
-def _restore(job: TrainJob, net, opt, scaler, world: int, seq_len: int,
-             root: str) -> tuple[int, DataPosition, int | None]:
-    """(start_step, data position, resumed_from step or None); loads whatever the restart policy says."""
-    found = ckpt.load_latest(root)
-    if found is not None:
-        path, pd, meta = found
-        _check_same_layout(job, meta, world, seq_len, f"checkpoint {path}")
-        ckpt.restore_full(opt, pd)
-        _restore_scaler(scaler, meta)
-        ckpt.restore_rng(meta)
-        log.info("resumed from %s (step %d, data %s)", path, meta["step"], DataPosition.from_meta(meta))
-        return meta["step"], DataPosition.from_meta(meta), meta["step"]
-    if ckpt.list_checkpoints(root):
-        log.warning("no usable checkpoint in %s: training restarts from %s", job.out_dir,
-                    job.init_from or "scratch")
-    if not job.init_from:
-        return 0, DataPosition(), None
-    if job.init_mode == "weights":
-        n = ckpt.load_weights(net, job.init_from)
-        log.info("initialised %d tensors from %s (weights only)", n, job.init_from)
-        return 0, DataPosition(), None
-    pd, meta = ckpt.load_file(job.init_from)
-    _check_same_layout(job, meta, world, seq_len, f"init_from {job.init_from}")
-    ckpt.restore_full(opt, pd)
-    opt.global_step.set_data(Tensor(np.zeros(opt.global_step.shape, np.int32)))  # new stage: its own LR schedule
-    _restore_scaler(scaler, meta)
-    log.info("continuing from %s: weights, Adam moments, data position %s", job.init_from,
-             DataPosition.from_meta(meta))
-    return 0, DataPosition.from_meta(meta), None
-
-
-def _restore_scaler(scaler, meta: dict) -> None:
-    if scaler is not None and "loss_scale_value" in meta:
-        scaler.scale_value.set_data(Tensor(meta["loss_scale_value"], ms.float32))
-        scaler.counter.set_data(Tensor(meta["loss_scale_counter"], ms.int32))
-
-
 def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lease: Lease | None = None) -> dict:
     t_start = time.time()
     if job.world_size and job.world_size != world:
@@ -196,8 +139,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     scaler = build_scaler(job)
     data_dir, data_info = stage_data(job.data_dir, job.seq_len, job.out_dir, rank)
     seq_len = data_info["seq_len"]
-    world, root = lay.dp, ckpt_root(job.out_dir, rank, lay, job.zero)  # from here on: data-parallel ranks
-    start_step, position, resumed_from = _restore(job, net, opt, scaler, world, seq_len, root)
+    world = lay.dp  # from here on: data-parallel ranks
+    start_step, position, resumed_from = resume.restore(job, net, opt, scaler, lay, rank, seq_len)
     if isinstance(logger, JsonlLogger):
         logger.truncate_after(start_step)
     if start_step > job.steps:
@@ -237,7 +180,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
                 logger.log(row, st)
             status.last_step, status.last_loss = step, out["loss"]
             if step % job.checkpoint_every == 0 or step == job.steps:
-                last_ckpt = _save(job, opt, scaler, step, pos, world, seq_len, rank, root, lay)
+                last_ckpt = resume.save(job, opt, scaler, step, pos, lay, rank, seq_len)
             status.write("RUNNING", step, out["loss"])  # every sync point (log_every steps at the most)
             if step // job.log_every > last_sync // job.log_every or step == job.steps:
                 log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
@@ -251,7 +194,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     elif rank == 0:
         last_ckpt = ckpt.ckpt_path(job.out_dir, step)
     if lay.tp * lay.dp > 1:
-        _write_rank_digest(job, net, rank, step, opt)
+        _write_rank_digest(job, net, rank, step, opt, resumed_from)
     if rank != 0:
         return {"stage": job.stage, "state": "SUCCEEDED", "rank": rank, "steps": step}
 
@@ -269,7 +212,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         "skipped_steps": sum(1 for r in rows if r.get("skipped")), "tokens": step * g * seq_len,
         "tokens_per_s": tok_s, "mfu": mfu(params, tok_s or 0.0, job.peak_flops, world),
         "first_step_s": times[0][0] if times else None, "wall_s": time.time() - t_start, "params": params,
-        "checkpoint": last_ckpt, "attention_impl": attention_impl(), "mode": job.mode, "precision": job.precision,
+        "checkpoint": last_ckpt, "commit": _commit_of(job.out_dir, step), "attention_impl": attention_impl(),
+        "mode": job.mode, "precision": job.precision,
         "device": job.device, "world_size": world, "global_batch": g, "grad_accum": job.grad_accum,
         "seq_len": seq_len, "data": data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
         "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": mplan.to_dict(),
@@ -317,18 +261,10 @@ def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None) -
     return ev
 
 
-def _save(job, opt, scaler, step: int, pos: DataPosition, world: int, seq_len: int, rank: int, root: str,
-          lay) -> str | None:
-    if rank != 0 and root == job.out_dir:  # replicated state: rank 0 saves for all
-        return None
-    g = _global_batch(job, world)
-    meta = {"step": step, "samples_consumed": step * g, "world_size": world, "global_batch": g,
-            "micro_batch": job.micro_batch, "grad_accum": job.grad_accum, "seq_len": seq_len, "seed": job.seed,
-            **pos.to_meta(), **layout_meta(lay, job.zero)}
-    if scaler is not None:
-        meta.update(loss_scale_value=float(scaler.scale_value.asnumpy()),
-                    loss_scale_counter=int(scaler.counter.asnumpy()))
-    return ckpt.save(opt, root, step, meta, job.keep_checkpoints)
+def _commit_of(out_dir: str, step: int) -> str | None:
+    """The commit marker of the final step: what a following stage starts from (``previous_checkpoint``)."""
+    path = commit.marker_path(out_dir, step)
+    return path if os.path.exists(path) else None
 
 
 def _digest(micro: list[np.ndarray]) -> str:
@@ -339,14 +275,14 @@ def _digest(micro: list[np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
-def _write_rank_digest(job: TrainJob, net, rank: int, step: int, opt) -> None:
+def _write_rank_digest(job: TrainJob, net, rank: int, step: int, opt, resumed_from: int | None) -> None:
     h = hashlib.sha256()
     for p in sorted(net.trainable_params(), key=lambda p: p.name):
         h.update(p.name.encode())
         h.update(np.ascontiguousarray(p.asnumpy()).tobytes())
     write_json(os.path.join(job.out_dir, "ranks", f"rank_{rank:05d}.json"),
                {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid(),
-                "param_bytes": param_bytes(net), "optimizer_bytes": opt.state_bytes()})
+                "param_bytes": param_bytes(net), "optimizer_bytes": opt.state_bytes(), "resumed_from": resumed_from})
 
 
 def _check_batch(tokens: np.ndarray, cfg, seq_len: int) -> None:

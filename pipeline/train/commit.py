@@ -1,0 +1,178 @@
+"""Cross-rank checkpoint commits: a step counts only when every rank has written and verified its file.
+
+Why: with sharded state (TP weights, ZeRO moments) every rank writes its own file, and a crash between two ranks'
+saves, or one corrupt file, must not resume rank 0 at step N and rank 1 at step N-k. Protocol of one save::
+
+    every writing rank: save its file + .sha256 sidecar (digest computed once, from the written bytes)
+    barrier 1 (world AllReduce-sum of "my file is written" flags): all ranks or none go on
+    rank 0: reads the digests from the sidecars (tiny files, no re-hash) and writes ONE marker
+            out_dir/checkpoints/step_XXXXXXXX.commit.json {step, ranks, layout, files: [{rank, path, sha256}]}
+    barrier 2 (AllReduce-sum of "committed"): every rank sees the marker before it prunes its own files
+
+Only AllReduce-sum in the world group is used (CPU mccl lacks Send/Recv and sub-group gathers). Resume and stage
+chaining read the markers (every rank reads the same files) and agree on one step with one more AllReduce per
+candidate (:func:`agree`): each rank checks ITS file against the marker's digest, and if any rank's check fails
+every rank falls back to the previous committed step. Paths in a marker are relative to the stage folder, so an
+archived (renamed) stage folder stays loadable. No MindSpore import at module level (the orchestrator reads markers).
+"""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+import re
+
+from pipeline.io import read_json, write_json
+
+log = logging.getLogger("mindloom.train")
+
+_MARKER = re.compile(r"^step_(\d{8})\.commit\.json$")
+LAYOUT_FIELDS = ("tensor_parallel", "data_parallel", "zero_shards")
+
+
+class LayoutMismatch(ValueError):
+    """A checkpoint written by another parallel layout than the loading rank's (refused, never fallen back from)."""
+
+
+def marker_path(out_dir: str, step: int) -> str:
+    return os.path.join(out_dir, "checkpoints", f"step_{step:08d}.commit.json")
+
+
+def rank_dir(out_dir: str, rank: int) -> str:
+    """Where rank ``rank`` keeps its checkpoints when state is sharded (rank 0: the stage folder itself)."""
+    return out_dir if rank == 0 else os.path.join(out_dir, "ranks", f"rank_{rank:05d}")
+
+
+def rank_file(out_dir: str, rank: int, step: int) -> str:
+    return os.path.join(rank_dir(out_dir, rank), "checkpoints", f"step_{step:08d}.ckpt")
+
+
+def committed_steps(out_dir: str) -> list[int]:
+    """Steps with a commit marker, newest first (names only: cheap, no MindSpore; markers are not validated)."""
+    out = []
+    for p in glob.glob(os.path.join(out_dir, "checkpoints", "step_*.commit.json")):
+        if m := _MARKER.match(os.path.basename(p)):
+            out.append(int(m.group(1)))
+    return sorted(out, reverse=True)
+
+
+def read_marker(path: str) -> dict:
+    """The marker at ``path`` with ``stage_dir`` added; a malformed one raises one line naming the file/field."""
+    try:
+        m = read_json(path)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"commit marker {path}: unreadable ({type(e).__name__}: {e})") from None
+    for field, typ in (("step", int), ("ranks", int), ("layout", dict), ("files", list)):
+        if not isinstance(m.get(field), typ):
+            raise ValueError(f"commit marker {path}: field {field!r} missing or not a {typ.__name__}")
+    if len(m["files"]) != m["ranks"] or [f.get("rank") for f in m["files"]] != list(range(m["ranks"])):
+        raise ValueError(f"commit marker {path}: field 'files' must list ranks 0..{m['ranks'] - 1} once each")
+    m["stage_dir"] = os.path.dirname(os.path.dirname(os.path.abspath(path)))
+    m["marker"] = os.path.abspath(path)
+    return m
+
+
+def committed(out_dir: str) -> list[dict]:
+    """Valid commit markers of ``out_dir``, newest first; a malformed marker is logged and skipped."""
+    out = []
+    for step in committed_steps(out_dir):
+        try:
+            out.append(read_marker(marker_path(out_dir, step)))
+        except ValueError as e:
+            log.warning("skipping %s", e)
+    return out
+
+
+def file_of(marker: dict, rank: int) -> tuple[str, str]:
+    """(absolute path, sha256) of the file rank ``rank`` of the marker's layout wrote (rank 0's when one rank
+    wrote for all, i.e. replicated state)."""
+    f = marker["files"][rank if marker["ranks"] > 1 else 0]
+    return os.path.join(marker["stage_dir"], f["path"]), f["sha256"]
+
+
+def write_marker(out_dir: str, step: int, layout: dict, writers: int) -> str:
+    """Rank 0, after barrier 1: one marker over the ``writers`` rank files of ``step`` (digests from sidecars)."""
+    files = []
+    for r in range(writers):
+        path = rank_file(out_dir, r, step)
+        with open(path + ".sha256", encoding="utf-8") as f:
+            digest = f.read().split()[0]
+        files.append({"rank": r, "path": os.path.relpath(path, out_dir), "sha256": digest})
+    dest = marker_path(out_dir, step)
+    write_json(dest, {"step": step, "ranks": writers, "layout": {k: int(layout[k]) for k in LAYOUT_FIELDS},
+                      "files": files})
+    return dest
+
+
+def world_sum(values: list[int], world: int) -> list[int]:
+    """Element-wise sum of small non-negative ints over every rank (one AllReduce in the world group)."""
+    if world <= 1:
+        return list(values)
+    import numpy as np
+    from mindspore import Tensor, ops
+
+    out = ops.AllReduce()(Tensor(np.asarray(values, np.float32)))
+    return [int(round(float(x))) for x in out.asnumpy()]
+
+
+def barrier(ok: bool, world: int, what: str) -> None:
+    """Every rank says whether its part of ``what`` succeeded; all raise unless all succeeded (no rank waits
+    forever in a later collective for a rank that gave up)."""
+    n = world_sum([1 if ok else 0], world)[0]
+    if n != world:
+        raise RuntimeError(f"{what}: only {n} of {world} ranks succeeded; not committed (see the ranks' logs)")
+
+
+def agree(candidates: list, try_load, world: int, what: str, last_word: bool = False):
+    """First candidate whose ``try_load`` succeeds on EVERY rank: ``(candidate, result)``, or None.
+
+    A rank whose file is missing or corrupt makes every rank move on to the next (older) candidate; a
+    :class:`LayoutMismatch` on any rank is raised on every rank (a wrong layout is never fallen back from). With
+    ``last_word`` (one candidate, nothing older to fall back to) a failure is raised on every rank instead: the
+    failing rank raises its own error, the others say which rank count failed.
+    """
+    for c in candidates:
+        result, bad, refused, own = None, 0, 0, None
+        try:
+            result = try_load(c)
+        except LayoutMismatch as e:
+            refused, own = 1, e
+        except Exception as e:  # noqa: BLE001 - any unreadable/corrupt file means "the previous step" for all
+            bad, own = 1, e
+        n_bad, n_refused = world_sum([bad, refused], world)
+        if n_refused or (n_bad and last_word):
+            if own is not None:
+                raise own
+            kind = LayoutMismatch if n_refused else ValueError
+            raise kind(f"{what}: {n_refused or n_bad} other rank(s) could not use their file (see their logs)")
+        if n_bad == 0:
+            return c, result
+        log.warning("%s step %s not usable on %d rank(s)%s; every rank falls back to the previous committed step",
+                    what, c.get("step") if isinstance(c, dict) else c, n_bad,
+                    f" (here: {type(own).__name__}: {own})" if own else "")
+    return None
+
+
+def prune(root: str, out_dir: str, keep: int, rank: int) -> None:
+    """Remove this rank's files (and, on rank 0, markers) outside the newest ``keep`` committed steps; files newer
+    than the newest committed step (a save in flight) and the newest committed step itself always stay."""
+    steps = committed_steps(out_dir)
+    if not steps:
+        return
+    kept = set(steps[:max(keep, 1)])
+    for p in glob.glob(os.path.join(root, "checkpoints", "step_*.ckpt")):
+        m = re.match(r"^step_(\d{8})\.ckpt$", os.path.basename(p))
+        if m and int(m.group(1)) <= steps[0] and int(m.group(1)) not in kept:
+            for f in (p, p + ".sha256"):
+                _remove(f)
+    if rank == 0:
+        for s in steps[max(keep, 1):]:
+            _remove(marker_path(out_dir, s))
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except FileNotFoundError:
+        pass

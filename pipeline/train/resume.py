@@ -1,0 +1,219 @@
+"""What each rank of a stage loads when it starts, and how it saves a step so that every rank agrees on it.
+
+Restart policy (every rank takes the same branch and the same step; see ``commit.py`` for the protocol):
+
+1. the stage's own newest committed step whose files verify on every rank: full state of THIS rank's file
+   (weights, moments, scaler, RNG, data position);
+2. else ``init_from``, normally the commit marker of the previous stage's final step (``previous_checkpoint``):
+   * ``continue``: this rank's own file of that step (weights + Adam moments + data position); the layout (TP
+     degree, ZeRO shards, rank count) must equal this stage's, else it is refused in one line;
+   * ``weights``: this rank's slice of the weights; with the same TP degree straight from the file of this TP rank,
+     with another TP degree by merging the previous stage's TP shards (``tp_merge.merged_weights``) and slicing;
+   * a plain ``.ckpt`` path (a TP=1 checkpoint or a ``tp_merge`` output) also works; a TP shard given as a plain
+     path is refused (it cannot say which slice the other ranks need);
+3. else fresh weights.
+
+Why here and not in ``trainer.py``: the stage loop stays about steps; this module is about files and ranks.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor
+
+from . import checkpoint as ckpt
+from . import commit, testing_hooks
+from .data import DataPosition
+from .parallel import RankLayout, split_axis, take_shard
+from .parallel_setup import ckpt_root, expected_file_layout, layout_meta, writers
+
+log = logging.getLogger("mindloom.train")
+
+
+def global_batch(job, dp: int) -> int:
+    return job.micro_batch * job.grad_accum * dp
+
+
+def check_same_layout(job, meta: dict, dp: int, seq_len: int, what: str) -> None:
+    """Refuse a data position that cannot be continued exactly (see data.py for why the global batch suffices)."""
+    if "data_epoch" not in meta:
+        raise ValueError(f"{what} has no global data position (written by an older trainer); start a new stage "
+                         f"with init_from=<it> instead")
+    g = global_batch(job, dp)
+    if meta["global_batch"] != g:
+        raise ValueError(f"TrainJob.micro_batch: {what} was written with global batch {meta['global_batch']} "
+                         f"({meta['micro_batch']} rows x grad_accum {meta['grad_accum']} x {meta['world_size']} "
+                         f"ranks), this run has {g} ({job.micro_batch} x {job.grad_accum} x {dp} ranks); keep "
+                         f"batch_size x grad_accum x ranks equal to continue its data stream exactly")
+    if meta["seq_len"] != seq_len:
+        raise ValueError(f"TrainJob.seq_len: {what} was trained on rows of seq_len {meta['seq_len']}, this run "
+                         f"reads {seq_len}; its data position does not apply (use init_mode='weights')")
+
+
+def check_marker_layout(marker: dict, lay: RankLayout, zero: bool, what: str, hint: str) -> None:
+    """Full state (moments per shard) only loads into the layout that wrote it: one line naming marker and field."""
+    have = marker["layout"]
+    for field, got, want in (("tensor_parallel", have["tensor_parallel"], lay.tp),
+                             ("zero_shards", have["zero_shards"], lay.dp if zero else 1),
+                             ("ranks", marker["ranks"], writers(lay, zero))):
+        if got != want:
+            raise commit.LayoutMismatch(f"{what} {marker['marker']}: written with {field}={got}, this run has "
+                                        f"{field}={want}; {hint}")
+
+
+def restore(job, net, opt, scaler, lay: RankLayout, rank: int, seq_len: int) -> tuple[int, DataPosition, int | None]:
+    """(start_step, data position, resumed_from step or None) for this rank; loads what the policy says."""
+    world = lay.tp * lay.dp
+    markers = commit.committed(job.out_dir)
+    if markers:
+        for m in markers:
+            check_marker_layout(m, lay, job.zero, "checkpoint", "resume this stage with its own layout (workers, "
+                                "tensor_parallel, zero) or train it again in a new folder")
+        found = commit.agree(markers, _full_state_loader(lay, job.zero, rank), world, "checkpoint")
+        if found is not None:
+            m, (path, pd, meta) = found
+            check_same_layout(job, meta, lay.dp, seq_len, f"checkpoint {path}")
+            _apply_full(opt, scaler, pd, meta)
+            ckpt.restore_rng(meta)
+            log.info("rank %d resumed from %s (committed step %d, data %s)", rank, path, m["step"],
+                     DataPosition.from_meta(meta))
+            return m["step"], DataPosition.from_meta(meta), m["step"]
+        log.warning("no committed checkpoint of %s verifies on every rank: training restarts from %s", job.out_dir,
+                    job.init_from or "scratch")
+    elif ckpt.list_checkpoints(ckpt_root(job.out_dir, rank, lay, job.zero)):
+        log.warning("%s holds checkpoint files but no commit marker: training restarts from %s", job.out_dir,
+                    job.init_from or "scratch")
+    if not job.init_from:
+        return 0, DataPosition(), None
+    if job.init_from.endswith(".commit.json"):
+        return _init_from_marker(job, net, opt, scaler, lay, rank, seq_len)
+    return _init_from_file(job, net, opt, scaler, lay, seq_len)
+
+
+def _full_state_loader(lay: RankLayout, zero: bool, rank: int):
+    want = expected_file_layout(lay, zero)
+
+    def load(marker: dict):
+        path, digest = commit.file_of(marker, rank)
+        pd, meta = ckpt.load_verified(path, digest)
+        ckpt.check_layout(path, meta, want)
+        if meta.get("step") != marker["step"]:
+            raise ValueError(f"checkpoint {path}: holds step {meta.get('step')}, its marker says {marker['step']}")
+        return path, pd, meta
+
+    return load
+
+
+def _apply_full(opt, scaler, pd: dict, meta: dict) -> None:
+    ckpt.restore_full(opt, pd)
+    if scaler is not None and "loss_scale_value" in meta:
+        scaler.scale_value.set_data(Tensor(meta["loss_scale_value"], ms.float32))
+        scaler.counter.set_data(Tensor(meta["loss_scale_counter"], ms.int32))
+
+
+def _continue(job, opt, scaler, lay, seq_len, path: str, pd: dict, meta: dict):
+    check_same_layout(job, meta, lay.dp, seq_len, f"init_from {path}")
+    _apply_full(opt, scaler, pd, meta)
+    opt.global_step.set_data(Tensor(np.zeros(opt.global_step.shape, np.int32)))  # new stage: its own LR schedule
+    log.info("continuing from %s: weights, Adam moments, data position %s", path, DataPosition.from_meta(meta))
+    return 0, DataPosition.from_meta(meta), None
+
+
+def _only(candidate, try_load, world: int):
+    """``try_load(candidate)`` on every rank; any rank's failure is raised on every rank."""
+    return commit.agree([candidate], try_load, world, "init_from", last_word=True)[1]
+
+
+def _init_from_marker(job, net, opt, scaler, lay, rank, seq_len):
+    marker = commit.read_marker(job.init_from)
+    world, prev_tp = lay.tp * lay.dp, marker["layout"]["tensor_parallel"]
+    if job.init_mode == "continue":
+        check_marker_layout(marker, lay, job.zero, "init_from", "'continue' keeps each rank's Adam moments, so it "
+                            "needs the previous stage's layout (init: previous merges the weights and re-slices them)")
+        path, pd, meta = _only(marker, _full_state_loader(lay, job.zero, rank), world)
+        return _continue(job, opt, scaler, lay, seq_len, path, pd, meta)
+
+    def load(m: dict) -> dict:
+        if prev_tp == lay.tp:  # the file of this TP rank in the first data-parallel replica
+            path, digest = commit.file_of(m, lay.tp_rank)
+            pd, meta = ckpt.load_verified(path, digest)
+            ckpt.check_layout(path, meta, {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank})
+            return ckpt.weights_only(pd)
+        from .tp_merge import merged_weights
+
+        return {k: take_shard(v, split_axis(k), lay.tp, lay.tp_rank) for k, v in merged_weights(m).items()}
+
+    raw = _only(marker, load, world)
+    n = ckpt.assign_weights(net, raw, job.init_from)
+    log.info("initialised %d tensors from %s (weights only, TP %d -> %d, TP rank %d)", n, job.init_from, prev_tp,
+             lay.tp, lay.tp_rank)
+    return 0, DataPosition(), None
+
+
+def _init_from_file(job, net, opt, scaler, lay, seq_len):
+    """A single checkpoint file: TP=1 state (or this rank's matching layout when continuing)."""
+    path, world = job.init_from, lay.tp * lay.dp
+    if job.init_mode == "continue":
+        def load(p):
+            pd, meta = ckpt.load_file(p)
+            ckpt.check_layout(p, meta, expected_file_layout(lay, job.zero))
+            return pd, meta
+
+        pd, meta = _only(path, load, world)
+        return _continue(job, opt, scaler, lay, seq_len, path, pd, meta)
+
+    def load_weights(p):
+        pd, meta = ckpt.load_file(p, need_sidecar=False)
+        if meta.get("tensor_parallel", 1) != 1:
+            raise commit.LayoutMismatch(f"init_from {p}: written with tensor_parallel={meta['tensor_parallel']} (one "
+                                        f"TP shard); pass its step's commit marker (step_XXXXXXXX.commit.json) so "
+                                        f"every rank gets its own slice")
+        return {k: take_shard(v.asnumpy(), split_axis(k), lay.tp, lay.tp_rank)
+                for k, v in ckpt.weights_only(pd).items()}
+
+    n = ckpt.assign_weights(net, _only(path, load_weights, world), repr(path))
+    log.info("initialised %d tensors from %s (weights only)", n, path)
+    return 0, DataPosition(), None
+
+
+def save(job, opt, scaler, step: int, pos: DataPosition, lay: RankLayout, rank: int, seq_len: int) -> str | None:
+    """Write this rank's file of ``step`` (if it writes one), then commit it across ranks (``commit.py``).
+    Returns this rank's file (None on a rank that does not write)."""
+    root, n_writers, world = ckpt_root(job.out_dir, rank, lay, job.zero), writers(lay, job.zero), lay.tp * lay.dp
+    path, err = None, None
+    if rank < n_writers:
+        g = global_batch(job, lay.dp)
+        meta = {"step": step, "samples_consumed": step * g, "world_size": lay.dp, "global_batch": g,
+                "micro_batch": job.micro_batch, "grad_accum": job.grad_accum, "seq_len": seq_len, "seed": job.seed,
+                **pos.to_meta(), **layout_meta(lay, job.zero)}
+        if scaler is not None:
+            meta.update(loss_scale_value=float(scaler.scale_value.asnumpy()),
+                        loss_scale_counter=int(scaler.counter.asnumpy()))
+        testing_hooks.before_save(job, step, rank, n_writers)
+        try:
+            path = ckpt.save(opt, root, step, meta)
+        except Exception as e:  # noqa: BLE001 - reported to every rank through the barrier, then re-raised here
+            err = e
+    _barrier(err, world, f"checkpoint step {step}")
+    if rank == 0:
+        testing_hooks.before_commit(job, step, n_writers)
+        try:
+            commit.write_marker(job.out_dir, step, layout_meta(lay, job.zero), n_writers)
+        except Exception as e:  # noqa: BLE001
+            err = e
+    _barrier(err, world, f"commit of checkpoint step {step}")
+    if rank < n_writers:
+        commit.prune(root, job.out_dir, job.keep_checkpoints, rank)
+    return path
+
+
+def _barrier(err: Exception | None, world: int, what: str) -> None:
+    try:
+        commit.barrier(err is None, world, what)
+    except RuntimeError:
+        if err is not None:
+            raise err from None
+        raise
