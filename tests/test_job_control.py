@@ -24,42 +24,56 @@ from pipeline.train.lease import Lease, StageBusy, lease_state, request_cancel
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _running(out: Path, *, heartbeat_age: float, pid: int, host: str | None = None, launch_age: float = 100.0):
-    now = time.time()
-    write_json(out / "launch.json", {"pid": pid, "host": host or socket.gethostname(), "time": now - launch_age})
-    write_json(out / "status.json", {"state": "RUNNING", "step": 7, "pid": pid})
-    write_json(out / "lease.json", {"job_id": "j1", "host": host or socket.gethostname(), "pid": pid,
-                                    "started_at": now - launch_age + 1, "heartbeat_at": now - heartbeat_age,
-                                    "step": 7, "last_step_at": now - heartbeat_age})
+def _running(out: Path, *, beat: int, pid: int, host: str | None = None, job_id: str = "j1",
+             written_at: float | None = None):
+    """The folder of a job as its trainer leaves it: launch, RUNNING row and lease (``written_at``: its own clock)."""
+    write_json(out / "launch.json", {"pid": pid, "host": host or socket.gethostname(), "job_id": job_id,
+                                     "time": time.time() - 100})
+    write_json(out / "status.json", {"state": "RUNNING", "step": 7, "pid": pid, "job_id": job_id})
+    write_json(out / "lease.json", {"job_id": job_id, "generation": 1, "beat": beat, "pid": pid,
+                                    "host": host or socket.gethostname(), "step": 7, "released": False,
+                                    "written_at": time.time() if written_at is None else written_at})
 
 
-def test_a_fresh_heartbeat_is_running_and_an_old_one_is_lost_on_any_host(tmp_path):
-    _running(tmp_path, heartbeat_age=3, pid=1, host="trainer-7")
-    st = job_state(tmp_path)
-    assert st["state"] == "RUNNING" and st["host"] == "trainer-7"
-    _running(tmp_path, heartbeat_age=61, pid=1, host="trainer-7")
-    st = job_state(tmp_path)
-    assert st["state"] == "LOST" and "no heartbeat for 61 s from host trainer-7" in st["error"]
+def test_freshness_is_the_counters_progress_on_the_observers_clock(tmp_path):
+    """The job host's clock is an hour off (its written_at says so); only the counter and our own clock count."""
+    skewed = time.time() + 3600
+    _running(tmp_path, beat=4, pid=1, host="trainer-7", written_at=skewed)
+    st = job_state(tmp_path, now=1000.0)                      # first sight: one look cannot call it stale
+    assert st["state"] == "RUNNING" and st["host"] == "trainer-7" and st["heartbeat"] == 4
+    _running(tmp_path, beat=5, pid=1, host="trainer-7", written_at=skewed - 7200)   # moved: alive, whatever its clock
+    st = job_state(tmp_path, now=1059.0, seen=st["observed"])
+    assert st["state"] == "RUNNING" and st["heartbeat_still_s"] == 0.0
+    st = job_state(tmp_path, now=1118.0, seen=st["observed"])  # 59 s of our clock without progress
+    assert st["state"] == "RUNNING" and st["heartbeat_still_s"] == 59.0
+    st = job_state(tmp_path, now=1120.0, seen=st["observed"])
+    assert st["state"] == "LOST"
+    assert st["error"] == "the lease heartbeat of host trainer-7 stood at 5 for 61 s (observed here)"
 
 
 def test_a_recycled_pid_does_not_keep_a_dead_job_alive(tmp_path):
-    """The lease names a pid that is alive on this host (ours), but its heartbeat stopped: LOST, not waiting."""
-    _running(tmp_path, heartbeat_age=120, pid=os.getpid())
-    assert job_state(tmp_path)["state"] == "LOST"
+    """The lease names a pid that is alive on this host (ours), but its counter stopped: LOST, not waiting."""
+    _running(tmp_path, beat=9, pid=os.getpid())
+    st = job_state(tmp_path, now=0.0)
+    assert st["state"] == "RUNNING"
+    assert job_state(tmp_path, now=61.0, seen=st["observed"])["state"] == "LOST"
 
 
 def test_a_dead_local_job_is_lost_at_once_and_a_new_launch_waits_for_its_lease(tmp_path):
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
-    _running(tmp_path, heartbeat_age=2, pid=dead.pid)
+    _running(tmp_path, beat=3, pid=dead.pid)
     assert job_state(tmp_path)["state"] == "LOST"           # same host, every process gone: no 60 s wait
-    # A new launch (later than the old lease) that has not taken its lease yet is PENDING, then LOST after the grace.
-    write_json(tmp_path / "status.json", {"state": "PENDING", "step": 0})
-    write_json(tmp_path / "launch.json", {"pid": os.getpid(), "host": socket.gethostname(), "time": time.time()})
-    assert job_state(tmp_path)["state"] == "PENDING"
-    (tmp_path / "lease.json").unlink()              # launched on another host long ago, never took a lease
-    write_json(tmp_path / "launch.json", {"pid": None, "host": "elsewhere", "time": time.time() - STARTUP_GRACE_S - 1})
-    st = job_state(tmp_path)
+    # A new launch (job j2) that has not taken its lease yet is PENDING: j1's RUNNING row and lease are not its own.
+    write_json(tmp_path / "launch.json", {"pid": os.getpid(), "host": socket.gethostname(), "job_id": "j2"})
+    st = job_state(tmp_path, now=0.0)
+    assert st["state"] == "PENDING" and st["step"] == 0
+    # Launched on another host, never took a lease: LOST after the grace, counted on the observer's clock.
+    (tmp_path / "lease.json").unlink()
+    write_json(tmp_path / "launch.json", {"pid": None, "host": "elsewhere", "job_id": "j2", "time": 0.0})
+    st = job_state(tmp_path, now=10.0)
+    assert st["state"] == "PENDING"
+    st = job_state(tmp_path, now=10.0 + STARTUP_GRACE_S + 1, seen=st["observed"])
     assert st["state"] == "LOST" and "took no lease within" in st["error"]
 
 
