@@ -153,9 +153,14 @@ def _moves(out_dir: str | Path, lease: dict, wait_s: float) -> bool:
 
 
 def may_write(out_dir: str | Path, job_id: str | None) -> bool:
-    """Whether a job that never took the lease may still record its failure: no live job holds the folder."""
+    """Whether a process outside the training loop (an error before the lease, another rank, msrun's scheduler) may
+    record a failure in ``status.json``: the folder is free, or our own job still holds it.  Not when another job
+    holds it, and not once our own rank 0 released it (it wrote the final status; a later error is an echo)."""
     lease = read_lease(out_dir)
-    return lease is None or bool(lease.get("released")) or (job_id is not None and lease.get("job_id") == job_id)
+    if lease is None:
+        return True
+    ours = job_id is not None and lease.get("job_id") == job_id
+    return not lease.get("released") if ours else bool(lease.get("released"))
 
 
 def _tail(path: Path, n: int = 20) -> str:
