@@ -249,14 +249,14 @@ class Lease:
                             f"refusing to start a second trainer there") from None
         try:
             self._claim()
+            (self.out_dir / CANCEL).unlink(missing_ok=True)  # a request for an earlier job does not apply
+            self.started_at = time.time()
+            self._write()
+            self.fence()                                     # read back: the lease on disk is ours
         except BaseException:
             fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
             raise
-        (self.out_dir / CANCEL).unlink(missing_ok=True)      # a request for an earlier job does not apply
-        self.started_at = time.time()
-        self._write()
-        self.fence()                                         # read back: the lease on disk is ours
 
     def _claim(self) -> None:
         """Take the next generation with a create-exclusive claim file, after deciding the current holder is gone."""
