@@ -213,3 +213,27 @@ def test_a_refused_second_trainer_does_not_fail_the_running_job(tmp_path):
         st = job_state(out, job_id="B")
         assert st["state"] == "LOST" and "held by job A" in st["error"] and st["step"] == 0
         assert job_state(out, job_id="A")["state"] == "RUNNING"
+
+
+def test_the_form_caps_workers_at_the_deployment_limit_and_cannot_switch_the_memory_check_off(monkeypatch, tmp_path):
+    from airflow.sdk import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    from operators.params import pretrain_params
+    from pipeline.configkit import ConfigError
+    from pipeline.form import config_from_params
+
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("train:\n  max_workers: 4\n  device_memory_gb: 64.0\n", encoding="utf-8")
+    monkeypatch.setenv("MINDLOOM_CONFIG", str(deployment))
+    params = pretrain_params(["main"], retries=1)
+    assert params["train_workers"].schema["maximum"] == 4 and "Allowed: 1 to 4." in params["train_workers"].description
+    assert "train_device_memory_gb" not in params
+    ParamsDict(params).update({"train_workers": 4})
+    with pytest.raises(ParamValidationError):                 # what the UI and REST do with the schema
+        ParamsDict(params).update({"train_workers": 5})
+    with pytest.raises(ConfigError, match=r"^train\.workers: 5 is more than this deployment launches "
+                                          r"\(train\.max_workers = 4\)$"):
+        config_from_params({"train_workers": 5}, deployment)  # a conf that reached a task some other way
+    cfg = config_from_params({"train_workers": 4, "train_device_memory_gb": 0}, deployment)
+    assert (cfg.train.workers, cfg.train.device_memory_gb) == (4, 64.0)   # the conf cannot turn the check off
