@@ -259,21 +259,23 @@ def test_two_trainers_taking_over_the_same_generation_one_wins(tmp_path):
 
 
 def test_every_rank_stops_on_cancel_and_on_rank_0s_end(tmp_path):
-    """Ranks > 0 follow the lease: they see the cancel request after their step, and a rank stuck in a collective
-    (its peer left) is ended by its watcher as soon as rank 0's final lease says the job stopped."""
-    with Lease(tmp_path, job_id="J", heartbeat_s=0.1) as rank0:
+    """Ranks > 0 follow the lease: rank 0 answers a cancel request with ``stop_after`` and every rank stops at the
+    same later step, whichever saw the request first; a rank stuck in a collective (its peer left) is ended by its
+    watcher as soon as rank 0's final lease says the job stopped."""
+    with Lease(tmp_path, job_id="J", heartbeat_s=0.1, ranks=2) as rank0:
         follower = Lease(tmp_path, job_id="J", rank=1, heartbeat_s=0.1)
         with follower:
             _wait_for(lambda: follower.generation == rank0.generation)
-            follower.step_done(1)
             request_cancel(tmp_path, "someone else's", job_id="OTHER")     # addressed to another job: ignored
-            follower.step_done(2)
-            rank0.step_done(2)
+            for lease in (follower, rank0):
+                lease.step_done(1)
             request_cancel(tmp_path, "stop all ranks", job_id="J")
-            with pytest.raises(JobCancelled, match="stop all ranks"):
-                follower.step_done(3)
-            with pytest.raises(JobCancelled, match="stop all ranks"):
-                rank0.step_done(3)
+            follower.step_done(2)            # rank 1 reached step 2 before rank 0 saw the request: carries on
+            rank0.step_done(2)               # rank 0 sees it: every rank stops after the next step, rank 0 too
+            assert lease_state(tmp_path)["stop_after"] == 2
+            for lease in (follower, rank0):
+                with pytest.raises(JobCancelled, match="cancelled after step 3: stop all ranks"):
+                    lease.step_done(3)
     stuck = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
         from pipeline.train.lease import Lease

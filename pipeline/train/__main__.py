@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
             _status_without_job(args.job, msg, write_json)
         # run_training already wrote FAILED for errors inside it; this covers errors before it started, unless a
         # live job of another id holds the folder (fenced like every other status write)
-        elif not _status_failed(job.out_dir) and may_write(job.out_dir, env_job_id()):
+        elif _may_record(job.out_dir) and may_write(job.out_dir, env_job_id()):
             write_json(os.path.join(job.out_dir, "status.json"), {
                 "state": "FAILED", "step": 0, "pid": os.getpid(), "loss": None, "error": msg, "stage": job.stage,
                 "job_id": env_job_id(), "updated_at": time.time()})
@@ -69,13 +69,22 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def _status_failed(out_dir: str) -> bool:
+def _may_record(out_dir: str) -> bool:
+    """Whether this process's error is news: not msrun's scheduler (its errors echo a worker's), not after this
+    process or another rank of the same job already wrote a final row (the first failure of a job is its reason)."""
+    if os.environ.get("MS_ROLE") == "MS_SCHED":
+        return False
+    from .lease import env_job_id
+
     try:
         with open(os.path.join(out_dir, "status.json"), encoding="utf-8") as f:
             st = json.load(f)
-        return st.get("state") == "FAILED" and st.get("pid") == os.getpid()
     except (OSError, ValueError):
+        return True
+    if st.get("state") == "FAILED" and st.get("pid") == os.getpid():
         return False
+    job_id = env_job_id()
+    return not (job_id and st.get("job_id") == job_id and st.get("state") in ("FAILED", "SUCCEEDED"))
 
 
 def _status_without_job(job_path: str, msg: str, write_json) -> None:

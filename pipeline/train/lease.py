@@ -21,9 +21,12 @@ A local pid means nothing on another host, a recycled pid lies even on the same 
   back (job id, generation, no newer claim) and raises :class:`LeaseLost` when the job no longer holds it; the job
   then stops without writing anything more (the heartbeat thread also stops, and ends the process after
   ``CANCEL_GRACE_S`` if the main thread is stuck).
-* ``cancel.json``: written by :func:`request_cancel` from any host.  Every rank polls it after each step, stops
-  (:class:`JobCancelled`), and a rank whose step does not end (a collective whose peer already left) is ended by its
-  watcher thread once rank 0 has stopped, or after ``CANCEL_GRACE_S``: a bounded stop of every rank.
+* ``cancel.json``: written by :func:`request_cancel` from any host.  Rank 0 polls it after each step; with more
+  ranks it writes ``stop_after`` (its current step) into the lease, and every rank, rank 0 included, stops
+  (:class:`JobCancelled`) at its first sync point past that step: the ranks' collectives stay paired, since rank 0
+  wrote ``stop_after`` before it entered the next step that the others wait for.  A rank whose step does not end is
+  ended by its watcher thread once rank 0 has stopped, or ``CANCEL_GRACE_S`` after the request: a bounded stop of
+  every rank.
 * Stall timeout: no finished step for ``stall_timeout_s`` (the first step includes the graph compile) fails the job
   with the last lines of its log; every rank watches its own steps and rank 0's decision.
 """
@@ -189,10 +192,11 @@ class Lease:
 
     def __init__(self, out_dir: str | Path, job_id: str | None = None, rank: int = 0, stall_timeout_s: float = 0.0,
                  heartbeat_s: float = HEARTBEAT_S, cancel_grace_s: float = CANCEL_GRACE_S, on_stall=None,
-                 takeover_wait_s: float = LEASE_TIMEOUT_S, startup_s: float = STARTUP_S):
+                 takeover_wait_s: float = LEASE_TIMEOUT_S, startup_s: float = STARTUP_S, ranks: int = 1):
         self.out_dir = Path(out_dir)
         self.holder = rank == 0
-        self.rank = rank
+        self.rank, self.ranks = rank, ranks
+        self.stop_after: int | None = None     # rank 0's decision: every rank stops at its first sync point past it
         self.job_id = job_id or (new_job_id() if self.holder else None)   # None: adopt rank 0's (hand-run msrun)
         self.stall_timeout_s = stall_timeout_s
         self.heartbeat_s = heartbeat_s
@@ -323,10 +327,22 @@ class Lease:
         if self.rank0_stop is not None:
             raise JobCancelled(f"rank {self.rank} stopped after step {self.step}: rank 0 ended the job "
                                f"({self.rank0_stop})")
+        if not self.holder:                       # rank 0 decides where every rank stops
+            lease = read_lease(self.out_dir) or {}
+            if lease.get("job_id") == self.job_id and lease.get("stop_after") is not None \
+                    and self.step > int(lease["stop_after"]):
+                raise JobCancelled(f"cancelled after step {self.step}: {lease.get('cancel')}")
+            return
         if self.cancel_reason is None:
             self._poll_cancel()
-        if self.cancel_reason is not None:
+        if self.cancel_reason is None:
+            return
+        if self.ranks == 1 or (self.stop_after is not None and self.step > self.stop_after):
             raise JobCancelled(f"cancelled after step {self.step}: {self.cancel_reason}")
+        if self.stop_after is None:
+            self.stop_after = self.step           # one more sync point, then every rank stops at the same step
+            self.fence()
+            self._write()
 
     # -- the heartbeat (rank 0) and watcher (ranks > 0) threads -----------------------------------------------
 
@@ -334,7 +350,8 @@ class Lease:
         write_json(self.out_dir / LEASE, {
             "job_id": self.job_id, "generation": self.generation, "beat": self.beat, "host": socket.gethostname(),
             "pid": os.getpid(), "started_at": self.started_at, "written_at": time.time(), "step": self.step,
-            "released": final, "stop": stop})
+            "released": final, "stop": stop, "stop_after": self.stop_after,
+            "cancel": self.cancel_reason if self.stop_after is not None else None})
 
     def _poll_cancel(self) -> None:
         if not self.holder and self.generation is None:

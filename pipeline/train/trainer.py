@@ -96,7 +96,7 @@ def run_training(job: TrainJob) -> dict:
     _setup_context(job)
     rank, world = _distributed(job.tensor_parallel)
     job_id = env_job_id() or (new_job_id() if rank == 0 else None)  # None on ranks > 0: adopt rank 0's
-    lease = Lease(job.out_dir, job_id=job_id, rank=rank, stall_timeout_s=job.stall_timeout_min * 60)
+    lease = Lease(job.out_dir, job_id=job_id, rank=rank, stall_timeout_s=job.stall_timeout_min * 60, ranks=world)
     status = StatusFile(job, enabled=rank == 0, job_id=job_id, fence=lease.fence)
     lease.on_stall = lambda msg: status.write("FAILED", status.last_step, status.last_loss, error=msg)
     with lease:
