@@ -317,3 +317,19 @@ def test_metrics_are_read_from_a_byte_offset_and_a_partial_line_waits(tmp_path):
     assert read_metrics(tmp_path, off2)[0] == [{"step": 4}]
     path.write_text(rows[0])                                           # rewritten shorter (resume): from 0
     assert read_metrics(tmp_path, off2) == ([json.loads(rows[0])], len(rows[0]))
+
+
+def test_a_rank_above_0_ends_itself_on_a_stall_and_writes_nothing(tmp_path):
+    with Lease(tmp_path, job_id="S", heartbeat_s=0.1):
+        write_json(tmp_path / "status.json", {"state": "RUNNING", "step": 3, "job_id": "S"})
+        before = (tmp_path / "status.json").read_bytes()
+        proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
+            import time
+            from pipeline.train.lease import Lease
+            with Lease({str(tmp_path)!r}, job_id="S", rank=1, heartbeat_s=0.1, stall_timeout_s=1.0) as lease:
+                lease.step_done(3)
+                time.sleep(600)                  # no step ever finishes again on this rank
+        """)], cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
+        assert proc.wait(timeout=30) == -9
+        assert "rank 1: stalled: no step finished for" in proc.stderr.read()
+        assert (tmp_path / "status.json").read_bytes() == before and lease_state(tmp_path)["job_id"] == "S"

@@ -306,8 +306,17 @@ class Lease:
             return f"rank 0 ended the job: {lease['stop']}"       # a plain release: rank 0 finished, we may too
         return None
 
+    def _adopt(self, lease: dict | None) -> bool:
+        """Ranks > 0: take note of rank 0's lease (and, without a job id from the launcher, of its id)."""
+        if self.generation is None and lease and not lease.get("released") and \
+                (self.job_id is None or lease.get("job_id") == self.job_id):
+            self.job_id, self.generation = lease.get("job_id"), lease.get("generation")
+        return self.generation is not None
+
     def fence(self) -> None:
         """Raise :class:`LeaseLost` unless this job still holds the lease; call right before every write."""
+        if not self.holder:
+            self._adopt(read_lease(self.out_dir))
         if self.lost is None:
             self.lost = self._why_lost()
             if self.lost is not None:
@@ -380,10 +389,8 @@ class Lease:
     def _watch(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             lease = read_lease(self.out_dir)
-            if self.generation is None:                # not yet seen rank 0 take the lease
-                if lease and not lease.get("released") and (self.job_id is None or lease.get("job_id") == self.job_id):
-                    self.job_id, self.generation = lease.get("job_id"), lease.get("generation")
-                elif time.monotonic() - self._started > self.startup_s:
+            if not self._adopt(lease):                 # not yet seen rank 0 take the lease
+                if time.monotonic() - self._started > self.startup_s:
                     self._end(f"rank {self.rank}: rank 0 did not take the lease of job {self.job_id} within "
                               f"{self.startup_s:.0f} s")
                 continue
