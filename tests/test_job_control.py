@@ -280,12 +280,13 @@ def test_every_rank_stops_on_cancel_and_on_rank_0s_end(tmp_path):
         import time
         from pipeline.train.lease import Lease
         with Lease({str(tmp_path)!r}, job_id="K", rank=1, heartbeat_s=0.1):
+            open({str(tmp_path / "ready")!r}, "w").close()
             time.sleep(600)                      # in a collective whose peer is gone
     """)], cwd=str(REPO), env={**os.environ, "PYTHONPATH": str(REPO)}, stderr=subprocess.PIPE, text=True)
     try:
         with pytest.raises(RuntimeError):
             with Lease(tmp_path, job_id="K", heartbeat_s=0.1):
-                time.sleep(1.0)                  # the follower has seen the lease
+                _wait_for(lambda: (tmp_path / "ready").exists())
                 raise RuntimeError("rank 0 failed")
         t0 = time.time()
         assert stuck.wait(timeout=30) == -9

@@ -308,8 +308,8 @@ class Lease:
 
     def _adopt(self, lease: dict | None) -> bool:
         """Ranks > 0: take note of rank 0's lease (and, without a job id from the launcher, of its id)."""
-        if self.generation is None and lease and not lease.get("released") and \
-                (self.job_id is None or lease.get("job_id") == self.job_id):
+        if self.generation is None and lease and (lease.get("job_id") == self.job_id if self.job_id is not None
+                                                  else not lease.get("released")):
             self.job_id, self.generation = lease.get("job_id"), lease.get("generation")
         return self.generation is not None
 
