@@ -290,7 +290,7 @@ def test_every_rank_stops_on_cancel_and_on_rank_0s_end(tmp_path):
                 raise RuntimeError("rank 0 failed")
         t0 = time.time()
         assert stuck.wait(timeout=30) == -9
-        assert time.time() - t0 < 5
+        assert time.time() - t0 < 10                # one watcher tick and its 0.1 s pause, on a loaded machine
         assert "rank 0 ended job K: RuntimeError: rank 0 failed" in stuck.stderr.read()
     finally:
         stuck.kill()
