@@ -56,8 +56,9 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         self.fail_at_step = fail_at_step
         self.poll_interval = poll_interval
         self._proc: subprocess.Popen | None = None
-        self._metrics_line = 0
+        self._metrics_offset = 0
         self._metrics_inode: int | None = None
+        self._job_id: str | None = None
         self._resume_step = 0
         self._stage_dir: Path | None = None
 
@@ -78,14 +79,14 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
                 store.set(self.external_id_key, ext)
         from operators.triggers import TrainingJobTrigger
 
-        self.defer(trigger=TrainingJobTrigger(ext["out_dir"], ext.get("pid"), self.poll_interval),
+        self.defer(trigger=TrainingJobTrigger(ext["out_dir"], ext.get("pid"), self.poll_interval, ext.get("job_id")),
                    method_name="execute_complete", kwargs={"external_id": ext})
 
     def execute_complete(self, context: Any, event: dict, external_id: dict | None = None) -> dict:
         """Back from the triggerer: copy the stage's metrics into this log, then succeed or fail like the sync path."""
 
         ext = external_id or event
-        self._stream_metrics(event["out_dir"], self._launch_time(event["out_dir"]))
+        self._stream_metrics(event["out_dir"], self._launch_time(event["out_dir"]), ext.get("job_id"))
         if event["state"] != "SUCCEEDED":
             raise AirflowException(f"training stage {self.stage} {event['state']} at step {event.get('step')}: "
                                    f"{event.get('error') or 'process ended without a status'}")
@@ -109,7 +110,8 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
                 store.delete(self.external_id_key)
             self._resume_step = 0
             return
-        state = job_state(out_dir, ext.get("pid") if ext else None)
+        self._job_id = ext.get("job_id") if ext else None
+        state = job_state(out_dir, ext.get("pid") if ext else None, job_id=self._job_id)
         point = resume_point(out_dir)
         self._resume_step = point["checkpoint_step"] or 0
         if ext and state["state"] in ("PENDING", "RUNNING"):
@@ -136,17 +138,19 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         path = Path(out_dir) / "launch.json"
         return float(read_json(path).get("time", 0.0)) if path.exists() else 0.0
 
-    def _stream_metrics(self, out_dir: str | Path, since: float) -> None:
-        """Log the rows the current job wrote (``time >= since``) past the last step already logged."""
+    def _stream_metrics(self, out_dir: str | Path, since: float, job_id: str | None = None) -> None:
+        """Log the rows the current job wrote (its job id; ``time >= since`` for rows without one) past the last step
+        already logged, reading only the bytes appended since the last call."""
         from pipeline.tasks.pretrain import read_metrics
 
         path = Path(out_dir) / "metrics.jsonl"
         inode = path.stat().st_ino if path.exists() else None
         if inode != self._metrics_inode:          # the trainer rewrote the file (it drops rows past its resume)
-            self._metrics_inode, self._metrics_line = inode, 0
-        rows, self._metrics_line = read_metrics(out_dir, self._metrics_line)
+            self._metrics_inode, self._metrics_offset = inode, 0
+        rows, self._metrics_offset = read_metrics(out_dir, self._metrics_offset)
         for r in rows:
-            if r.get("step", 0) > self._resume_step and r.get("time", 0.0) >= since:
+            ours = r.get("job_id") == job_id if job_id and r.get("job_id") else r.get("time", 0.0) >= since
+            if r.get("step", 0) > self._resume_step and ours:
                 self._log_metric(r)
                 self._resume_step = r["step"]
 
@@ -166,17 +170,16 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def submit_job(self, context: Any) -> dict:
         from pipeline.form import config_from_params
-        from pipeline.io import write_json
         from pipeline.tasks.pretrain import build_job, launch_argv, launch_env, record_launch
-        from pipeline.train.lease import lease_state
+        from pipeline.train.lease import live_lease, new_job_id
 
         cfg = config_from_params(dict(context["params"]))
         out_dir = self._out_dir(context)
-        held = lease_state(out_dir)
-        if held and held["fresh"] and not held.get("released"):
+        held = live_lease(out_dir)             # alive here, or its heartbeat counter moves
+        if held:
             raise AirflowException(f"stage folder {out_dir} is held by job {held.get('job_id')} on host "
-                                   f"{held.get('host')} (heartbeat {held['age_s']:.0f} s ago): not launching a "
-                                   f"second trainer there")
+                                   f"{held.get('host')} (heartbeat {held.get('beat')}): not launching a second "
+                                   f"trainer there")
         fail_at = int(self.fail_at_step) if self.fail_at_step not in (None, "", "None") else None
         job_path = build_job(cfg, self.corpus, out_dir, stage=self.stage, init_from=self.init_from or None,
                              fail_at_step=fail_at)
@@ -184,20 +187,20 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         try_number = context["ti"].try_number
         log_path = out_dir / f"launcher.try{try_number}.log"
         self.log.info("launching stage %s: %s", self.stage, " ".join(argv))
-        launched = time.time()                 # before the job can take its lease (job_state compares the two)
-        write_json(out_dir / "status.json", {"state": "PENDING", "step": 0})
-        record_launch(out_dir, argv, None, try_number=try_number, launched=launched)
+        launched = time.time()
+        self._job_id = job_id = new_job_id()   # status rows, metric rows and the lease carry it
+        record_launch(out_dir, argv, None, try_number=try_number, launched=launched, job_id=job_id)
         with open(log_path, "ab") as log_fh:
             self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
-                                          env=launch_env(), start_new_session=True, close_fds=True,
+                                          env=launch_env(job_id), start_new_session=True, close_fds=True,
                                           cwd=str(out_dir))
-        record_launch(out_dir, argv, self._proc.pid, try_number=try_number, launched=launched)
-        return {"out_dir": str(out_dir), "pid": self._proc.pid, "log": str(log_path)}
+        record_launch(out_dir, argv, self._proc.pid, try_number=try_number, launched=launched, job_id=job_id)
+        return {"out_dir": str(out_dir), "pid": self._proc.pid, "log": str(log_path), "job_id": job_id}
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
         from pipeline.tasks.pretrain import job_state
 
-        return job_state(external_id["out_dir"], external_id.get("pid"))["state"]
+        return job_state(external_id["out_dir"], external_id.get("pid"), job_id=external_id.get("job_id"))["state"]
 
     def is_job_active(self, status: str) -> bool:
         return status in ("PENDING", "RUNNING")
@@ -209,13 +212,16 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         """Stream metrics into the log until the job ends; raise with the job's own error when it fails."""
         from pipeline.tasks.pretrain import job_state
 
-        out_dir = external_id["out_dir"]
+        out_dir, job_id = external_id["out_dir"], external_id.get("job_id")
+        self._job_id = job_id
         since = self._launch_time(out_dir)
+        seen = None                                 # what this poll loop last saw of the lease (its own clock)
         while True:
             if self._proc is not None:
                 self._proc.poll()  # reap our child so a dead launcher is not seen as a zombie
-            status = job_state(out_dir, external_id.get("pid"))
-            self._stream_metrics(out_dir, since)
+            status = job_state(out_dir, external_id.get("pid"), job_id=job_id, seen=seen)
+            seen = status.get("observed")
+            self._stream_metrics(out_dir, since, job_id)
             if status["state"] == "SUCCEEDED":
                 return self.get_job_result(external_id, context)
             if status["state"] in ("FAILED", "LOST"):
@@ -235,7 +241,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         from pipeline.train.lease import request_cancel
 
         if self._stage_dir is not None and self._stage_dir.exists():
-            request_cancel(self._stage_dir, f"Airflow task {self.task_id} was stopped")
+            request_cancel(self._stage_dir, f"Airflow task {self.task_id} was stopped", job_id=self._job_id)
             self.log.warning("requested cancellation of the training job in %s", self._stage_dir)
         if self._proc is not None:
             deadline = time.time() + CANCEL_WAIT_S

@@ -44,8 +44,12 @@ PARAM_FIELDS: dict[str, str] = {
     "train_recompute": "train.recompute",
     "train_tensor_parallel": "train.tensor_parallel",
     "train_zero": "train.zero",
-    "train_device_memory_gb": "train.device_memory_gb",
 }
+
+#: Form fields whose upper bound is a deployment setting (not the field's own metadata): a run cannot ask for more
+#: ranks than one launch of this deployment starts.  ``train.device_memory_gb`` is not on the form at all: the size
+#: of a device is the deployment's, and 0 would switch the memory check off.
+DEPLOYMENT_MAXIMUM: dict[str, str] = {"train_workers": "train.max_workers"}
 
 #: Which Params each DAG's form shows, grouped into the form's sections (in order).  A DAG shows only the fields
 #: it uses: the corpus DAGs never offer training knobs and ``pretrain`` never offers corpus ones.
@@ -62,7 +66,7 @@ FORMS: dict[str, dict[str, tuple[str, ...]]] = {
         "Model and optimisation": ("model_preset", "train_steps", "batch_size", "learning_rate",
                                    "train_grad_accum"),
         "Execution": ("train_mode", "train_precision", "train_recompute"),
-        "Parallelism and memory": ("train_workers", "train_tensor_parallel", "train_zero", "train_device_memory_gb"),
+        "Parallelism and memory": ("train_workers", "train_tensor_parallel", "train_zero"),
     },
 }
 
@@ -128,6 +132,8 @@ def param_specs(cfg: MindloomConfig | None = None, form: str | None = None) -> d
                 spec["minimum"] = meta["ge"]
             if meta.get("le") is not None and tp in (int, float):
                 spec["maximum"] = meta["le"]
+            if name in DEPLOYMENT_MAXIMUM:
+                spec["maximum"] = _get_dotted(cfg, DEPLOYMENT_MAXIMUM[name])
         if default in ([], {}, "", None):
             spec["type"] = [spec["type"], "null"]
             spec["default"] = None
@@ -143,4 +149,4 @@ def config_from_params(params: dict[str, Any], path: str | Path | None = None) -
     applied on top.  Unknown params are ignored, and so are params left empty (null) in the form.  The YAML file
     is never chosen by a param: a run's conf cannot point the workers at another file."""
     overrides = {PARAM_FIELDS[k]: v for k, v in params.items() if k in PARAM_FIELDS and v is not None}
-    return load_config(path or None, overrides)
+    return load_config(path or None, overrides)    # train.workers > train.max_workers fails there too

@@ -118,3 +118,123 @@ def test_testing_switches_only_when_the_deployment_enables_them(monkeypatch, ena
     assert (fail_step_template("main") != "") == enabled
     assert "config_path" not in params and "corpus_manifest" not in params
     assert params["corpus_run"].schema["type"] == ["null", "string"]      # optional: not marked required
+
+
+def _lease(out_dir: Path, job_id: str, beat: int) -> None:
+    write_json(out_dir / "lease.json", {"job_id": job_id, "generation": 1, "beat": beat, "host": "trainer-host",
+                                        "pid": 4242, "released": False, "written_at": 0.0})
+
+
+def test_metric_rows_are_matched_by_job_id_not_by_clocks(tmp_path):
+    """The old job's rows carry later timestamps (its host's clock runs ahead) and are still not shown; the file is
+    read from the byte offset where the previous poll stopped."""
+    out = tmp_path / "main"
+    out.mkdir()
+    op, shown = _operator(out)
+    with open(out / "metrics.jsonl", "w") as fh:
+        fh.writelines(json.dumps({"step": s, "loss": 9.0, "time": 5e9, "job_id": "old"}) + "\n" for s in (1, 2))
+        fh.write(json.dumps({"step": 3, "loss": 1.0, "time": 1.0, "job_id": "new"}) + "\n")
+    op._stream_metrics(out, since=1e9, job_id="new")
+    assert [(r["step"], r["job_id"]) for r in shown] == [(3, "new")]
+    assert op._metrics_offset == (out / "metrics.jsonl").stat().st_size
+    with open(out / "metrics.jsonl", "a") as fh:
+        fh.write(json.dumps({"step": 4, "loss": 0.5, "time": 2.0, "job_id": "new"}) + "\n" + '{"step": 5')
+    op._stream_metrics(out, since=1e9, job_id="new")
+    assert [r["step"] for r in shown] == [3, 4]                   # the half-written row 5 waits for its newline
+
+
+@pytest.mark.parametrize("beating", [True, False])
+def test_the_trigger_keeps_the_heartbeat_counter_between_polls(tmp_path, monkeypatch, beating):
+    """A job on another host: RUNNING while its counter moves (then SUCCEEDED), LOST when it stood still for the
+    lease timeout of the triggerer's own clock."""
+    import asyncio
+    import threading
+
+    import pipeline.train.lease as lease_mod
+    from operators.triggers import TrainingJobTrigger
+
+    monkeypatch.setattr(lease_mod, "LEASE_TIMEOUT_S", 0.6)
+    out = tmp_path / "main"
+    out.mkdir()
+    write_json(out / "launch.json", {"pid": 4242, "host": "trainer-host", "job_id": "J"})
+    write_json(out / "status.json", {"state": "RUNNING", "step": 3, "job_id": "J"})
+    _lease(out, "J", 0)
+    stop = threading.Event()
+
+    def job():
+        beat = 0
+        while not stop.wait(0.1):
+            beat += 1
+            _lease(out, "J", beat)
+            if beat == 20:
+                write_json(out / "status.json", {"state": "SUCCEEDED", "step": 9, "job_id": "J"})
+
+    t = threading.Thread(target=job)
+    if beating:
+        t.start()
+
+    async def first_event():
+        trig = TrainingJobTrigger(str(out), pid=4242, poll_interval=0.05, job_id="J")
+        assert trig.serialize()[1]["job_id"] == "J"
+        async for ev in trig.run():
+            return ev.payload
+
+    try:
+        t0 = time.monotonic()
+        ev = asyncio.run(first_event())
+        waited = time.monotonic() - t0
+    finally:
+        stop.set()
+        if beating:
+            t.join()
+    if beating:
+        assert (ev["state"], ev["step"], ev["job_id"]) == ("SUCCEEDED", 9, "J") and waited >= 1.9
+    else:
+        assert ev["state"] == "LOST" and "stood at 0 for" in ev["error"] and 0.6 <= waited < 5
+
+
+def test_a_refused_second_trainer_does_not_fail_the_running_job(tmp_path):
+    """Job A runs (its lease, its RUNNING row); a second trainer B is refused and writes nothing; the operator polling
+    A still sees RUNNING, and a task that launched B is told why B never ran."""
+    from pipeline.tasks.pretrain import job_state
+    from pipeline.train.lease import Lease, StageBusy
+
+    out = tmp_path / "main"
+    out.mkdir()
+    with Lease(out, job_id="A", heartbeat_s=0.1):
+        write_json(out / "status.json", {"state": "RUNNING", "step": 5, "job_id": "A"})
+        before = {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "lease.json"}
+        with pytest.raises(StageBusy):
+            with Lease(out, job_id="B", heartbeat_s=0.1):
+                pass
+        assert {p.name: p.read_bytes() for p in out.iterdir() if p.is_file() and p.name != "lease.json"} == before
+        op, _ = _operator(out)
+        assert op.get_job_status({"out_dir": str(out), "job_id": "A"}, {}) == "RUNNING"
+        write_json(out / "launch.json", {"pid": 999999999, "job_id": "B"})     # B's launcher is gone
+        st = job_state(out, job_id="B")
+        assert st["state"] == "LOST" and "held by job A" in st["error"] and st["step"] == 0
+        assert job_state(out, job_id="A")["state"] == "RUNNING"
+
+
+def test_the_form_caps_workers_at_the_deployment_limit_and_cannot_switch_the_memory_check_off(monkeypatch, tmp_path):
+    from airflow.sdk import ParamsDict
+    from airflow.sdk.exceptions import ParamValidationError
+
+    from operators.params import pretrain_params
+    from pipeline.configkit import ConfigError
+    from pipeline.form import config_from_params
+
+    deployment = tmp_path / "deployment.yaml"
+    deployment.write_text("train:\n  max_workers: 4\n  device_memory_gb: 64.0\n", encoding="utf-8")
+    monkeypatch.setenv("MINDLOOM_CONFIG", str(deployment))
+    params = pretrain_params(["main"], retries=1)
+    assert params["train_workers"].schema["maximum"] == 4 and "Allowed: 1 to 4." in params["train_workers"].description
+    assert "train_device_memory_gb" not in params
+    ParamsDict(params).update({"train_workers": 4})
+    with pytest.raises(ParamValidationError):                 # what the UI and REST do with the schema
+        ParamsDict(params).update({"train_workers": 5})
+    with pytest.raises(ConfigError, match=r"^train\.workers: 5 is more than this deployment launches "
+                                          r"\(train\.max_workers = 4\)$"):
+        config_from_params({"train_workers": 5}, deployment)  # a conf that reached a task some other way
+    cfg = config_from_params({"train_workers": 4, "train_device_memory_gb": 0}, deployment)
+    assert (cfg.train.workers, cfg.train.device_memory_gb) == (4, 64.0)   # the conf cannot turn the check off

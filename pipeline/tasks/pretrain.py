@@ -162,77 +162,96 @@ def launch_argv(job_path: str | Path, workers: int | None = None, *, master_port
     return train_command(str(job_path), workers, master_port=master_port, argv=argv)
 
 
-def launch_env() -> dict[str, str]:
-    """Environment for the job: msrun starts workers with the ``python`` on PATH, so put ours first."""
+def launch_env(job_id: str | None = None) -> dict[str, str]:
+    """Environment for the job: msrun starts workers with the ``python`` on PATH, so put ours first; and the job's
+    id (``MINDLOOM_JOB_ID``, a new one unless given), which every rank reads and the lease holds."""
     from pipeline.train.launch import env_with_venv
+    from pipeline.train.lease import JOB_ID_ENV, new_job_id
 
-    return env_with_venv()
+    return {**env_with_venv(), JOB_ID_ENV: job_id or new_job_id()}
 
 
-#: How long a launched job may take to take its lease (interpreter start, imports, msrun rendezvous).
+#: How long a launched job may take to take its lease (interpreter start, imports, msrun rendezvous), measured on
+#: the observer's own clock from when it first saw the launch without a lease.
 STARTUP_GRACE_S = 300.0
 
 
 def job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float | None = None,
-              lease_timeout: float | None = None) -> dict:
-    """The job's ``status.json``, decided from the stage folder alone, on any host.
+              lease_timeout: float | None = None, *, job_id: str | None = None, seen: dict | None = None) -> dict:
+    """The state of job ``job_id`` (default: the one ``launch.json`` names) from the stage folder alone, on any host.
 
-    A job that claims RUNNING or PENDING is RUNNING while its lease (``lease.json``) has a fresh heartbeat, and
-    LOST once the heartbeat is older than the lease timeout, whatever any pid says (pids mean nothing on another
-    host and can be recycled on this one).  Before the current launch has taken its lease (a lease older than
-    ``launch.json`` belongs to an earlier job) it is PENDING for ``STARTUP_GRACE_S``.  On the host that launched
-    it, a launcher and trainer that are both gone make it LOST at once instead of after the timeout.
+    Returns its ``status.json`` row, with ``"observed"``: pass it back as ``seen`` on the next call.  Rows of another
+    job id are not this job's (it is PENDING until it writes its own).  A job that claims RUNNING or PENDING is
+    RUNNING while its lease's heartbeat counter moves, and LOST once the counter stood still for the lease timeout
+    of *this observer's* clock (``now``, default ``time.monotonic()``; the job's clock is never read).  Before it
+    has taken its lease it is PENDING for ``STARTUP_GRACE_S`` of the observer's clock.  On the host that launched
+    it, a launcher and trainer that are both gone make it LOST at once; a released lease without a final status
+    is LOST at once.
     """
     import socket
 
     from pipeline.train.lease import LEASE_TIMEOUT_S, lease_state, pid_alive
 
     out_dir = Path(out_dir)
-    now = time.time() if now is None else now
-    status_file = out_dir / "status.json"
-    status = read_json(status_file) if status_file.exists() else {"state": "PENDING", "step": 0}
+    now = time.monotonic() if now is None else now
+    seen = seen or {}
+    launch = read_json(out_dir / "launch.json") if (out_dir / "launch.json").exists() else {}
+    job_id = job_id or launch.get("job_id")
+    status = read_json(out_dir / "status.json") if (out_dir / "status.json").exists() else None
+    if status is None or (job_id and status.get("job_id") not in (None, job_id)):
+        status = {"state": "PENDING", "step": 0}          # no row of this job yet (another job's row is not ours)
     if status["state"] not in ("RUNNING", "PENDING"):
         return status
-    launch = read_json(out_dir / "launch.json") if (out_dir / "launch.json").exists() else {}
-    lease = lease_state(out_dir, now, lease_timeout or LEASE_TIMEOUT_S)
-    if lease is not None and float(lease.get("started_at", 0.0)) < float(launch.get("time", 0.0)):
-        lease = None                                     # an earlier job's lease, not the current launch's
-    same_host = launch.get("host") in (None, socket.gethostname()) and \
-        (lease is None or lease.get("host") == socket.gethostname())
+    lease = lease_state(out_dir, seen.get("lease"), now, lease_timeout or LEASE_TIMEOUT_S)
+    observed = {"lease": lease["seen"] if lease else None}
+    other = lease if lease is not None and job_id and lease.get("job_id") != job_id else None
+    lease = None if other is not None else lease          # another job's lease (an earlier one, or a live holder)
     here = socket.gethostname()
+    same_host = launch.get("host") in (None, here) and (lease is None or lease.get("host") == here)
     pids = [p for p in (launcher_pid, launch.get("pid"),
                         lease.get("pid") if lease and lease.get("host") == here else None) if p]
+    held = f" (the stage folder is held by job {other.get('job_id')} on host {other.get('host')}: a second " \
+           f"trainer there is refused)" if other is not None and not other.get("released") else ""
     if same_host and pids and not any(pid_alive(p) for p in pids):
-        return {**status, "state": "LOST", "error": status.get("error") or "the job's processes ended without a "
-                "final status (killed?); see the launcher log"}
+        return {**status, "state": "LOST", "observed": observed, "error": status.get("error") or
+                f"the job's processes ended without a final status (killed?){held}; see the launcher log"}
     if lease is not None:
-        if lease["fresh"] and not lease.get("released"):
-            return {**status, "state": "RUNNING", "heartbeat_age_s": round(lease["age_s"], 1),
-                    "host": lease.get("host")}
-        why = "released its lease without a final status" if lease.get("released") else \
-            f"no heartbeat for {lease['age_s']:.0f} s from host {lease.get('host')}"
-        return {**status, "state": "LOST", "error": status.get("error") or f"the job {why}"}
-    if launch and now - float(launch.get("time", now)) > STARTUP_GRACE_S:
-        return {**status, "state": "LOST", "error": status.get("error") or f"the job took no lease within "
-                f"{STARTUP_GRACE_S:.0f} s of its launch"}
-    return status
+        if lease.get("released"):
+            stop = f": {lease['stop']}" if lease.get("stop") else ""
+            return {**status, "state": "LOST", "observed": observed,
+                    "error": status.get("error") or f"the job released its lease without a final status{stop}"}
+        if lease["fresh"]:
+            return {**status, "state": "RUNNING", "observed": observed, "heartbeat": lease.get("beat"),
+                    "heartbeat_still_s": round(lease["stalled_s"], 1), "host": lease.get("host")}
+        return {**status, "state": "LOST", "observed": observed, "error": status.get("error") or
+                f"the lease heartbeat of host {lease.get('host')} stood at {lease.get('beat')} for "
+                f"{lease['stalled_s']:.0f} s (observed here)"}
+    observed["pending_since"] = pending_since = float(seen.get("pending_since", now))
+    if now - pending_since > STARTUP_GRACE_S:
+        return {**status, "state": "LOST", "observed": observed, "error": status.get("error") or
+                f"the job took no lease within {STARTUP_GRACE_S:.0f} s{held}"}
+    return {**status, "observed": observed}
 
 
-def read_metrics(out_dir: str | Path, start_line: int = 0) -> tuple[list[dict], int]:
-    """Metric rows appended since ``start_line`` (complete lines only) and the next line number."""
+def read_metrics(out_dir: str | Path, offset: int = 0) -> tuple[list[dict], int]:
+    """Metric rows appended since byte ``offset`` and the offset to pass next time.
+
+    Reads only the new bytes (a long run's file is never re-read); a partial last line (being written) is left for
+    the next call.  An offset past the end (the trainer rewrote the file on resume) starts over from 0.
+    """
     path = Path(out_dir) / "metrics.jsonl"
-    if not path.exists():
-        return [], start_line
-    rows = []
-    with open(path, encoding="utf-8") as fh:
-        lines = fh.readlines()
-    n = start_line
-    for line in lines[start_line:]:
-        if not line.endswith("\n"):
-            break
-        rows.append(json.loads(line))
-        n += 1
-    return rows, n
+    try:
+        fh = open(path, "rb")  # noqa: SIM115 - closed below
+    except FileNotFoundError:
+        return [], offset
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        offset = 0 if offset > size else offset
+        fh.seek(offset)
+        data = fh.read(size - offset)
+    end = data.rfind(b"\n") + 1                 # complete lines only
+    rows = [json.loads(line) for line in data[:end].splitlines() if line.strip()]
+    return rows, offset + end
 
 
 def stage_result(out_dir: str | Path) -> dict:
@@ -258,11 +277,12 @@ def stage_eval_for_run(params: dict, run_id: str, stage: str) -> dict:
 
 
 def record_launch(out_dir: str | Path, argv: list[str], pid: int | None, try_number: int | None = None,
-                  launched: float | None = None) -> dict:
-    """``launch.json``: who started the stage's current job and when (rows older than ``time`` are not its own)."""
+                  launched: float | None = None, job_id: str | None = None) -> dict:
+    """``launch.json``: which job (id) the stage's current launch is, who started it and when (the time is for
+    people; rows and leases are matched by job id)."""
     import socket
 
-    info = {"pid": pid, "argv": argv, "out_dir": str(out_dir), "try_number": try_number,
+    info = {"pid": pid, "argv": argv, "out_dir": str(out_dir), "try_number": try_number, "job_id": job_id,
             "host": socket.gethostname(), "time": launched if launched is not None else time.time()}
     write_json(Path(out_dir) / "launch.json", info)
     return info

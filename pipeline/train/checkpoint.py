@@ -52,14 +52,18 @@ def ckpt_path(out_dir: str, step: int) -> str:
     return os.path.join(ckpt_dir(out_dir), f"step_{step:08d}.ckpt")
 
 
-def save(opt, out_dir: str, step: int, meta: dict) -> str:
-    """Save ``opt`` (weights + moments + global_step) plus ``meta``; pruning waits for the commit (commit.prune)."""
+def save(opt, out_dir: str, step: int, meta: dict, fence=None) -> str:
+    """Save ``opt`` (weights + moments + global_step) plus ``meta``; pruning waits for the commit (commit.prune).
+    ``fence()`` (raises when the job lost its lease) runs before anything is renamed into place: a fenced-off job
+    leaves only a temp file, which the next job's start removes."""
     d = ckpt_dir(out_dir)
     os.makedirs(d, exist_ok=True)
     final = ckpt_path(out_dir, step)
     tmp = os.path.join(d, f".step_{step:08d}.tmp.ckpt")
     ms.save_checkpoint(opt, tmp, append_dict={**_encode_meta(meta), **rng_state()})
     digest = sha256_file(tmp)
+    if fence is not None:
+        fence()
     side_tmp = final + ".sha256.tmp"
     with open(side_tmp, "w", encoding="utf-8") as f:
         f.write(f"{digest}  {os.path.basename(final)}\n")

@@ -203,6 +203,8 @@ class TrainConfig:
     mode: str = _f("graph", desc="MindSpore execution mode.", choices=("graph", "pynative"))
     threads: int = _f(2, desc="CPU threads per worker.", ge=1)
     workers: int = _f(1, desc="Ranks launched (msrun when > 1): tensor_parallel x data-parallel ranks.", ge=1)
+    max_workers: int = _f(8, desc="Most ranks one launch of this deployment can start (one host's msrun: its "
+                          "devices); the trigger form cannot ask for more workers. Deployment config only.", ge=1)
     tensor_parallel: int = _f(1, desc="Ranks per tensor-parallel group (inside one node); must divide workers.",
                               ge=1)
     zero: bool = _f(False, desc="ZeRO-1: shard the Adam moments over the data-parallel ranks.")
@@ -231,6 +233,9 @@ class TrainConfig:
             check_precision(self.device, self.mode, self.precision)
         except ValueError as exc:
             raise ConfigError(f"train.precision: {str(exc).split(': ', 1)[1]}") from None
+        if self.workers > self.max_workers:
+            raise ConfigError(f"train.workers: {self.workers} is more than this deployment launches "
+                              f"(train.max_workers = {self.max_workers})")
         if self.workers % self.tensor_parallel:
             raise ConfigError(f"train.tensor_parallel: must divide train.workers ({self.workers}), "
                               f"got {self.tensor_parallel}")

@@ -2,8 +2,10 @@
 
 ``MetricLogger`` is torchtitan's shape: ``log(metrics, step)`` and ``close()``. The trainer knows nothing else, so a
 TensorBoard or W&B logger is one more class (and ``MultiLogger`` fans out). Only rank 0 gets a real logger; other
-ranks get ``NullLogger``. ``JsonlLogger`` is what the Airflow operator tails: one complete line per step, flushed,
-and on resume the lines past the restored step are dropped so every step appears exactly once.
+ranks get ``NullLogger``. ``JsonlLogger`` is what the Airflow operator tails (from a byte offset): one complete line
+per step with the job id, flushed, and on resume the lines past the restored step are dropped so every step appears
+exactly once.  Both it and ``StatusFile`` call the job's fence (``Lease.fence``) before each write, so a job that
+lost its lease, or a second trainer that never got it, writes nothing.
 
 MFU (model FLOPs utilisation) uses the standard ``6 * N`` training FLOPs per token (forward 2N + backward 4N, N =
 all parameters; attention's sequence-length term is left out, as in the PaLM paper's simple form):
@@ -16,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Callable
 from typing import Protocol
 
 from pipeline.io import write_json
@@ -37,11 +40,15 @@ class NullLogger:
         pass
 
 
-class JsonlLogger:
-    """Appends ``{"step": step, **metrics}`` per call to ``path``."""
+def _no_fence() -> None:
+    pass
 
-    def __init__(self, path: str):
-        self.path = path
+
+class JsonlLogger:
+    """Appends ``{"step": step, "job_id": job_id, **metrics}`` per call to ``path``, after ``fence()``."""
+
+    def __init__(self, path: str, job_id: str | None = None, fence: Callable[[], None] = _no_fence):
+        self.path, self.job_id, self.fence = path, job_id, fence
         self._fh = None
 
     def truncate_after(self, last_step: int) -> None:
@@ -49,15 +56,17 @@ class JsonlLogger:
         if not os.path.exists(self.path):
             return
         keep = [r for r in read_jsonl(self.path) if r.get("step", 0) <= last_step]
+        self.fence()
         tmp = self.path + ".tmp"
         with open(tmp, "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in keep)
         os.replace(tmp, self.path)
 
     def log(self, metrics: dict, step: int) -> None:
+        self.fence()
         if self._fh is None:
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._fh.write(json.dumps({"step": step, **metrics}) + "\n")
+        self._fh.write(json.dumps({"step": step, "job_id": self.job_id, **metrics}) + "\n")
         self._fh.flush()  # the Airflow operator tails this file
 
     def close(self) -> None:
@@ -99,15 +108,18 @@ def mfu(params: int, tokens_per_s: float, peak_flops: float, world: int) -> floa
 
 
 class StatusFile:
-    """``status.json`` (atomic) of rank 0: state, step, loss, error, pid; other ranks write nothing."""
+    """``status.json`` (atomic) of rank 0: state, step, loss, error, pid, job id; other ranks write nothing."""
 
-    def __init__(self, job: TrainJob, enabled: bool):
-        self.job, self.enabled = job, enabled
+    def __init__(self, job: TrainJob, enabled: bool, job_id: str | None = None,
+                 fence: Callable[[], None] = _no_fence):
+        self.job, self.enabled, self.job_id, self.fence = job, enabled, job_id, fence
         self.last_step, self.last_loss = 0, None  # progress, for the FAILED status of an exception
 
     def write(self, state: str, step: int, loss: float | None = None, error: str | None = None, **extra) -> None:
         self.last_step, self.last_loss = step, loss if loss is not None else self.last_loss
         if self.enabled:
+            self.fence()
             write_json(os.path.join(self.job.out_dir, "status.json"), {
                 "state": state, "step": step, "total_steps": self.job.steps, "pid": os.getpid(),
+                "job_id": self.job_id,
                 "loss": self.last_loss, "error": error, "stage": self.job.stage, "updated_at": time.time(), **extra})

@@ -179,9 +179,12 @@ def _init_from_file(job, net, opt, scaler, lay, seq_len):
     return 0, DataPosition(), None
 
 
-def save(job, opt, scaler, step: int, pos: DataPosition, lay: RankLayout, rank: int, seq_len: int) -> str | None:
+def save(job, opt, scaler, step: int, pos: DataPosition, lay: RankLayout, rank: int, seq_len: int,
+         fence=None) -> str | None:
     """Write this rank's file of ``step`` (if it writes one), then commit it across ranks (``commit.py``).
-    Returns this rank's file (None on a rank that does not write)."""
+    Returns this rank's file (None on a rank that does not write).  ``fence`` (the lease's check, raising
+    ``LeaseLost``) runs right before the file is renamed into place and before the commit marker is written, so a
+    job that lost its lease mid-save publishes neither; every rank then fails through the barrier."""
     root, n_writers, world = ckpt_root(job.out_dir, rank, lay, job.zero), writers(lay, job.zero), lay.tp * lay.dp
     path, err = None, None
     if rank < n_writers:
@@ -194,13 +197,15 @@ def save(job, opt, scaler, step: int, pos: DataPosition, lay: RankLayout, rank: 
                         loss_scale_counter=int(scaler.counter.asnumpy()))
         testing_hooks.before_save(job, step, rank, n_writers)
         try:
-            path = ckpt.save(opt, root, step, meta)
+            path = ckpt.save(opt, root, step, meta, fence=fence)
         except Exception as e:  # noqa: BLE001 - reported to every rank through the barrier, then re-raised here
             err = e
     _barrier(err, world, f"checkpoint step {step}")
     if rank == 0:
         testing_hooks.before_commit(job, step, n_writers)
         try:
+            if fence is not None:
+                fence()
             commit.write_marker(job.out_dir, step, layout_meta(lay, job.zero), n_writers)
         except Exception as e:  # noqa: BLE001
             err = e

@@ -41,7 +41,7 @@ from . import commit, resume, testing_hooks
 from .data import TokenBatches
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
-from .lease import Lease
+from .lease import Lease, LeaseLost, env_job_id, new_job_id
 from .memory_plan import job_layout, require_fit
 from .metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
 from .model import CausalLMLoss, attention_impl, count_cell_params
@@ -91,25 +91,31 @@ def run_training(job: TrainJob) -> dict:
     """Train ``job.steps`` steps (resuming if possible), evaluate; returns the summary also in summary.json.
 
     Rank 0 first takes the stage folder's lease (``lease.py``): a second trainer in the same folder fails here with
-    ``StageBusy`` before it writes anything.  While training, the lease's heartbeat tells every host the job is
-    alive; a cancel request stops it after the current step, and no step for ``stall_timeout_min`` ends it.
+    ``StageBusy`` before it writes anything.  Every rank knows the job id (``MINDLOOM_JOB_ID``) and fences each
+    status, metrics and checkpoint write with ``lease.fence()``: a job that lost the lease stops (``LeaseLost``)
+    without another write.  A cancel request or the stall timeout stops every rank.
     """
     _setup_context(job)
     rank, world = _distributed(job.tensor_parallel)
-    status = StatusFile(job, enabled=rank == 0)
-    held = Lease(job.out_dir, stall_timeout_s=job.stall_timeout_min * 60,
-                 on_stall=lambda msg: status.write("FAILED", status.last_step, status.last_loss, error=msg)) \
-        if rank == 0 else contextlib.nullcontext()
-    with held as lease:
-        logger = JsonlLogger(os.path.join(job.out_dir, "metrics.jsonl")) if rank == 0 else NullLogger()
+    job_id = env_job_id() or (new_job_id() if rank == 0 else None)  # None on ranks > 0: adopt rank 0's
+    lease = Lease(job.out_dir, job_id=job_id, rank=rank, stall_timeout_s=job.stall_timeout_min * 60, ranks=world)
+    status = StatusFile(job, enabled=rank == 0, job_id=job_id, fence=lease.fence)
+    lease.on_stall = lambda msg: status.write("FAILED", status.last_step, status.last_loss, error=msg)
+    with lease:
+        logger = JsonlLogger(os.path.join(job.out_dir, "metrics.jsonl"), job_id=job_id, fence=lease.fence) \
+            if rank == 0 else NullLogger()
         if rank == 0:
+            lease.fence()
             job.to_json(os.path.join(job.out_dir, "job.json"))  # provenance: what produced this out_dir
             ckpt.remove_stale_tmp(job.out_dir)
         try:
             status.write("RUNNING", 0)
             return _train(job, rank, world, status, logger, lease)
+        except LeaseLost:
+            raise                                   # the folder is another job's now: write nothing
         except BaseException as e:
-            status.write("FAILED", status.last_step, status.last_loss, error=f"{type(e).__name__}: {e}")
+            with contextlib.suppress(LeaseLost):
+                status.write("FAILED", status.last_step, status.last_loss, error=f"{type(e).__name__}: {e}")
             raise
         finally:
             logger.close()
@@ -180,7 +186,9 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
                 logger.log(row, st)
             status.last_step, status.last_loss = step, out["loss"]
             if step % job.checkpoint_every == 0 or step == job.steps:
-                last_ckpt = resume.save(job, opt, scaler, step, pos, lay, rank, seq_len)
+                _fence(lease)  # a job that lost its lease writes no checkpoint (checked again before the renames)
+                last_ckpt = resume.save(job, opt, scaler, step, pos, lay, rank, seq_len,
+                                        fence=None if lease is None else lease.fence)
             status.write("RUNNING", step, out["loss"])  # every sync point (log_every steps at the most)
             if step // job.log_every > last_sync // job.log_every or step == job.steps:
                 log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
@@ -194,10 +202,12 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     elif rank == 0:
         last_ckpt = ckpt.ckpt_path(job.out_dir, step)
     if lay.tp * lay.dp > 1:
+        _fence(lease)
         _write_rank_digest(job, net, rank, step, opt, resumed_from)
     if rank != 0:
         return {"stage": job.stage, "state": "SUCCEEDED", "rank": rank, "steps": step}
 
+    _fence(lease)
     ev = _evaluation(job, net, cfg, seq_len, last_ckpt) if lay.tp == 1 else {
         "per_domain": {}, "skipped": "tensor_parallel > 1: evaluate the merged checkpoint (pipeline.train.tp_merge)"}
     rows = read_jsonl(logger.path) if os.path.exists(logger.path) else []
@@ -219,9 +229,15 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": mplan.to_dict(),
         "param_bytes_per_rank": param_bytes(net), "optimizer_bytes_per_rank": opt.state_bytes(),
     }
+    _fence(lease)
     write_json(os.path.join(job.out_dir, "summary.json"), summary)
     status.write("SUCCEEDED", step, summary["final_loss"])
     return summary
+
+
+def _fence(lease: Lease | None) -> None:
+    if lease is not None:
+        lease.fence()
 
 
 def _finite_or_none(x: float) -> float | None:
