@@ -33,8 +33,8 @@ def _stamp() -> str:
 
 
 def _imports() -> bool:
-    return python().exists() and subprocess.run([str(python()), "-c", PROBE], capture_output=True,
-                                                timeout=600).returncode == 0
+    return python().exists() and subprocess.run([str(python()), "-c", PROBE], capture_output=True, cwd=VENVS,
+                                                timeout=600).returncode == 0   # mindformers logs to ./output
 
 
 def _ready() -> bool:
