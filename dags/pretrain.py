@@ -1,7 +1,9 @@
 """pretrain: train the LLaMA-style MindSpore model on the latest published corpus, stage by stage.
 
 One ``train_<stage>`` task per entry of ``train.stages`` (warmup → main → long_context by default), each followed
-by ``eval_<stage>`` (held-out loss and perplexity per domain), then ``report``.
+by ``eval_<stage>`` (held-out loss and perplexity per domain), then ``report``, then, when ``export.formats`` is set,
+``export``: the last stage's final checkpoint for mindformers and/or Hugging Face, published as the
+``mindloom_model`` Asset.
 
 Scheduled on the ``mindloom_corpus`` Asset (a finished ``corpus_build`` run triggers it) and triggerable by hand.
 The DAG is created unpaused (``is_paused_upon_creation=False``): it only ever runs when a corpus is published or
@@ -20,7 +22,7 @@ import os
 import pendulum
 from airflow.sdk import dag, task
 
-from operators.params import config_path, corpus_asset, fail_step_template, pretrain_params
+from operators.params import config_path, corpus_asset, fail_step_template, model_asset, pretrain_params
 from operators.routing import data_task_kwargs, train_task_kwargs
 from operators.training import TrainingStageOperator
 from pipeline.config import load_config
@@ -85,7 +87,19 @@ def pretrain():
         evaluated = evaluate.override(task_id=f"eval_{name}")(name)
         previous >> train >> evaluated
         previous, summaries[name] = evaluated, train.output
-    previous >> report(summaries, corpus)
+    reported = report(summaries, corpus)
+    previous >> reported
+    if CFG.export.formats:
+        @task(outlets=[model_asset()], multiple_outputs=False)
+        def export(params=None, run_id=None, outlet_events=None) -> dict:
+            """The last stage's final checkpoint in every format of ``export.formats`` (pipeline/tasks/export.py)."""
+            from pipeline.tasks.export import export_run
+
+            result = export_run(dict(params), run_id)
+            outlet_events[model_asset()].extra = result
+            return result
+
+        reported >> export()
 
 
 pretrain()

@@ -37,6 +37,12 @@ def corpus_asset() -> Asset:
     return Asset(name="mindloom_corpus", uri=f"file://{data_root / 'corpus' / 'LATEST.json'}")
 
 
+def model_asset() -> Asset:
+    """The exported model (pretrain's ``export`` task): ``<data_root>/models/LATEST.json`` of the deployment."""
+    data_root = Path(load_config(config_path()).data_root)
+    return Asset(name="mindloom_model", uri=f"file://{data_root / 'models' / 'LATEST.json'}")
+
+
 def build_params(kind: str) -> dict[str, Param]:
     """Params of the ``corpus`` or ``train`` form, defaults taken from the deployment's YAML config."""
     specs = param_specs(load_config(config_path()), form=kind)

@@ -4,6 +4,7 @@
     mindloom corpus [--config F] [--set k=v ...]          the whole corpus chain, with progress bars
     mindloom train  [--config F] [--set k=v ...]          one training stage over the latest corpus
     mindloom verify DIR [--ranks N]                       check MindRecord shards against their manifest
+    mindloom export --run-id R --format mindformers|hf    a stage's final checkpoint for mindformers / transformers
     mindloom summary [--config F]                         what the latest corpus and training runs produced
 
 Errors in the configuration or the input end with one line naming the field or file (exit 2), never a traceback.
@@ -128,6 +129,22 @@ def cmd_verify(args) -> int:
     return 0
 
 
+def cmd_export(args) -> int:
+    """``--stage-dir DIR``, or ``--run-id`` (+ ``--stage``, default the last configured stage) under data_root."""
+    from pipeline.export.run import export_stage
+    from pipeline.tasks.pretrain import stage_dir, stage_names
+
+    if args.stage_dir:
+        folder = Path(args.stage_dir)
+    elif args.run_id:
+        cfg = load_config(args.config)
+        folder = stage_dir(cfg.data_root, args.run_id, args.stage or stage_names(cfg)[-1])
+    else:
+        raise ConfigError("export: give --run-id RUN (and --stage NAME) or --stage-dir DIR")
+    print(json.dumps(export_stage(folder, args.format, out=args.out, device=args.device), indent=1))
+    return 0
+
+
 def cmd_demo_corpus(args) -> int:
     from pipeline.democorpus import main as democorpus_main
 
@@ -160,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("dir", help="MindRecord folder with manifest.json")
     p.add_argument("--ranks", type=int, default=None, help="also read as N data-parallel ranks")
     p.set_defaults(fn=cmd_verify)
+    p = sub.add_parser("export")
+    p.add_argument("--format", required=True, choices=("mindformers", "hf"))
+    p.add_argument("--run-id", help="training run id (its folder under <data_root>/train)")
+    p.add_argument("--stage", help="stage name (default: the last of train.stages)")
+    p.add_argument("--stage-dir", help="a finished stage folder, instead of --run-id/--stage")
+    p.add_argument("--out", help="output folder (default: <stage folder>/export/<format>)")
+    p.add_argument("--device", default="", choices=("", "CPU", "GPU", "Ascend"),
+                   help="mindformers: device the model YAML is for (default: the stage's own)")
+    p.add_argument("--config")
+    p.set_defaults(fn=cmd_export)
     p = sub.add_parser("demo-corpus")
     p.add_argument("--out", default="data/demo-corpus")
     p.add_argument("--cache", default=".cache/demo-sources")

@@ -25,6 +25,7 @@ from pipeline.configkit import ConfigError, _build, _f
 from pipeline.dedup.config import DedupConfig
 from pipeline.dedup.minhash.config import MinhashConfig
 from pipeline.dedup.minhash.config import check_config as check_minhash
+from pipeline.export.config import ExportConfig
 from pipeline.ingest.config import IngestConfig, SourceConfig
 from pipeline.quality.config import QualityConfig
 from pipeline.sink.config import MixtureConfig, PackConfig
@@ -57,6 +58,7 @@ class MindloomConfig:
     mixture: MixtureConfig = _f(factory=MixtureConfig)
     minhash: MinhashConfig = _f(factory=MinhashConfig)
     train: TrainConfig = _f(factory=TrainConfig)
+    export: ExportConfig = _f(factory=ExportConfig)
 
     def active_sources(self) -> list[SourceConfig]:
         """Sources of the selected domains (all of them when ``domains`` is empty)."""

@@ -189,6 +189,10 @@ class Transformer(nn.Cell):
 class CausalLMLoss(nn.Cell):
     """Next-token cross-entropy over rows of ``seq_len + 1`` tokens; labels equal to ``pad_id`` are ignored.
 
+    Masking by the *label* is deliberate (Hugging Face's ``-100`` convention): the model is never trained to emit pad
+    after a document's end. mindformers masks by the *input* instead, one more position per padded row (README,
+    "Export to mindformers and Hugging Face"; measured in ``tests/test_export_mindformers.py``).
+
     ``reduction="mean"`` (training) returns the mean over valid labels; ``"sum"`` (evaluation) returns
     ``(nll_sum, n_valid)`` so batches and domains can be pooled exactly. Negative ids in the input half (e.g. -100
     padding) are mapped to 0 so the embedding lookup stays in range; their predictions are still scored against the
