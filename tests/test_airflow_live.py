@@ -13,7 +13,7 @@ import pytest
 from airflow_services import AirflowDeployment, q
 from conftest import tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.live]
+pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.airflow]
 
 
 @pytest.fixture(scope="module")

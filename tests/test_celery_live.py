@@ -16,19 +16,17 @@ import psutil
 import pytest
 from airflow_services import q
 from celery_services import WORKERS, CeleryStack, missing_services
-from conftest import tiny_config
+from conftest import require, tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.live]
-
-_MISSING = missing_services()
-if _MISSING:
-    pytest.skip(f"Celery live test skipped: {_MISSING}", allow_module_level=True)
+pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.celery]
 
 DATA_NODE, TRAIN_NODE = WORKERS["worker-data"][1], WORKERS["worker-train"][1]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
+    missing = missing_services()
+    require(missing is None, f"Celery live test skipped: {missing}")
     tmp = tmp_path_factory.mktemp("celery")
     # A dead task supervisor is noticed after 20 s instead of 300 (the retry then reconnects to the job).
     st = CeleryStack(tmp / "airflow_home", tiny_config(tmp),

@@ -24,11 +24,9 @@ from pathlib import Path
 import httpx
 import pytest
 from airflow_services import REPO, AirflowRest, free_port, q
-from conftest import tiny_config
+from conftest import require, tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.live,
-              pytest.mark.skipif(shutil.which("chromium") is None,
-                                 reason="Debian chromium not installed (apt-get install chromium)")]
+pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.browser]
 
 BANNER = re.compile(r"mindloom: Airflow is ready at (http://127\.0\.0\.1:\d+)\s+\(login admin / admin\)")
 
@@ -96,6 +94,7 @@ class MadeAirflow(AirflowRest):
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
+    require(shutil.which("chromium"), "Debian chromium not installed (apt-get install chromium; make system-deps)")
     dep = MadeAirflow(tmp_path_factory.mktemp("walkthrough"))
     try:
         dep.start()
