@@ -325,11 +325,14 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
         summary = corpus_mod.latest_corpus(cfg.data_root)
     if not manifest_path:               # a corpus named by a run's conf or an Asset event stays under data_root
         roots = confine.allowed_roots(cfg.data_root)
+        summary = dict(summary)         # from here on only the resolved paths that were checked are read
         for key in ("mindrecord_dir", "run_dir", "val_mindrecord_dir"):
             if summary.get(key):
-                confine.check_path(summary[key], roots, f"corpus {key}")
-        for domain, path in (summary.get("val_mindrecord_dirs") or {}).items():
-            confine.check_path(path, roots, f"corpus val_mindrecord_dirs[{domain!r}]")
+                summary[key] = confine.check_path(summary[key], roots, f"corpus {key}")
+        if summary.get("val_mindrecord_dirs"):
+            summary["val_mindrecord_dirs"] = {
+                domain: confine.check_path(path, roots, f"corpus val_mindrecord_dirs[{domain!r}]")
+                for domain, path in summary["val_mindrecord_dirs"].items()}
     mindrecord.verify(summary["mindrecord_dir"], full_read=False)
     return {k: v for k, v in summary.items() if k != "stats"}
 
