@@ -337,6 +337,20 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
     return {k: v for k, v in summary.items() if k != "stats"}
 
 
+def report_run_name(params: dict, corpus: dict | None) -> str:
+    """The name a report is titled with: the run name typed into the form; else (an Asset-triggered run, whose
+    params are the YAML defaults) the name of the corpus run it trains on; else the config's."""
+    from pipeline.form import config_from_params
+
+    typed, default = params.get("run_name"), config_from_params({}).run_name
+    if typed and typed != default:
+        return str(typed)
+    frozen = Path(corpus["run_dir"]) / "config.json" if corpus and corpus.get("run_dir") else None
+    if frozen is not None and frozen.is_file():
+        return str(read_json(frozen).get("run_name") or default)
+    return str(typed or default)
+
+
 def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dict | None = None) -> dict:
     """Write ``report.json`` and ``report.html`` for the training run; return the compact metrics for XCom."""
     from pipeline.form import config_from_params
@@ -349,7 +363,7 @@ def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dic
     compact = {name: {k: s.get(k) for k in keys} for name, s in stages.items()}
     write_json(run_root / "report.json", {"run_id": run_id, "corpus": corpus, "stages": stages,
                                          "stage_order": list(stages)})
-    title = f"mindloom run {params.get('run_name') or cfg.run_name} ({run_id})"
+    title = f"mindloom run {report_run_name(params, corpus)} ({run_id})"
     html_path = write_html(run_root / "report.html", title,
                            Path(corpus["run_dir"]) if corpus else None,
                            {name: stage_dir(cfg.data_root, run_id, name) for name in stages})
