@@ -28,6 +28,8 @@ from fastapi.exception_handlers import http_exception_handler
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from operators.param_errors import OneLineParamErrors
+
 #: No scripts, no same-origin, no network: inline styles and data: images only; links may open the UI on click.
 CSP = ("sandbox allow-popups allow-popups-to-escape-sandbox allow-top-navigation-by-user-activation; "
        "default-src 'none'; style-src 'unsafe-inline'; img-src data:; frame-ancestors 'self'")
@@ -153,5 +155,7 @@ def get_report(dag_id: str, run_id: str) -> FileResponse | HTMLResponse:
 class MindloomPlugin(AirflowPlugin):
     name = "mindloom"
     fastapi_apps = [{"app": app, "url_prefix": "/mindloom", "name": "mindloom reports"}]
+    fastapi_root_middlewares = [{"middleware": OneLineParamErrors, "args": [], "kwargs": {},
+                                 "name": "mindloom: one-line answers to a bad trigger Param"}]
     external_views = [{"name": "Run report", "href": "/mindloom/reports/{DAG_ID}/{RUN_ID}",
                        "destination": "dag_run", "url_route": "mindloom_report"}]

@@ -141,3 +141,57 @@ def test_a_second_run_cannot_claim_a_folder_another_run_owns(tmp_path):
     with pytest.raises(ValueError, match="already belongs to corpus_build run 'r1'"):
         claim_run_dir(rdir, "corpus_build", "r:1")
     assert run_owner(rdir) == {"dag_id": "corpus_build", "run_id": "r1"}
+
+
+def _trigger_app(detail: str):
+    from fastapi import FastAPI, HTTPException
+    from fastapi.testclient import TestClient
+
+    from operators.param_errors import OneLineParamErrors
+
+    api = FastAPI()
+
+    @api.post("/api/v2/dags/{dag_id}/dagRuns")
+    def trigger(dag_id: str):
+        raise HTTPException(400, detail)
+
+    @api.post("/api/v2/dags/{dag_id}/other")
+    def other(dag_id: str):
+        raise HTTPException(400, detail)
+
+    api.add_middleware(OneLineParamErrors)
+    return TestClient(api)
+
+
+def test_a_bad_corpus_run_is_answered_in_one_line_that_names_the_allowed_characters(tiny_config_path):
+    """The 400 text Airflow builds (``Invalid input for param k: <jsonschema error>``) from the real Param schema."""
+    from jsonschema import ValidationError, validate
+
+    from operators.params import pretrain_params
+
+    schema = pretrain_params(["main"], retries=1)["corpus_run"].schema
+    assert "letters, digits and _ . : + -" in pretrain_params(["main"], retries=1)["corpus_run"].description
+    try:
+        validate("my corpus/../x", schema)
+    except ValidationError as e:
+        raw = f"Invalid input for param corpus_run: {e}"
+    assert raw.count("\n") > 5 and "Failed validating" in raw             # what the user saw before
+    r = _trigger_app(raw).post("/api/v2/dags/pretrain/dagRuns")
+    assert r.status_code == 400
+    assert r.json()["detail"] == ("Invalid input for param corpus_run: 'my corpus/../x' is not allowed; a run id is "
+                                  "1 to 250 characters: letters, digits and _ . : + - (no spaces or slashes), "
+                                  "starting with a letter or digit, e.g. manual__2026-11-29T10:00:00+00:00")
+    assert int(r.headers["content-length"]) == len(r.content)
+    other = "Invalid input for param seq_len: 2 is less than the minimum of 8\n\nFailed validating 'minimum'"
+    assert _trigger_app(other).post("/api/v2/dags/x/dagRuns").json()["detail"] == \
+        "Invalid input for param seq_len: 2 is less than the minimum of 8"
+    assert _trigger_app(other).post("/api/v2/dags/x/other").json()["detail"] == other    # other routes untouched
+
+
+def test_fail_at_step_says_which_crash_points_resume_at_the_configured_checkpoint_every():
+    from operators.params import fail_at_step_description
+
+    text = fail_at_step_description(10)
+    assert "every 10 steps" in text and "a crash at step 20 resumes from step 20" in text
+    assert "A crash at step 8 restarts the stage from step 0" in text
+    assert "restarts" not in fail_at_step_description(2)
