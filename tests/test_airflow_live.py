@@ -44,6 +44,10 @@ def test_bad_conf_is_refused_by_the_api(deployment):
     r = deployment.api("POST", "/dags/pretrain/dagRuns",
                        json={"dag_run_id": "bad3", "logical_date": None, "conf": {"corpus_run": "../../etc"}})
     assert r.status_code == 400 and "corpus_run" in r.text
+    # one line that says what is allowed (operators/param_errors.py), not jsonschema's dump of the schema
+    assert r.json()["detail"] == ("Invalid input for param corpus_run: '../../etc' is not allowed; a run id is 1 to "
+                                  "250 characters: letters, digits and _ . : + - (no spaces or slashes), starting "
+                                  "with a letter or digit, e.g. manual__2026-11-29T10:00:00+00:00")
 
 
 def test_backfill_of_corpus_refresh_over_past_dates(deployment):
