@@ -61,6 +61,8 @@ def pytest_configure(config):
     for name, what in PROOFS.items():
         config.addinivalue_line("markers", f"{name}: proof - {what} (counted; never skips under MINDLOOM_STRICT=1)")
     config._mindloom_proofs = {}
+    if STRICT:      # a module that may not skip fails as a collection error; the other modules still run
+        config.option.continue_on_collection_errors = True
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -61,7 +61,9 @@ class MadeAirflow(AirflowRest):
                     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
                     "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                     "AIRFLOW__TRIGGERER__TRIGGERER_LOG_SERVER_PORT": str(free_port()),
-                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5"}
+                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                    # a worktree's own code before the venv's editable install (unset in CI: a clean clone)
+                    **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 480) -> None:
