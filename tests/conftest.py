@@ -26,6 +26,9 @@ DATA_SKIPS = ("shared/corpora", "data/demo-corpus not built", "wheel not cached 
 #: The proofs whose counts the summary shows: marker -> what it proves.
 PROOFS = {"browser": "the UI walkthrough in headless Chromium", "celery": "Airflow on Celery, Postgres and Redis",
           "airflow": "Airflow's REST API on a real deployment", "docker": "the compose files and Dockerfiles"}
+#: Proofs that must have passed tests (``.ci/run`` names them all): a CI run where one ran no test at all (renamed,
+#: deselected, not collected) fails even though nothing failed or skipped.
+REQUIRED_PROOFS = [p for p in os.environ.get("MINDLOOM_REQUIRE_PROOFS", "").split(",") if p.strip()]
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_CORPORA = REPO.parent / "shared" / "corpora"
 _HOME = pathlib.Path(os.environ.get("AF_TEST_HOME") or tempfile.mkdtemp(prefix="mindloom_af_test_"))
@@ -103,6 +106,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         outcomes = list(proofs.get(name, {}).values())
         counts = ", ".join(f"{outcomes.count(k)} {k}" for k in ("passed", "failed", "skipped"))
         tr.write_line(f"proofs: {name} {counts}")
+    for name in _missing_proofs(config):
+        tr.write_line(f"proofs: FAILED: MINDLOOM_REQUIRE_PROOFS names {name}, and no {name} test passed", red=True)
+
+
+def _missing_proofs(config) -> list[str]:
+    proofs = getattr(config, "_mindloom_proofs", {})
+    return [p.strip() for p in REQUIRED_PROOFS if "passed" not in proofs.get(p.strip(), {}).values()]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _missing_proofs(session.config) and exitstatus == 0:
+        session.exitstatus = 1
 
 
 def stdlib_records(n: int, domain: str = "code") -> list[dict]:

@@ -34,10 +34,10 @@ def test_a_celery_proof():
 '''
 
 
-def _run(tmp_path: Path, strict: bool, body: str = PROBE) -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, strict: bool, body: str = PROBE, require: str = "") -> subprocess.CompletedProcess:
     (tmp_path / "test_probe.py").write_text(body)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
-           "MINDLOOM_STRICT": "1" if strict else "0"}
+           "MINDLOOM_STRICT": "1" if strict else "0", "MINDLOOM_REQUIRE_PROOFS": require}
     files = sorted(str(p) for p in tmp_path.glob("test_*.py"))
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-rA", "-p", "no:cacheprovider",
                            "--rootdir", str(tmp_path), "-c", os.devnull, *files],
@@ -76,3 +76,11 @@ def test_strict_switch_fails_a_module_level_skip(tmp_path):
     assert res.returncode != 0 and "may not skip (postgres not found)" in out
     assert "test_still_runs PASSED" in out or "PASSED test_other.py::test_still_runs" in out, out   # not aborted
     assert _run(tmp_path, strict=False, body=body).returncode in (0, 5)
+
+
+def test_a_required_proof_that_ran_no_test_fails_the_run(tmp_path):
+    body = "import pytest\n\n@pytest.mark.browser\ndef test_b():\n    pass\n"
+    assert _run(tmp_path, strict=True, body=body, require="browser").returncode == 0
+    res = _run(tmp_path, strict=True, body=body, require="browser,celery")
+    assert res.returncode == 1
+    assert "proofs: FAILED: MINDLOOM_REQUIRE_PROOFS names celery, and no celery test passed" in res.stdout
