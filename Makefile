@@ -50,6 +50,8 @@ $(AIRFLOW_HOME)/airflow.db: $(STAMP)
 	@test -f $(AIRFLOW_HOME)/passwords.json || echo '{"admin": "admin"}' > $(AIRFLOW_HOME)/passwords.json
 	$(VENV)/bin/airflow db migrate > $(AIRFLOW_HOME)/db_migrate.log 2>&1 || (tail -20 $(AIRFLOW_HOME)/db_migrate.log; exit 1)
 
+# `dags test pretrain` does not consume the Asset event the corpus publish queued for pretrain: the demo clears it,
+# so a later `make airflow` starts no second training run (scripts/clear_asset_queue.py).
 demo: $(STAMP) corpus airflow-init
 	@start=$$(date +%s); \
 	echo "== corpus_build through Airflow =="; \
@@ -58,24 +60,33 @@ demo: $(STAMP) corpus airflow-init
 	echo "== pretrain through Airflow =="; \
 	$(VENV)/bin/airflow dags test pretrain > $(AIRFLOW_HOME)/demo_pretrain.log 2>&1 \
 	  || { tail -40 $(AIRFLOW_HOME)/demo_pretrain.log; exit 1; }; \
+	$(PY) scripts/clear_asset_queue.py pretrain; \
 	echo; $(VENV)/bin/mindloom summary; \
 	echo; echo "Airflow logs: $(AIRFLOW_HOME)/demo_corpus_build.log $(AIRFLOW_HOME)/demo_pretrain.log"; \
 	echo "demo took $$(( $$(date +%s) - start )) s (after setup)"
 
 # Debian packages some tests drive: headless Chromium (browser test), docker-compose (compose-file validation),
 # PostgreSQL and Redis servers (Celery live test; initdb may already be on PATH from the machine image, Debian keeps
-# it in /usr/lib/postgresql/<v>/bin).  Installed when missing and we are root with apt; otherwise those tests skip
-# and say why.
+# it in /usr/lib/postgresql/<v>/bin).  Installed when missing and we are root with apt.  A failed apt install always
+# fails this target (exit 1, with the end of .apt-install.log); so does a missing package that cannot be installed
+# (not root / no apt) under MINDLOOM_STRICT=1 (.ci/run), where the tests needing it would fail anyway.  Without the
+# switch that case prints a WARNING naming the packages, and those tests skip and say why.
 system-deps:
 	@pkgs=""; \
 	command -v chromium >/dev/null || pkgs="$$pkgs chromium"; \
 	command -v docker-compose >/dev/null || pkgs="$$pkgs docker-compose"; \
 	{ command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || pkgs="$$pkgs postgresql"; \
 	command -v redis-server >/dev/null || pkgs="$$pkgs redis-server"; \
-	if [ -n "$$pkgs" ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	if [ -z "$$pkgs" ]; then exit 0; fi; \
+	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing$$pkgs (apt)"; \
-	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs) \
-	    > .apt-install.log 2>&1 || { echo "apt install failed, see .apt-install.log"; tail -5 .apt-install.log; }; \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$pkgs) > .apt-install.log 2>&1 \
+	    || { echo "system-deps: FAILED: apt-get install$$pkgs failed, see .apt-install.log:" >&2; \
+	         tail -5 .apt-install.log >&2; exit 1; }; \
+	elif [ "$${MINDLOOM_STRICT:-0}" = 1 ]; then \
+	  echo "system-deps: FAILED: missing$$pkgs and cannot install them (needs root and apt-get)" >&2; exit 1; \
+	else \
+	  echo "system-deps: WARNING: missing$$pkgs (needs root and apt-get to install); the tests that need them skip" >&2; \
 	fi
 
 # The UI at http://127.0.0.1:8080 (login admin/admin): api-server, scheduler, dag-processor, triggerer.  The demo

@@ -36,11 +36,11 @@ def _label(batch_or_name: dict | str) -> None:
 def corpus_chain():
     """The task graph shared by both DAGs."""
     @task
-    def plan(params=None, run_id=None) -> list[dict]:
-        """Plan the shards into the run folder; return ``parallelism`` small batch handles to map over."""
+    def plan(params=None, run_id=None, dag=None) -> list[dict]:
+        """Plan the shards into the run folder (claimed for this DAG's run); return ``parallelism`` batch handles."""
         from pipeline.tasks.corpus import plan_tasks
 
-        return plan_tasks(dict(params), run_id, config_path())
+        return plan_tasks(dict(params), run_id, config_path(), dag.dag_id)
 
     specs = plan()
 

@@ -21,6 +21,8 @@ from pipeline.form import param_specs
 
 TESTING_ENV = "MINDLOOM_TESTING_SWITCHES"
 RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:+-]{0,249}$"
+RUN_ID_RULE = ("a run id is 1 to 250 characters: letters, digits and _ . : + - (no spaces or slashes), starting "
+               "with a letter or digit, e.g. manual__2026-11-29T10:00:00+00:00")
 
 
 def config_path() -> str:
@@ -54,13 +56,14 @@ def pretrain_params(stages: list[str], retries: int) -> dict[str, Param]:
     params = build_params("train")
     params["corpus_run"] = Param(
         None, type=["null", "string"], pattern=RUN_ID_PATTERN, title="Corpus run", section="Corpus",
-        description="Run id of the corpus_build (or corpus_refresh) run to train on. Leave empty to train on the "
-                    "corpus whose Asset event triggered this run, else on the latest published corpus.")
+        description="Run id of the corpus_build (or corpus_refresh) run to train on, as shown on that run's page. "
+                    "Leave empty to train on the corpus whose Asset event triggered this run, else on the latest "
+                    f"published corpus. Allowed: {RUN_ID_RULE}.")
     if testing_switches_enabled():
         params.update({
             "fail_at_step": Param(None, type=["null", "integer"], minimum=1, title="Fail at step", section="Testing",
-                                  description="Simulate a crash of the training job right after this step's "
-                                              "checkpoint. Empty: no crash."),
+                                  description=fail_at_step_description(load_config(config_path()).train
+                                                                       .checkpoint_every)),
             "fail_stage": Param("main" if "main" in stages else stages[-1], type="string", enum=stages,
                                 title="Stage that fails", section="Testing",
                                 description="The stage fail_at_step applies to."),
@@ -71,6 +74,15 @@ def pretrain_params(stages: list[str], retries: int) -> dict[str, Param]:
                                                f"the stage resumes it."),
         })
     return params
+
+
+def fail_at_step_description(every: int) -> str:
+    """What the switch does at this deployment's ``train.checkpoint_every``: a retry resumes only from a step that
+    wrote a checkpoint, so the example crash points are one that resumes and one that restarts."""
+    early = f" A crash at step {every - 2} restarts the stage from step 0 (no checkpoint yet)." if every > 2 else ""
+    return (f"Simulate a crash of the training job right after this step. Checkpoints are written every {every} "
+            f"steps (train.checkpoint_every), and a retry resumes from the newest one: a crash at step {2 * every} "
+            f"resumes from step {2 * every}.{early} Empty: no crash.")
 
 
 def fail_step_template(stage: str) -> str:

@@ -6,7 +6,8 @@ file into the corpus, the rejects or the reports.  The deployment declares the a
 it the roots are the config's ``data_root`` and the folder of the config file.  A local path is resolved first
 (``..`` and every symlink), so a link inside a root that points outside is refused too; a URI must start with an
 allowed URI root, segment by segment, and may not contain ``..``.  A refused path raises :class:`PathNotAllowed`,
-which names the field and the roots.
+which names the field and the roots.  Callers read the path :func:`check_path` returns (resolved, every symlink
+followed), never the raw one they passed: a link swapped between the check and the open cannot redirect the read.
 """
 
 from __future__ import annotations

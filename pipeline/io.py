@@ -36,6 +36,35 @@ def run_dir(data_root: str | Path, run_id: str) -> Path:
     return Path(data_root) / "runs" / safe_run_id(run_id)
 
 
+OWNER = "owner.json"
+
+
+def claim_run_dir(rdir: str | Path, dag_id: str | None, run_id: str) -> None:
+    """Record which DAG run owns ``runs/<run id>/``; refuse a folder another run already owns.
+
+    Why: ``corpus_build`` and ``corpus_refresh`` share the ``runs/`` namespace, and :func:`safe_run_id` maps
+    distinct run ids (``a:b``, ``a_b``) onto one folder.  Without an owner a second run would write into the
+    first's folder, and read access to one DAG would serve the other's report.
+    """
+    rdir = Path(rdir)
+    owner = {"dag_id": dag_id, "run_id": run_id}
+    path = rdir / OWNER
+    if path.exists():
+        found = read_json(path)
+        if found != owner:
+            raise ValueError(f"run id {run_id!r}: folder {rdir} already belongs to {found.get('dag_id') or 'a CLI'} "
+                             f"run {found.get('run_id')!r}; trigger with another run id")
+        return
+    rdir.mkdir(parents=True, exist_ok=True)
+    write_json(path, owner)
+
+
+def run_owner(rdir: str | Path) -> dict | None:
+    """The ``{"dag_id", "run_id"}`` that claimed a run folder (None for a folder without a claim)."""
+    path = Path(rdir) / OWNER
+    return read_json(path) if path.is_file() else None
+
+
 def sha256_file(path: str | Path, chunk: int = 1 << 20) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as fh:

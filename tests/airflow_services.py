@@ -48,9 +48,10 @@ class AirflowRest:
         r.raise_for_status()
         self.token = r.json()["access_token"]
 
-    def api(self, method: str, path: str, **kw) -> httpx.Response:
-        return httpx.request(method, f"{self.base}/api/v2{path}", headers={"Authorization": f"Bearer {self.token}"},
-                             timeout=60, **kw)
+    def api(self, method: str, path: str, headers_extra: Mapping[str, str] | None = None, **kw) -> httpx.Response:
+        return httpx.request(method, f"{self.base}/api/v2{path}",
+                             headers={"Authorization": f"Bearer {self.token}", **(headers_extra or {})}, timeout=60,
+                             **kw)
 
     def wait_for_dag(self, dag_id: str, timeout: float = 180) -> None:
         deadline = time.time() + timeout
@@ -61,16 +62,62 @@ class AirflowRest:
         errors = self.api("GET", "/importErrors").text
         raise TimeoutError(f"DAG {dag_id} not parsed after {timeout} s; import errors: {errors}")
 
-    def wait_run(self, dag_id: str, run_id: str, states=("success", "failed"), timeout: float = 600) -> dict:
+    def wait_run(self, dag_id: str, run_id: str, states=("success", "failed"), timeout: float = 600,
+                 expect_failure: bool = False) -> dict:
+        """The run once it is in one of ``states``.  Unless ``expect_failure``, a task that fails for good (state
+        ``failed``: no retry left) fails the wait at once, with that task's log tail (:meth:`failed_tasks_report`),
+        instead of letting the caller find a failed run, or wait for something that will never come."""
         deadline = time.time() + timeout
         run: dict = {}
         while time.time() < deadline:
             self.check_alive()
             run = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}").json()
+            if not expect_failure:
+                self.assert_no_failed_task(dag_id, run_id)
             if run.get("state") in states:
                 return run
             time.sleep(3)
         raise TimeoutError(f"{dag_id}/{run_id} still {run.get('state')} after {timeout} s\n{self.logs_tail()}")
+
+    def failed_tasks_report(self, dag_id: str, run_id: str, lines: int = 30) -> str | None:
+        """Each task instance of the run that failed for good, with the last ``lines`` of its log; None if none."""
+        r = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances",
+                     params={"limit": 1000, "state": "failed"})
+        if r.status_code != 200:
+            return None
+        out = []
+        for ti in r.json()["task_instances"]:
+            name = ti["task_id"] + (f"[{ti['map_index']}]" if ti.get("map_index", -1) >= 0 else "")
+            out.append(f"task {name} failed (try {ti['try_number']}); its log ends:\n"
+                       + self.task_log(dag_id, run_id, ti["task_id"], ti["try_number"], ti.get("map_index", -1),
+                                       lines))
+        return "\n\n".join(out) or None
+
+    def assert_no_failed_task(self, dag_id: str, run_id: str) -> None:
+        report = self.failed_tasks_report(dag_id, run_id)
+        if report:
+            raise AssertionError(f"{dag_id}/{run_id}: {report}")
+
+    def task_log(self, dag_id: str, run_id: str, task_id: str, try_number: int, map_index: int = -1,
+                 lines: int = 30) -> str:
+        """The last ``lines`` of a task's log, read over REST (events, levels and exceptions, one per line)."""
+        r = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/{task_id}/logs/{try_number}",
+                     params={"full_content": "true", "map_index": map_index}, headers_extra={"Accept": "application/json"})
+        if r.status_code != 200:
+            return f"(log unavailable: HTTP {r.status_code} {r.text[:200]})"
+        text = []
+        for m in r.json().get("content") or []:
+            if not isinstance(m, dict):
+                text.append(str(m))
+                continue
+            event = str(m.get("event", ""))
+            if event.startswith(("::group::", "::endgroup::")):
+                continue
+            text.append(f"{str(m.get('level') or '').upper()} {event}".strip())
+            for err in m.get("error_detail") or []:
+                if isinstance(err, dict):
+                    text.append(f"  {err.get('exc_type')}: {err.get('exc_value')}")
+        return "\n".join(text[-lines:])
 
     def xcom(self, dag_id: str, run_id: str, task_id: str) -> object:
         r = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/{task_id}/xcomEntries/return_value")

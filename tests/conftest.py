@@ -2,6 +2,12 @@
 
 Real text only: slices of ``../shared/corpora`` when present, else the Python standard library's own source and
 documentation strings of the running interpreter (present on every machine).
+
+The strict switch (``MINDLOOM_STRICT=1``, set by ``.ci/run``): a test that would skip because a browser, service,
+tool or package is missing FAILS instead, so a CI machine where apt or a service fails cannot go green without its
+proofs.  Only skips for absent *data* may still skip (:data:`DATA_SKIPS`: ``../shared/corpora``, the demo corpus
+and its network sources), since those tests prove nothing the data-free tests do not.  At the end pytest prints one
+``proofs:`` line per proof marker (browser, celery, airflow, docker) with its passed/failed/skipped counts.
 """
 
 from __future__ import annotations
@@ -14,6 +20,15 @@ import tempfile
 
 import pytest
 
+STRICT = os.environ.get("MINDLOOM_STRICT", "").strip().lower() in ("1", "true", "yes")
+#: Skip reasons that stay skips under the strict switch: absent data, not absent machinery (see module docstring).
+DATA_SKIPS = ("shared/corpora", "data/demo-corpus not built", "wheel not cached (make corpus)", "PyPI unreachable")
+#: The proofs whose counts the summary shows: marker -> what it proves.
+PROOFS = {"browser": "the UI walkthrough in headless Chromium", "celery": "Airflow on Celery, Postgres and Redis",
+          "airflow": "Airflow's REST API on a real deployment", "docker": "the compose files and Dockerfiles"}
+#: Proofs that must have passed tests (``.ci/run`` names them all): a CI run where one ran no test at all (renamed,
+#: deselected, not collected) fails even though nothing failed or skipped.
+REQUIRED_PROOFS = [p for p in os.environ.get("MINDLOOM_REQUIRE_PROOFS", "").split(",") if p.strip()]
 REPO = pathlib.Path(__file__).resolve().parents[1]
 SHARED_CORPORA = REPO.parent / "shared" / "corpora"
 _HOME = pathlib.Path(os.environ.get("AF_TEST_HOME") or tempfile.mkdtemp(prefix="mindloom_af_test_"))
@@ -26,6 +41,83 @@ os.environ.update(
     MINDLOOM_TRAIN_EXECUTOR="",
     MINDLOOM_TESTING_SWITCHES="1",          # the DAGs offer fail_at_step only when the deployment enables it
 )
+
+
+def require(condition: object, why: str) -> None:
+    """Skip with ``why`` when ``condition`` is false, or fail under the strict switch: for machinery a proof needs."""
+    if not condition:
+        if STRICT:
+            pytest.fail(f"MINDLOOM_STRICT=1 and {why}", pytrace=False)
+        pytest.skip(why)
+
+
+def _allowed_skip(reason: str) -> bool:
+    return any(d in reason for d in DATA_SKIPS)
+
+
+def _skip_reason(rep) -> str:
+    lr = rep.longrepr
+    return str(lr[2] if isinstance(lr, tuple) and len(lr) == 3 else lr).removeprefix("Skipped: ")
+
+
+def pytest_configure(config):
+    for name, what in PROOFS.items():
+        config.addinivalue_line("markers", f"{name}: proof - {what} (counted; never skips under MINDLOOM_STRICT=1)")
+    config._mindloom_proofs = {}
+    if STRICT:      # a module that may not skip fails as a collection error; the other modules still run
+        config.option.continue_on_collection_errors = True
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    rep = (yield).get_result()
+    if STRICT and rep.skipped and not hasattr(rep, "wasxfail"):
+        reason = _skip_reason(rep)
+        if not _allowed_skip(reason):
+            rep.outcome = "failed"
+            rep.longrepr = f"MINDLOOM_STRICT=1: {item.nodeid} may not skip ({reason})"
+    proofs = item.config._mindloom_proofs
+    for name in PROOFS:
+        if item.get_closest_marker(name) is not None:
+            seen = proofs.setdefault(name, {})
+            if rep.failed:
+                seen[item.nodeid] = "failed"
+            elif rep.skipped and seen.get(item.nodeid) != "failed":
+                seen[item.nodeid] = "skipped"
+            elif rep.when == "call" and rep.passed:
+                seen.setdefault(item.nodeid, "passed")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    rep = (yield).get_result()
+    if STRICT and rep.skipped and not _allowed_skip(_skip_reason(rep)):   # a module-level skip
+        rep.outcome = "failed"
+        rep.longrepr = f"MINDLOOM_STRICT=1: {collector.nodeid} may not skip ({_skip_reason(rep)})"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    proofs = getattr(config, "_mindloom_proofs", {})
+    if not (STRICT or proofs):
+        return
+    tr = terminalreporter
+    tr.write_sep("-", f"proofs (MINDLOOM_STRICT={'1' if STRICT else '0'})")
+    for name in PROOFS:
+        outcomes = list(proofs.get(name, {}).values())
+        counts = ", ".join(f"{outcomes.count(k)} {k}" for k in ("passed", "failed", "skipped"))
+        tr.write_line(f"proofs: {name} {counts}")
+    for name in _missing_proofs(config):
+        tr.write_line(f"proofs: FAILED: MINDLOOM_REQUIRE_PROOFS names {name}, and no {name} test passed", red=True)
+
+
+def _missing_proofs(config) -> list[str]:
+    proofs = getattr(config, "_mindloom_proofs", {})
+    return [p.strip() for p in REQUIRED_PROOFS if "passed" not in proofs.get(p.strip(), {}).values()]
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if _missing_proofs(session.config) and exitstatus == 0:
+        session.exitstatus = 1
 
 
 def stdlib_records(n: int, domain: str = "code") -> list[dict]:

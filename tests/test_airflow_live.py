@@ -1,6 +1,7 @@
 """Airflow over REST: real api-server, scheduler, dag-processor and triggerer on loopback (SQLite, LocalExecutor).
 
-A bad conf is refused with a 400 that names the param, and ``corpus_refresh`` is backfilled over past cron dates.
+A bad conf is refused with a 400 that names the param (in one line), a run whose task fails is reported at once with
+that task's error, and ``corpus_refresh`` is backfilled over past cron dates.
 The UI path (forms, Asset hand-off, a failed stage cleared and resumed, the report tab) is walked in a browser by
 ``test_ui_walkthrough.py`` against ``make airflow`` itself.
 """
@@ -13,7 +14,7 @@ import pytest
 from airflow_services import AirflowDeployment, q
 from conftest import tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.live]
+pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.airflow]
 
 
 @pytest.fixture(scope="module")
@@ -44,6 +45,26 @@ def test_bad_conf_is_refused_by_the_api(deployment):
     r = deployment.api("POST", "/dags/pretrain/dagRuns",
                        json={"dag_run_id": "bad3", "logical_date": None, "conf": {"corpus_run": "../../etc"}})
     assert r.status_code == 400 and "corpus_run" in r.text
+    # one line that says what is allowed (operators/param_errors.py), not jsonschema's dump of the schema
+    assert r.json()["detail"] == ("Invalid input for param corpus_run: '../../etc' is not allowed; a run id is 1 to "
+                                  "250 characters: letters, digits and _ . : + - (no spaces or slashes), starting "
+                                  "with a letter or digit, e.g. manual__2026-11-29T10:00:00+00:00")
+
+
+def test_a_wait_fails_at_once_with_the_failed_tasks_own_error(deployment):
+    """A run whose task fails for good (no corpus run of that id) fails ``wait_run`` as soon as the task fails,
+    with the task's error from its log, instead of the caller finding out at its timeout."""
+    dep = deployment
+    r = dep.api("POST", "/dags/pretrain/dagRuns",
+                json={"dag_run_id": "no_corpus", "logical_date": None, "conf": {"corpus_run": "no_such_run"}})
+    assert r.status_code == 200, r.text
+    t0 = time.time()
+    with pytest.raises(AssertionError) as failed:
+        dep.wait_run("pretrain", "no_corpus", timeout=900)
+    text = str(failed.value)
+    assert text.startswith("pretrain/no_corpus: task resolve_corpus failed (try 1); its log ends:"), text  # retries 0
+    assert "corpus_run: no published corpus for run 'no_such_run'" in text, text
+    assert time.time() - t0 < 600
 
 
 def test_backfill_of_corpus_refresh_over_past_dates(deployment):

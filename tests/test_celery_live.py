@@ -16,19 +16,17 @@ import psutil
 import pytest
 from airflow_services import q
 from celery_services import WORKERS, CeleryStack, missing_services
-from conftest import tiny_config
+from conftest import require, tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.live]
-
-_MISSING = missing_services()
-if _MISSING:
-    pytest.skip(f"Celery live test skipped: {_MISSING}", allow_module_level=True)
+pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.celery]
 
 DATA_NODE, TRAIN_NODE = WORKERS["worker-data"][1], WORKERS["worker-train"][1]
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
+    missing = missing_services()
+    require(missing is None, f"Celery live test skipped: {missing}")
     tmp = tmp_path_factory.mktemp("celery")
     # A dead task supervisor is noticed after 20 s instead of 300 (the retry then reconnects to the job).
     st = CeleryStack(tmp / "airflow_home", tiny_config(tmp),
@@ -97,18 +95,28 @@ def wait_asset_run(dep, timeout: float = 240) -> str:
     raise AssertionError(f"pretrain was not started by the corpus publish\n{dep.logs_tail()}")
 
 
-def test_corpus_then_asset_triggered_pretrain_on_celery_workers(stack):
+@pytest.fixture(scope="module")
+def published(stack) -> dict:
+    """``corpus_build`` run over REST and the ``pretrain`` run its Asset event starts, both finished: what every
+    test after the first needs (a published corpus, a quiet train worker), whichever of them runs first or alone.
+    A task that fails on the way fails the fixture at once with that task's log (``wait_run``)."""
     dep = stack.airflow
     assert dep.api("PATCH", "/dags/corpus_build", json={"is_paused": False}).status_code == 200
     r = dep.api("POST", "/dags/corpus_build/dagRuns",
                 json={"dag_run_id": "celery_build", "logical_date": None, "conf": {"run_name": "celery"}})
     assert r.status_code == 200, r.text
     assert dep.wait_run("corpus_build", "celery_build", timeout=900)["state"] == "success", dep.logs_tail()
-    corpus_tis = task_instances(dep, "corpus_build", "celery_build")
-    assert assert_routed(corpus_tis) == 0 and len(corpus_tis) > 5
-
     run = wait_asset_run(dep)
     assert dep.wait_run("pretrain", run, timeout=900)["state"] == "success", dep.logs_tail()
+    return {"corpus_run": "celery_build", "asset_run": run}
+
+
+def test_corpus_then_asset_triggered_pretrain_on_celery_workers(stack, published):
+    dep = stack.airflow
+    corpus_tis = task_instances(dep, "corpus_build", published["corpus_run"])
+    assert assert_routed(corpus_tis) == 0 and len(corpus_tis) > 5
+
+    run = published["asset_run"]
     tis = task_instances(dep, "pretrain", run)
     stages = [ti for ti in tis if ti["task_id"].startswith("train_")]
     assert stages and assert_routed(tis) == len(stages)
@@ -123,11 +131,14 @@ def _stage_dir(stack, run_id: str):
     return __import__("pathlib").Path(cfg.data_root) / "train" / safe_run_id(run_id) / "main"
 
 
-def _wait_training(stage, min_step: int, timeout: float = 300) -> dict:
+def _wait_training(dep, run_id: str, stage, min_step: int, timeout: float = 300) -> dict:
+    """The stage's job state once it runs past ``min_step``; a task of the run that fails first (e.g. the corpus
+    cannot be resolved) fails the wait at once with that task's log."""
     from pipeline.tasks.pretrain import job_state
 
     deadline = time.time() + timeout
     while time.time() < deadline:
+        dep.assert_no_failed_task("pretrain", run_id)
         st = job_state(stage) if stage.exists() else {"state": "PENDING", "step": 0}
         if st["state"] == "RUNNING" and (st.get("step") or 0) >= min_step:
             return st
@@ -158,7 +169,7 @@ def _ti(dep, run_id: str) -> dict:
     return dep.api("GET", f"/dags/pretrain/dagRuns/{q(run_id)}/taskInstances/train_main").json()
 
 
-def test_a_lost_train_worker_reconnects_to_the_job_and_marking_failed_cancels_it(stack):
+def test_a_lost_train_worker_reconnects_to_the_job_and_marking_failed_cancels_it(stack, published):
     """One long stage: its worker dies, the job runs on under its lease, Airflow's retry reconnects to it (no second
     launch); then marking the running stage failed over REST cancels the job through its stage folder."""
     from pipeline.io import read_json
@@ -170,7 +181,7 @@ def test_a_lost_train_worker_reconnects_to_the_job_and_marking_failed_cancels_it
                 json={"dag_run_id": run, "logical_date": None, "conf": {"train_steps": 200_000}})
     assert r.status_code == 200, r.text
     stage = _stage_dir(stack, run)
-    _wait_training(stage, min_step=3)
+    _wait_training(dep, run, stage, min_step=3)
     job_id = read_json(stage / "lease.json")["job_id"]
     dep.kill_component("worker-train")                     # the worker dies with its task processes
     _kill_task_processes(dep, run, "train_main")
@@ -197,10 +208,10 @@ def test_a_lost_train_worker_reconnects_to_the_job_and_marking_failed_cancels_it
     st = job_state(stage)
     assert st["state"] == "FAILED" and "cancelled" in (st.get("error") or ""), st
     assert (st.get("step") or 0) < 200_000
-    assert dep.wait_run("pretrain", run, timeout=300)["state"] == "failed"
+    assert dep.wait_run("pretrain", run, timeout=300, expect_failure=True)["state"] == "failed"
 
 
-def test_deferrable_stages_complete_through_the_triggerer(stack):
+def test_deferrable_stages_complete_through_the_triggerer(stack, published):
     dep = stack.airflow
     dep.kill_component("worker-train", sig=signal.SIGTERM)   # warm shutdown: no task is running
     dep.commands["worker-train"][1]["MINDLOOM_TRAIN_DEFERRABLE"] = "1"
@@ -212,6 +223,7 @@ def test_deferrable_stages_complete_through_the_triggerer(stack):
     deadline = time.time() + 900
     while time.time() < deadline:
         dep.check_alive()
+        dep.assert_no_failed_task("pretrain", "celery_deferred")
         tis = task_instances(dep, "pretrain", "celery_deferred")
         deferred |= {ti["task_id"] for ti in tis if ti["state"] == "deferred"}
         state = dep.api("GET", "/dags/pretrain/dagRuns/celery_deferred").json()["state"]

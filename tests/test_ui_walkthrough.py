@@ -4,7 +4,9 @@
 throw-away ports): it must start every component, unpause ``pretrain`` and print the URL and login.  Then, in
 headless Chromium: trigger ``corpus_build`` from its form, see ``pretrain`` start from the Asset, trigger
 ``pretrain`` from its form with its defaults plus the testing switch that fails a stage for good, read the failed
-run's report tab, Clear the stage in the UI, read the resumed try's first log line, and see the report.  Also the
+run's report tab (the log's last lines inline, its address as text) and open that address as a user would, Clear
+the stage in the UI, read the resumed try's first log line, and see the report.  Training checkpoints at the
+default ``train.checkpoint_every`` (10), and the crash step is one the form's description says resumes.  Also the
 report plugin's security (login required, values escaped, CSP sandbox) on the real api-server, and a Clear of a
 succeeded stage, which trains it again from the stage start.
 
@@ -24,13 +26,21 @@ from pathlib import Path
 import httpx
 import pytest
 from airflow_services import REPO, AirflowRest, free_port, q
-from conftest import tiny_config
+from conftest import require, tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.live,
-              pytest.mark.skipif(shutil.which("chromium") is None,
-                                 reason="Debian chromium not installed (apt-get install chromium)")]
+pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.browser]
 
 BANNER = re.compile(r"mindloom: Airflow is ready at (http://127\.0\.0\.1:\d+)\s+\(login admin / admin\)")
+
+
+def default_checkpointing(config: Path) -> Path:
+    """The tiny config with ``train.checkpoint_every`` left at its default (the tiny config sets 4)."""
+    import yaml
+
+    cfg = yaml.safe_load(config.read_text(encoding="utf-8"))
+    cfg["train"].pop("checkpoint_every", None)
+    config.write_text(yaml.safe_dump(cfg), encoding="utf-8")
+    return config
 
 
 class MadeAirflow(AirflowRest):
@@ -44,13 +54,16 @@ class MadeAirflow(AirflowRest):
         path = os.pathsep.join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
                                if p and not p.startswith(venv))
         self.env = {"HOME": os.environ.get("HOME", "/root"), "PATH": path, "LANG": "C.UTF-8",
-                    "MINDLOOM_CONFIG": str(tiny_config(tmp)), "MINDLOOM_AIRFLOW_HOME": str(tmp / "home"),
+                    "MINDLOOM_CONFIG": str(default_checkpointing(tiny_config(tmp))),
+                    "MINDLOOM_AIRFLOW_HOME": str(tmp / "home"),
                     "MINDLOOM_AIRFLOW_PORT": str(self.port), "MINDLOOM_TESTING_SWITCHES": "1",
                     "MINDLOOM_TRAIN_RETRIES": "1",
                     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
                     "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                     "AIRFLOW__TRIGGERER__TRIGGERER_LOG_SERVER_PORT": str(free_port()),
-                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5"}
+                    "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                    # a worktree's own code before the venv's editable install (unset in CI: a clean clone)
+                    **({"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {})}
         self.proc: subprocess.Popen | None = None
 
     def start(self, timeout: float = 480) -> None:
@@ -96,6 +109,7 @@ class MadeAirflow(AirflowRest):
 
 @pytest.fixture(scope="module")
 def made(tmp_path_factory):
+    require(shutil.which("chromium"), "Debian chromium not installed (apt-get install chromium; make system-deps)")
     dep = MadeAirflow(tmp_path_factory.mktemp("walkthrough"))
     try:
         dep.start()
@@ -122,6 +136,10 @@ def test_report_plugin_requires_login_escapes_and_sandboxes(made):
     evil = "<img src=x onerror=alert(document.domain)>"
     anon = httpx.get(f"{made.base}/mindloom/reports/pretrain/{q(evil)}", timeout=30)
     assert anon.status_code == 401
+    page = httpx.get(f"{made.base}/mindloom/reports/pretrain/x", timeout=30, headers={"Accept": "text/html"})
+    assert page.status_code == 303 and page.headers["location"].startswith("/auth/login?next=%2Fmindloom%2Freports")
+    login = httpx.get(made.base + page.headers["location"], timeout=30)
+    assert login.status_code == 200 and "<html" in login.text.lower()     # Airflow's own login page
     assert httpx.get(f"{made.base}/mindloom/reports/pretrain/x", cookies={"_token": "forged"},
                      timeout=30).status_code == 403
     r = httpx.get(f"{made.base}/mindloom/reports/pretrain/{q(evil)}", timeout=30,
@@ -137,6 +155,10 @@ def _report_frame_text(page) -> str:
     page.get_by_text("Run report", exact=True).first.click()
     page.wait_for_timeout(3000)
     return "".join(f.content() for f in page.frames[1:])
+
+
+def _report_frame(page):
+    return next(f for f in page.frames[1:] if "/mindloom/reports/" in f.url)
 
 
 def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots):
@@ -171,23 +193,36 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
         metrics = made.xcom("pretrain", asset_run, "train_main")
         assert metrics["state"] == "SUCCEEDED" and metrics["final_loss"] < metrics["first_loss"]
 
-        # 3. pretrain's form triggers with its defaults; the testing switch fails the stage for good.
+        # 3. pretrain's form triggers with its defaults; the testing switch fails the stage for good, at a step
+        #    that writes a checkpoint at the default checkpoint_every (10), as the switch's description says.
         dialog = open_trigger_form(page, made.base, "pretrain")
         assert dialog.get_by_role("button", name="Trigger").is_enabled()        # defaults are valid
-        fill_form(dialog, page, "pretrain", {"run_name": "fail-demo", "fail_at_step": 8, "fail_for_good": True})
+        dialog.get_by_role("button", name="Testing", exact=True).click()
+        dialog.get_by_text("Checkpoints are written every 10 steps").wait_for(timeout=30_000)
+        dialog.get_by_role("button", name="Testing", exact=True).click()
+        fill_form(dialog, page, "pretrain", {"run_name": "fail-demo", "fail_at_step": 10, "fail_for_good": True})
         dialog.screenshot(path=str(shots / "pretrain_trigger_form.png"))
         run = submit_trigger_form(page, dialog, "pretrain")
-        assert made.wait_run("pretrain", run)["state"] == "failed", made.logs_tail()
+        assert made.wait_run("pretrain", run, expect_failure=True)["state"] == "failed", made.logs_tail()
         tries = made.api("GET", f"/dags/pretrain/dagRuns/{q(run)}/taskInstances/train_main/tries").json()
         assert [t["state"] for t in tries["task_instances"]] == ["failed", "failed"]   # retries=1: both tries
 
-        # 4. The failed run's report tab names the stage, its error and links its log.
+        # 4. The failed run's report tab names the stage and its error, shows the log's last lines inline and the
+        #    log's address as text (a target=_top link is dead in the UI's sandboxed iframe); open that address.
         page.goto(f"{made.base}/dags/pretrain/runs/{q(run)}")
         text = _report_frame_text(page)
-        assert "fail-demo" in text and "train_main" in text and "SimulatedCrash" in text and "open log" in text
+        assert "fail-demo" in text and "train_main" in text and "SimulatedCrash" in text
+        frame = _report_frame(page)
+        tail = frame.locator("pre.logtail").first.inner_text()
+        assert "stage main step 11 loss" in tail and "FAILED at step 11" in tail, tail
+        address = frame.locator(".logaddr code").first.inner_text()
+        assert address == f"/dags/pretrain/runs/{q(run)}/tasks/train_main?try_number=2"
+        assert frame.locator("a[target=_top]").count() == 0
         page.screenshot(path=str(shots / "pretrain_failed_run_report.png"))
+        page.goto(made.base + address)                  # "open log": the address pasted into the address bar
+        page.get_by_text("FAILED at step 11").first.wait_for(timeout=60_000)
 
-        # 5. Clear the failed stage in the UI; the new try resumes from the step-8 checkpoint.
+        # 5. Clear the failed stage in the UI; the new try resumes from the step-10 checkpoint.
         page.goto(f"{made.base}/dags/pretrain/runs/{q(run)}/tasks/train_main")
         page.get_by_role("button", name="Press shift+c to clear").click()
         page.get_by_role("dialog").get_by_role("button", name="Confirm").click()
@@ -196,13 +231,13 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
             time.sleep(1)
         assert made.wait_run("pretrain", run)["state"] == "success", made.logs_tail()
         resumed = made.xcom("pretrain", run, "train_main")
-        assert resumed["resumed_from"] == 8 and resumed["steps"] == 12
+        assert resumed["resumed_from"] == 10 and resumed["steps"] == 12
 
         page.goto(f"{made.base}/dags/pretrain/runs/{q(run)}/tasks/train_main?try_number=3")
-        page.get_by_text("resumed from checkpoint step 8 (try 2 stopped at step 9)").wait_for(timeout=60_000)
+        page.get_by_text("resumed from checkpoint step 10 (try 2 stopped at step 11)").wait_for(timeout=60_000)
         log_text = page.locator("body").inner_text()
-        assert "stage main step 9 loss" in log_text and "stage main step 12 loss" in log_text
-        assert "stage main step 8 loss" not in log_text          # nothing before the resume point is replayed
+        assert "stage main step 11 loss" in log_text and "stage main step 12 loss" in log_text
+        assert "stage main step 10 loss" not in log_text         # nothing before the resume point is replayed
         page.screenshot(path=str(shots / "pretrain_resumed_log.png"))
 
         # 6. The report: the run name the user typed, and the loss curves.
@@ -212,7 +247,7 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
         page.screenshot(path=str(shots / "pretrain_run_report.png"))
         browser.close()
 
-    # 7. A log row per step of the resumed try, exactly the rows metrics.jsonl now holds past step 8.
+    # 7. A log row per step of the resumed try, exactly the rows metrics.jsonl now holds past step 10.
     from pipeline.io import safe_run_id
 
     stage_root = made.data() / "train" / safe_run_id(run)

@@ -34,6 +34,11 @@ def _cell(v) -> str:
     return "" if v is None else str(v)
 
 
+def _fixed(v, digits: int) -> str | None:
+    """One format per column (``709`` and ``1,604`` tokens/s, not ``709.2`` next to ``1,604``)."""
+    return None if v is None else f"{float(v):,.{digits}f}"
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
@@ -120,8 +125,9 @@ def training_section(stage_dirs: dict[str, Path]) -> str:
     rows, loss_series, lr_series, evals = [], {}, {}, {}
     for name, d in stage_dirs.items():
         s = read_json(d / "summary.json") if (d / "summary.json").exists() else {}
-        rows.append([name, s.get("state"), s.get("steps"), s.get("resumed_from"), s.get("first_loss"),
-                     s.get("final_loss"), s.get("tokens_per_s"), s.get("params"), s.get("checkpoint")])
+        rows.append([name, s.get("state"), s.get("steps"), s.get("resumed_from"), _fixed(s.get("first_loss"), 4),
+                     _fixed(s.get("final_loss"), 4), _fixed(s.get("tokens_per_s"), 0), s.get("params"),
+                     s.get("checkpoint")])
         metrics = _read_jsonl(d / "metrics.jsonl")
         loss_series[name] = [(m["step"], m["loss"]) for m in metrics if "loss" in m]
         lr_series[name] = [(m["step"], m["lr"]) for m in metrics if "lr" in m]
@@ -137,7 +143,7 @@ def training_section(stage_dirs: dict[str, Path]) -> str:
               for series, title, label in ((loss_series, "Training loss", "loss"),
                                            (lr_series, "Learning rate", "lr"))]
     if evals:
-        charts.append(bar_chart(evals, "Held-out loss per domain", "loss"))
+        charts.append(bar_chart(evals, "Held-out loss per domain", "loss", from_zero=False))
     parts.append('<div class="charts">' + "".join(charts) + "</div>")
     return "".join(parts)
 

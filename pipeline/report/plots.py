@@ -15,6 +15,34 @@ import math
 
 PALETTE = ("#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf")
+#: 20 distinct colours (matplotlib's tab20, dark and light of each hue) for charts with more than 10 series.
+PALETTE20 = ("#1f77b4", "#aec7e8", "#ff7f0e", "#ffbb78", "#2ca02c", "#98df8a", "#d62728", "#ff9896", "#9467bd",
+             "#c5b0d5", "#8c564b", "#c49c94", "#e377c2", "#f7b6d2", "#7f7f7f", "#c7c7c7", "#bcbd22", "#dbdb8d",
+             "#17becf", "#9edae5")
+OTHER = "other"
+
+
+def colours(n: int) -> tuple[str, ...]:
+    """``n`` colours, distinct up to 20: the 10-colour palette while it suffices, else tab20 (bar charts fold
+    series past 20 into ``other``; a line chart with more than 20 lines repeats colours)."""
+    base = PALETTE if n <= len(PALETTE) else PALETTE20
+    return tuple(base[i % len(base)] for i in range(n))
+
+
+def fold_small_series(groups: dict[str, dict[str, float]], keep: int = len(PALETTE20) - 1) -> dict[str, dict]:
+    """At most ``keep`` + 1 series: the ``keep`` largest by total, the rest summed into ``other`` per group."""
+    series = list(dict.fromkeys(k for g in groups.values() for k in g))
+    if len(series) <= keep + 1:
+        return groups
+    totals = {k: sum(g.get(k, 0.0) for g in groups.values()) for k in series}
+    top = set(sorted(series, key=lambda k: (-totals[k], series.index(k)))[:keep])
+    out = {}
+    for name, g in groups.items():
+        out[name] = {k: v for k, v in g.items() if k in top}
+        rest = sum(v for k, v in g.items() if k not in top)
+        if rest:
+            out[name][OTHER] = rest
+    return out
 RC = {"svg.hashsalt": "mindloom-report", "svg.fonttype": "none", "font.family": "sans-serif", "font.size": 9,
       "axes.titlesize": 10, "axes.titleweight": "bold", "axes.grid": True, "grid.color": "#e4e4e4",
       "axes.spines.top": False, "axes.spines.right": False, "legend.frameon": False}
@@ -61,9 +89,10 @@ def line_figure(series, title, x_label="", y_label="", width=560, height=260, ma
         return None
     fig = _figure(width, height)
     ax = fig.add_subplot()
+    palette = colours(len(clean))
     for i, (name, pts) in enumerate(clean.items()):
         xs, ys = zip(*pts, strict=True)
-        ax.plot(xs, ys, color=PALETTE[i % len(PALETTE)], linewidth=1.4, label=name,
+        ax.plot(xs, ys, color=palette[i], linewidth=1.4, label=name,
                 marker="o" if len(pts) == 1 else None, markersize=3)
     for x, label in marks or []:
         ax.axvline(x, color="#999999", linestyle="--", linewidth=0.8)
@@ -77,27 +106,38 @@ def line_figure(series, title, x_label="", y_label="", width=560, height=260, ma
 
 
 def bar_chart(groups: dict[str, dict[str, float]], title: str, y_label: str = "", width: int = 560,
-              height: int = 260) -> str:
-    """Grouped bars: one group per key of ``groups``, one bar per inner key (same colour across groups)."""
+              height: int = 260, from_zero: bool = True) -> str:
+    """Grouped bars: one group per key of ``groups``, one bar per inner key (same colour across groups, every
+    series its own colour; past 20 series the smallest are summed into ``other``).  ``from_zero=False`` (losses)
+    zooms the value axis onto the bars' range so that differences show; each bar is then labelled with its value."""
     import matplotlib
 
     with matplotlib.rc_context(RC):
-        fig = bar_figure(groups, title, y_label, width, height)
+        fig = bar_figure(groups, title, y_label, width, height, from_zero)
         return _svg(fig) if fig is not None else _no_data(title)
 
 
-def bar_figure(groups, title, y_label="", width=560, height=260):
+def bar_figure(groups, title, y_label="", width=560, height=260, from_zero=True):
     """The matplotlib Figure of :func:`bar_chart` (None without bars); call inside ``rc_context(RC)``."""
+    groups = fold_small_series(groups)
     series = list(dict.fromkeys(k for g in groups.values() for k in g))     # first-seen order (stage order)
     if not groups or not series:
         return None
     fig = _figure(width, height)
     ax = fig.add_subplot()
     step = 0.8 / len(series)
+    palette = colours(len(series))
     for si, name in enumerate(series):
         xs = [gi - 0.4 + step * (si + 0.5) for gi in range(len(groups))]
-        ax.bar(xs, [g.get(name, 0.0) for g in groups.values()], width=step * 0.95,
-               color=PALETTE[si % len(PALETTE)], label=name)
+        ys = [g.get(name, 0.0) for g in groups.values()]
+        bars = ax.bar(xs, ys, width=step * 0.95, color=palette[si], label=name)
+        if not from_zero:
+            ax.bar_label(bars, fmt="%.3f", fontsize=7, padding=1)
+    if not from_zero:
+        values = [v for g in groups.values() for v in g.values()]
+        lo, hi = min(values), max(values)
+        pad = (hi - lo) * 0.25 or abs(hi) * 0.05 or 1.0
+        ax.set_ylim(lo - pad, hi + pad)
     ax.set_xticks(range(len(groups)), list(groups), rotation=30 if len(groups) > 6 else 0,
                   ha="right" if len(groups) > 6 else "center")
     ax.grid(axis="x", visible=False)
@@ -106,7 +146,8 @@ def bar_figure(groups, title, y_label="", width=560, height=260):
         from matplotlib.ticker import MaxNLocator
 
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))    # counts: no 0.2-document ticks
-    ax.margins(y=0.08)
+    if from_zero:
+        ax.margins(y=0.08)
     ax.set(title=title, ylabel=y_label)
     _legend(ax, len(series))
     return fig

@@ -18,7 +18,7 @@ from pipeline.dedup import exact as exact_dedup
 from pipeline.form import config_from_params
 from pipeline.ingest import output as ingest_output
 from pipeline.ingest import run as ingest
-from pipeline.io import read_json, run_dir, write_json
+from pipeline.io import claim_run_dir, read_json, run_dir, write_json
 from pipeline.profile import measured
 from pipeline.quality import run as quality
 from pipeline.report.html import write_report
@@ -30,8 +30,12 @@ from pipeline.tokenizer import run as tokenizer
 log = logging.getLogger(__name__)
 
 
-def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | None = None) -> list[dict]:
+def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | None = None,
+                dag_id: str | None = None) -> list[dict]:
     """Validate the config (YAML + Params, or a loaded config), freeze it in the run folder, plan the shards.
+
+    The folder is claimed for ``dag_id``'s run ``run_id`` first (:func:`pipeline.io.claim_run_dir`): a run of the
+    other corpus DAG, or a run id that maps to the same folder name, is refused instead of sharing it.
 
     Returns one spec per shard, each carrying ``run_dir`` and ``shard``: the list the DAG maps every per-shard
     stage over, and the only argument the later tasks need.
@@ -42,14 +46,15 @@ def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | N
     confined = config_path is not None or bool(os.environ.get(confine.ENV))
     roots = _check_inputs_confined(cfg, config_path) if confined else []
     rdir = run_dir(cfg.data_root, run_id)
-    rdir.mkdir(parents=True, exist_ok=True)
+    claim_run_dir(rdir, dag_id, run_id)
     write_json(rdir / "config.json", cfg.to_dict())
     empty: list[dict] = []
     specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg, empty)]
     for spec in specs if confined else []:     # every local file a listing found, symlinks resolved
         if not any("://" in p for p in cfg.sources[spec["source_index"]].paths):
             for unit in spec["units"]:
-                confine.check_path(unit["path"], roots, f"sources[{spec['source_index']}] ({spec['source']})")
+                unit["path"] = confine.check_path(unit["path"], roots,    # ingest opens the path that was checked
+                                                  f"sources[{spec['source_index']}] ({spec['source']})")
     if not cfg.dedup.exact_partitions:      # auto: sized from the plan, frozen with the run's config
         cfg = config_from_dict(cfg.to_dict())
         cfg.dedup.exact_partitions = exact_dedup.exact_partition_count(
@@ -86,10 +91,11 @@ def _run_of(items: list[dict]) -> tuple[Path, list[str]]:
     return rdir, [p for s in read_json(rdir / batches.PLAN) for p in ingest_output.output_shards(rdir, s["shard"])]
 
 
-def plan_tasks(params: dict | MindloomConfig, run_id: str, config_path: str | None = None) -> list[dict]:
+def plan_tasks(params: dict | MindloomConfig, run_id: str, config_path: str | None = None,
+               dag_id: str | None = None) -> list[dict]:
     """The DAG's ``plan`` task: :func:`prepare_run`, then ``parallelism`` batch handles (what every per-shard stage
     is mapped over; see :mod:`pipeline.tasks.batches`)."""
-    specs = prepare_run(params, run_id, config_path)
+    specs = prepare_run(params, run_id, config_path, dag_id)
     rdir = Path(specs[0]["run_dir"])
     handles = batches.plan_batches(rdir, len(specs), load_run_config(rdir).parallelism)
     batches.split_plan(specs, handles)

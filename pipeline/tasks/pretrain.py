@@ -355,11 +355,14 @@ def resolve_corpus(params: dict, asset_extras: list[dict] | None = None,
         summary = corpus_mod.latest_corpus(cfg.data_root)
     if not manifest_path:               # a corpus named by a run's conf or an Asset event stays under data_root
         roots = confine.allowed_roots(cfg.data_root)
+        summary = dict(summary)         # from here on only the resolved paths that were checked are read
         for key in ("mindrecord_dir", "run_dir", "val_mindrecord_dir"):
             if summary.get(key):
-                confine.check_path(summary[key], roots, f"corpus {key}")
-        for domain, path in (summary.get("val_mindrecord_dirs") or {}).items():
-            confine.check_path(path, roots, f"corpus val_mindrecord_dirs[{domain!r}]")
+                summary[key] = confine.check_path(summary[key], roots, f"corpus {key}")
+        if summary.get("val_mindrecord_dirs"):
+            summary["val_mindrecord_dirs"] = {
+                domain: confine.check_path(path, roots, f"corpus val_mindrecord_dirs[{domain!r}]")
+                for domain, path in summary["val_mindrecord_dirs"].items()}
     check_manifest_digest(summary)
     mindrecord.verify(summary["mindrecord_dir"], full_read=False, hashes=full_check)
     return {k: v for k, v in summary.items() if k != "stats"}
@@ -378,6 +381,20 @@ def check_manifest_digest(summary: dict) -> None:
                                     "the corpus was changed after publishing, run `mindloom verify` on it")
 
 
+def report_run_name(params: dict, corpus: dict | None) -> str:
+    """The name a report is titled with: the run name typed into the form; else (an Asset-triggered run, whose
+    params are the YAML defaults) the name of the corpus run it trains on; else the config's."""
+    from pipeline.form import config_from_params
+
+    typed, default = params.get("run_name"), config_from_params({}).run_name
+    if typed and typed != default:
+        return str(typed)
+    frozen = Path(corpus["run_dir"]) / "config.json" if corpus and corpus.get("run_dir") else None
+    if frozen is not None and frozen.is_file():
+        return str(read_json(frozen).get("run_name") or default)
+    return str(typed or default)
+
+
 def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dict | None = None) -> dict:
     """Write ``report.json`` and ``report.html`` for the training run; return the compact metrics for XCom."""
     from pipeline.form import config_from_params
@@ -390,7 +407,7 @@ def write_report(params: dict, run_id: str, stages: dict[str, dict], corpus: dic
     compact = {name: {k: s.get(k) for k in keys} for name, s in stages.items()}
     write_json(run_root / "report.json", {"run_id": run_id, "corpus": corpus, "stages": stages,
                                          "stage_order": list(stages)})
-    title = f"mindloom run {params.get('run_name') or cfg.run_name} ({run_id})"
+    title = f"mindloom run {report_run_name(params, corpus)} ({run_id})"
     html_path = write_html(run_root / "report.html", title,
                            Path(corpus["run_dir"]) if corpus else None,
                            {name: stage_dir(cfg.data_root, run_id, name) for name in stages})

@@ -1,0 +1,45 @@
+"""``make demo`` leaves no queued Asset event behind: scripts/clear_asset_queue.py on the metadata DB."""
+
+from __future__ import annotations
+
+import importlib.util
+
+from conftest import REPO
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("clear_asset_queue", REPO / "scripts" / "clear_asset_queue.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_queued_corpus_event_for_pretrain_is_cleared_and_others_kept(airflow_db, capsys):
+    from airflow.models.asset import AssetDagRunQueue, AssetModel
+    from airflow.models.dag import DagModel
+    from airflow.models.dagbundle import DagBundleModel
+    from airflow.utils.session import create_session
+    from sqlalchemy import select
+
+    with create_session() as s:
+        if s.get(DagBundleModel, "dags-folder") is None:
+            s.add(DagBundleModel(name="dags-folder"))
+            s.flush()
+        created = [d for d in ("pretrain", "other_consumer") if s.get(DagModel, d) is None]
+        s.add_all([DagModel(dag_id=d, bundle_name="dags-folder") for d in created])
+        asset = AssetModel(name="mindloom_corpus_queue_test", uri="file:///tmp/mindloom-queue-test/LATEST.json")
+        s.add(asset)
+        s.flush()
+        s.add_all([AssetDagRunQueue(asset_id=asset.id, target_dag_id="pretrain"),
+                   AssetDagRunQueue(asset_id=asset.id, target_dag_id="other_consumer")])
+    assert _script().main(["pretrain"]) == 0
+    assert "cleared 1 queued Asset event(s) for pretrain" in capsys.readouterr().out
+    with create_session() as s:
+        left = s.scalars(select(AssetDagRunQueue.target_dag_id).where(AssetDagRunQueue.asset_id == asset.id)).all()
+    assert left == ["other_consumer"]
+    assert _script().clear_queued("pretrain") == 0                      # a second run finds nothing
+    with create_session() as s:                                          # leave the session's DB as it was
+        _script().clear_queued("other_consumer")
+        s.delete(s.get(AssetModel, asset.id))
+        for d in created:
+            s.delete(s.get(DagModel, d))
