@@ -73,18 +73,18 @@ def test_too_few_rows_and_misaligned_position_are_refused(ids_dir):
 
 def test_changed_global_batch_is_refused_naming_the_field():
     from pipeline.train.job import TrainJob
-    from pipeline.train.trainer import _check_same_layout
+    from pipeline.train.resume import check_same_layout
 
     job = TrainJob(stage="s", data_dir="d", out_dir="o", micro_batch=4, grad_accum=1)
     meta = {"global_batch": 8, "micro_batch": 4, "grad_accum": 1, "world_size": 2, "seq_len": 32,
             **DataPosition(0, 16, 16).to_meta()}
-    _check_same_layout(job, meta, world=2, seq_len=32, what="ckpt")  # same global batch: fine
-    _check_same_layout(job.__class__(**{**job.to_dict(), "micro_batch": 2, "grad_accum": 2}), meta, world=2,
+    check_same_layout(job, meta, dp=2, seq_len=32, what="ckpt")  # same global batch: fine
+    check_same_layout(job.__class__(**{**job.to_dict(), "micro_batch": 2, "grad_accum": 2}), meta, dp=2,
                        seq_len=32, what="ckpt")  # other split, same global batch: fine
     with pytest.raises(ValueError, match=r"TrainJob\.micro_batch: ckpt was written with global batch 8 .* this run "
                                          r"has 12"):
-        _check_same_layout(job, meta, world=3, seq_len=32, what="ckpt")
+        check_same_layout(job, meta, dp=3, seq_len=32, what="ckpt")
     with pytest.raises(ValueError, match=r"TrainJob\.seq_len"):
-        _check_same_layout(job, meta, world=2, seq_len=64, what="ckpt")
+        check_same_layout(job, meta, dp=2, seq_len=64, what="ckpt")
     with pytest.raises(ValueError, match="no global data position"):
-        _check_same_layout(job, {"step": 3, "global_batch": 8}, world=2, seq_len=32, what="ckpt")
+        check_same_layout(job, {"step": 3, "global_batch": 8}, dp=2, seq_len=32, what="ckpt")
