@@ -9,11 +9,11 @@ per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a t
 * ``gradients``: one tensor per parameter in its dtype; ``grad_accum > 1`` adds accumulation buffers of the same size;
 * ``optimizer``: AdamW's two fp32 moments; with ZeRO-1 a parameter whose rows divide by DP keeps only its row block;
 * ``master``: fp32 master weights of the distributed optimizer (same blocks as the moments), else 0;
-* ``step_buffers``: the data-parallel reduction's output (a full-size gradient copy: DistributedGradReducer's
-  all-reduce; the distributed optimizer's reduce-scatter, which on CPU is an all-reduce of the whole 16-bit gradient,
-  see ``adamw.GradReduceScatter``), the fp32 gradient copy the unscale/clip chain hands the optimizer, and the
-  all-gather output of the largest sharded parameter (ZeRO, fp32; distributed optimizer, 16 bit; CPU sub-groups
-  emulate it with a zero-padded all-reduce: twice that);
+* ``step_buffers``: one fp32 working copy of the gradients (all-reduce output -> unscaled -> clipped, each step
+  freeing its input); under the distributed optimizer instead the 16-bit reduction output (the whole gradient on
+  CPU, where the reduce-scatter is an all-reduce, see ``adamw.GradReduceScatter``; blocks elsewhere) and the fp32
+  blocks handed to AdamW; plus the all-gather output of the largest sharded parameter (ZeRO, fp32; distributed
+  optimizer, 16 bit; CPU sub-groups emulate it with a zero-padded all-reduce: twice that);
 * ``activations``: per layer, the tensors this model keeps for its backward (no dropout; RMSNorm keeps an fp32 copy;
   softmax in fp32; GQA K/V repeated to all heads), with ``recompute`` only each block's input plus one layer's
   tensors, plus one layer's transient attention scores and their gradient (fp32);
@@ -183,17 +183,20 @@ def plan(cfg: ModelConfig, layout: Layout, device_memory_gb: float = 0.0) -> Mem
     gradients = weights * (2 if layout.grad_accum > 1 else 1)
     optimizer = 8 * state
     master = 4 * state if dist else 0
-    # step buffers: DP reduction output, fp32 gradients handed to AdamW, largest gather. The reduction output is a
-    # full-size gradient copy (all-reduce), except the distributed optimizer's native reduce-scatter (blocks only)
+    # step buffers: one working copy of the gradients (DP all-reduce output -> unscaled -> clipped, each freeing its
+    # input), plus under the distributed optimizer the 16-bit reduction output (whole tensors on CPU, blocks with a
+    # native reduce-scatter) next to the fp32 blocks handed to AdamW; plus the largest all-gather output
     cpu = layout.device == "CPU"
-    reduce_out = (wbytes * (state if dist and not cpu else n_rank)) if layout.dp > 1 else 0
-    clipped = 4 * (state if dist else n_rank)
+    if dist:
+        working = (wbytes * (n_rank if cpu else state) if layout.dp > 1 else 0) + 4 * state
+    else:
+        working = 4 * n_rank
     gathered = [_numel(s) for s in shapes if layout.zero and layout.dp > 1 and s[0] % layout.dp == 0]
     gather = (max(gathered) * (2 if dist else 4) * (2 if cpu and layout.tp > 1 else 1)) if gathered else 0
     act, logits = activation_bytes(cfg, layout)
     host = 4 * n_rank + (4 * cfg.num_params() if layout.tp > 1 else 0)
     return MemoryPlan(weights, gradients, optimizer, act, int(device_memory_gb * GiB), master=master,
-                      step_buffers=reduce_out + clipped + gather, logits=logits, host_init=host)
+                      step_buffers=working + gather, logits=logits, host_init=host)
 
 
 def knob_to_change(p: MemoryPlan, layout: Layout) -> str:
