@@ -11,6 +11,14 @@ from __future__ import annotations
 from common import table
 
 NOTES = {
+    "memory_plan": (
+        "Each layout is a real training job on this CPU (GRAPH mode, byte tokens, eval off). *exact_bytes*: the "
+        "plan's weight, gradient and optimizer (+ fp32 master) bytes per rank equal the bytes of the tensors the job "
+        "built, on every rank. *peak_error*: the plan's total (or the host memory at model build, whichever is "
+        "larger) plus the framework floor of the same launch mode, against the peak RSS of the largest rank: on CPU "
+        "the host is the device, so RSS stands in for device memory, and the floor (MindSpore, data pipeline, mccl, "
+        "compiled graphs) is measured with a near parameter-free model of the same job shape. The distributed "
+        "optimizer runs fp16 O2, whose CPU kernels are slow; 125m runs only a few steps at seq 256."),
     "parallel": (
         "Every variant is a real `run_training` job of the debug preset on byte tokens of stdlib source; tokens/s is "
         "the job summary's steady figure (first step, with the compile, excluded). `metrics_every` is the host-sync "

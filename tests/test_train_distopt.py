@@ -1,15 +1,16 @@
 """Megatron's distributed optimizer on CPU (fp16 O2 in GRAPH mode, msrun + mccl): 16-bit weights and gradients,
 fp32 master weights and Adam moments sharded over 2 data-parallel ranks, against the unsharded optimizer.
 
-Tiny model of test_train_parallel (dim 64, 2 layers, vocab 260, seq 32), 20 steps at lr 3e-3, initial loss scale
-2^24 so the first steps overflow in fp16 and are skipped. Under the distributed optimizer each rank checks only its
-own block of the gradient, so without the world all-reduce of the finite flag the ranks would disagree on which
-steps to skip and their weights would differ.
+Tiny model of test_train_parallel (dim 64, 2 layers, vocab 260, seq 32), 20 steps at lr 3e-3 with warmup, clipping
+and dynamic loss scaling from 2^12 (no overflow on this data). Stated tolerances (measured on this CPU): sharded
+(2 ranks x 4 rows, 16-bit gradient all-reduce) vs unsharded (1 process x 8 rows, same optimizer): every loss within
+2e-3; distributed optimizer (16-bit weights, fp32 master) vs classic mixed precision (fp32 weights, fp16 compute):
+within 1e-3. They differ only by fp16 rounding (the gradient sum of two half batches in fp16; master weights that
+start from the 16-bit weights).
 
-Stated tolerances (measured on this CPU): sharded (2 ranks x 4 rows, 16-bit gradient all-reduce) vs unsharded
-(1 process x 8 rows, same optimizer): every loss within 2e-3; distributed optimizer (16-bit weights, fp32 master) vs
-classic mixed precision (fp32 weights, fp16 compute): within 1e-3. Both differ only by fp16 rounding (the gradient
-sum of two half batches in fp16, the master weights starting from the 16-bit weights).
+A second sharded run starts at loss scale 2^24, so its first steps overflow in fp16 and are skipped. Each rank checks
+only its own block of the gradient; without the world all-reduce of the finite flag one rank would skip a step whose
+all-gather the other enters (a hang), or the ranks' weights would differ.
 """
 
 from __future__ import annotations
@@ -56,23 +57,24 @@ def runs(tmp_path_factory):
     def job(name, **kw):
         base = dict(stage=name, data_dir=str(root / "data"), out_dir=str(root / name), model=TINY, steps=STEPS,
                     micro_batch=8, lr=3e-3, min_lr=3e-4, warmup_steps=3, checkpoint_every=10, log_every=5, seed=7,
-                    metrics_every=5, precision="fp16", loss_scale=2.0 ** 24)
+                    metrics_every=5, precision="fp16", loss_scale=2.0 ** 12)
         base.update(kw)
         return TrainJob(**base)
 
     out = {"classic": (run_training(job("classic")), root / "classic"),
            "unsharded": (run_training(job("unsharded", zero=True, distributed_optimizer=True)), root / "unsharded")}
-    name = "sharded"
-    job(name, zero=True, distributed_optimizer=True, world_size=2, micro_batch=4).to_json(root / f"{name}.json")
-    with socket.socket() as s_:
-        s_.bind(("127.0.0.1", 0))
-        port = s_.getsockname()[1]
-    cmd = train_command(str(root / f"{name}.json"), workers=2, log_dir=str(root / f"{name}_log"), master_port=port,
-                        cluster_timeout_s=180)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=root, timeout=600)
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
-    with open(root / name / "summary.json") as f:
-        out[name] = (json.load(f), root / name)
+    for name, kw in (("sharded", {}), ("overflow", {"loss_scale": 2.0 ** 24})):
+        job(name, zero=True, distributed_optimizer=True, world_size=2, micro_batch=4, **kw).to_json(
+            root / f"{name}.json")
+        with socket.socket() as s_:
+            s_.bind(("127.0.0.1", 0))
+            port = s_.getsockname()[1]
+        cmd = train_command(str(root / f"{name}.json"), workers=2, log_dir=str(root / f"{name}_log"),
+                            master_port=port, cluster_timeout_s=180)
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=root, timeout=600)
+        assert r.returncode == 0, (name, r.stdout[-2000:], r.stderr[-2000:])
+        with open(root / name / "summary.json") as f:
+            out[name] = (json.load(f), root / name)
     return out
 
 
@@ -91,15 +93,29 @@ def _rank(out_dir, r: int) -> dict:
 @pytest.mark.slow
 def test_sharded_16bit_optimizer_matches_the_unsharded_one_over_20_steps(runs):
     one, two = _metrics(runs["unsharded"][1]), _metrics(runs["sharded"][1])
-    skipped = [r["skipped"] for r in one]
-    assert skipped[:2] == [True, True] and not all(skipped)  # 2^24 overflows in fp16, later steps apply
-    assert [r["skipped"] for r in two] == skipped  # one decision for both ranks, the same as one process
-    assert [r["loss_scale"] for r in two] == [r["loss_scale"] for r in one]
+    assert [r["skipped"] for r in two] == [r["skipped"] for r in one]
     diff = np.abs(np.array([r["loss"] for r in one]) - np.array([r["loss"] for r in two]))
     assert diff.max() < 2e-3, diff
     assert one[-1]["loss"] < one[0]["loss"] - 1.0  # it trained
     r0, r1 = _rank(runs["sharded"][1], 0), _rank(runs["sharded"][1], 1)
     assert r0["params_sha256"] == r1["params_sha256"]  # the 16-bit gathers left identical replicas
+
+
+@pytest.mark.slow
+def test_overflow_is_one_decision_for_every_rank(runs):
+    """Skipped steps halve the scale and leave the LR schedule alone; both ranks end with the same weights."""
+    from pipeline.train.optim import lr_at
+
+    rows = _metrics(runs["overflow"][1])
+    skipped = [r["skipped"] for r in rows]
+    assert skipped[:2] == [True, True] and not all(skipped), skipped
+    scale, applied = 2.0 ** 24, 0
+    for r in rows:
+        assert r["loss_scale"] == scale and r["lr"] == pytest.approx(lr_at(applied, 3e-3, 3e-4, 3, STEPS)), r
+        scale, applied = (scale / 2, applied) if r["skipped"] else (scale, applied + 1)
+    r0, r1 = _rank(runs["overflow"][1], 0), _rank(runs["overflow"][1], 1)
+    assert r0["params_sha256"] == r1["params_sha256"]
+    assert rows[-1]["loss"] < rows[0]["loss"] - 0.5
 
 
 @pytest.mark.slow

@@ -9,8 +9,16 @@ from dataclasses import replace
 import pytest
 
 from pipeline.train.config import PRESETS, ModelConfig
-from pipeline.train.memory_plan import (PRESET_LAYOUTS, GiB, Layout, check_layout, param_shapes, plan, require_fit,
-                                        sharded_and_replicated_params)
+from pipeline.train.memory_plan import (
+    PRESET_LAYOUTS,
+    GiB,
+    Layout,
+    check_layout,
+    param_shapes,
+    plan,
+    require_fit,
+    sharded_and_replicated_params,
+)
 
 
 def test_every_preset_has_a_layout():

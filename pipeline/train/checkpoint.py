@@ -202,6 +202,8 @@ def load_weights(net, path: str) -> int:
                     raise ValueError(f"init_from {path!r}: {cand} has shape {tuple(raw[cand].shape)}, "
                                      f"model expects {tuple(p.shape)} (different model config?)")
                 pd[name] = raw[cand]
+                if raw[cand].dtype != p.dtype:  # fp32 <-> 16-bit weights of the distributed optimizer
+                    pd[name] = ms.Parameter(raw[cand].astype(p.dtype), name=name)
                 break
     missing = sorted(set(params) - set(pd))
     if missing:
