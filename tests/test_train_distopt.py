@@ -4,8 +4,8 @@ fp32 master weights and Adam moments sharded over 2 data-parallel ranks, against
 Tiny model of test_train_parallel (dim 64, 2 layers, vocab 260, seq 32), 20 steps at lr 3e-3 with warmup, clipping
 and dynamic loss scaling from 2^12 (no overflow on this data). Stated tolerances (measured on this CPU): sharded
 (2 ranks x 4 rows, 16-bit gradient all-reduce) vs unsharded (1 process x 8 rows, same optimizer): every loss within
-2e-3; distributed optimizer (16-bit weights, fp32 master) vs classic mixed precision (fp32 weights, fp16 compute):
-within 1e-3. They differ only by fp16 rounding (the gradient sum of two half batches in fp16; master weights that
+5e-4 (measured 7.6e-5); distributed optimizer (16-bit weights, fp32 master) vs classic mixed precision (fp32 weights,
+fp16 compute): within 1e-3 (measured 2.1e-4). They differ only by fp16 rounding (the gradient sum of two half batches in fp16; master weights that
 start from the 16-bit weights).
 
 A second sharded run starts at loss scale 2^24, so its first steps overflow in fp16 and are skipped. Each rank checks
@@ -95,7 +95,7 @@ def test_sharded_16bit_optimizer_matches_the_unsharded_one_over_20_steps(runs):
     one, two = _metrics(runs["unsharded"][1]), _metrics(runs["sharded"][1])
     assert [r["skipped"] for r in two] == [r["skipped"] for r in one]
     diff = np.abs(np.array([r["loss"] for r in one]) - np.array([r["loss"] for r in two]))
-    assert diff.max() < 2e-3, diff
+    assert diff.max() < 5e-4, diff
     assert one[-1]["loss"] < one[0]["loss"] - 1.0  # it trained
     r0, r1 = _rank(runs["sharded"][1], 0), _rank(runs["sharded"][1], 1)
     assert r0["params_sha256"] == r1["params_sha256"]  # the 16-bit gathers left identical replicas
