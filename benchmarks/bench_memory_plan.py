@@ -105,11 +105,45 @@ def compare(runs: list[dict]) -> list[dict]:
     return runs
 
 
+def replan(r: dict) -> dict:
+    """The plan of a stored run, from its settings (what ``run_layout`` built the job from)."""
+    from pipeline.train.config import ModelConfig
+    from pipeline.train.memory_plan import Layout, plan
+
+    spec = next(x for x in LAYOUTS if x[0] == r["layout"])
+    cfg = ModelConfig.from_preset(spec[1], **spec[2])
+    kw, workers = r["settings"], r["workers"]
+    tp = kw.get("tensor_parallel", 1)
+    lay = Layout(tp=tp, dp=workers // tp, zero=kw.get("zero", False), precision=kw.get("precision", "fp32"),
+                 seq_len=r["seq_len"], micro_batch=r["global_batch"] // (workers // tp), device="CPU",
+                 distributed_optimizer=kw.get("distributed_optimizer", False), recompute=cfg.recompute)
+    r["plan"] = plan(cfg, lay).to_dict()
+    return r
+
+
+def _write(res: dict, out: str) -> None:
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    with open(out + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(res, f, indent=1)
+    os.replace(out + ".tmp", out)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="debug,125m", help="which presets' layouts to run (floors always run)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "memory_plan.json"))
+    ap.add_argument("--append", action="store_true", help="keep the layouts of an existing --out that this run "
+                    "does not measure again (e.g. 125m measured apart from debug)")
+    ap.add_argument("--replan", action="store_true", help="recompute the plan side of an existing --out (after a "
+                    "change of memory_plan.py); runs nothing, the measurements are kept")
     args = ap.parse_args()
+    if args.replan:
+        with open(args.out, encoding="utf-8") as f:
+            res = json.load(f)
+        res["runs"] = compare([replan(r) for r in res["runs"]])
+        res["replanned"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        _write(res, args.out)
+        return 0
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from bytes_data import pack_bytes, stdlib_text, write_mindrecord
 
@@ -124,13 +158,16 @@ def main() -> int:
                 runs.append(run_layout(*spec, root=root, data=data))
                 print(f"[memory_plan] {spec[0]}: {runs[-1]['wall_s']} s, peak RSS "
                       f"{[round(v / 2**20) for v in runs[-1]['measured']['peak_rss_bytes']]} MiB", flush=True)
-    res = {"command": f"benchmarks/bench_memory_plan.py --presets {args.presets}", "seq_len": SEQ,
-           "runs": compare(runs), "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    tmp = args.out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(res, f, indent=1)
-    os.replace(tmp, args.out)
+    command = f"benchmarks/bench_memory_plan.py --presets {args.presets}"
+    if args.append and os.path.exists(args.out):
+        with open(args.out, encoding="utf-8") as f:
+            old = json.load(f)
+        done = {r["layout"] for r in runs}
+        runs = [r for r in old["runs"] if r["layout"] not in done] + runs
+        command = f"{old['command']}; {command} --append"
+    res = {"command": command, "seq_len": SEQ, "runs": compare(runs),
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    _write(res, args.out)
     print(json.dumps([{k: r.get(k) for k in ("layout", "exact", "predicted_peak_bytes", "peak_error")}
                       for r in res["runs"]], indent=1))
     return 0
