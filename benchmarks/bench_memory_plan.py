@@ -33,6 +33,8 @@ FLOOR_MODEL = {"vocab_size": 260, "dim": 16, "n_layers": 1, "n_heads": 2, "n_kv_
 LAYOUTS = [
     ("floor_1", "debug", FLOOR_MODEL, {}, 8, 4),
     ("floor_2", "debug", FLOOR_MODEL, {"world_size": 2, "zero": True}, 8, 4),
+    ("tiny4_tp1", "debug", {**FLOOR_MODEL, "n_layers": 4}, {}, 8, 4),  # floor with debug's depth: per-layer cost
+    ("debug_v260_tp1", "debug", {"vocab_size": 260}, {}, 8, 4),  # debug_tp1 without its 4096-way logits
     ("debug_tp1", "debug", {}, {}, 8, 4),
     ("debug_tp2", "debug", {}, {"world_size": 2, "tensor_parallel": 2}, 8, 4),
     ("debug_dp2_zero", "debug", {}, {"world_size": 2, "zero": True}, 8, 4),
@@ -132,6 +134,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--presets", default="debug,125m", help="which presets' layouts to run (floors always run)")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "memory_plan.json"))
+    ap.add_argument("--layouts", default="", help="comma list of layout names to run instead of --presets")
     ap.add_argument("--append", action="store_true", help="keep the layouts of an existing --out that this run "
                     "does not measure again (e.g. 125m measured apart from debug)")
     ap.add_argument("--replan", action="store_true", help="recompute the plan side of an existing --out (after a "
@@ -153,12 +156,14 @@ def main() -> int:
         data = os.path.join(root, "data")
         write_mindrecord(pack_bytes(stdlib_text("argparse", "typing"), SEQ), data, shards=2)
         for spec in LAYOUTS:
-            if spec[0].startswith("floor_") or spec[1] in chosen:
+            if spec[0].startswith("floor_") or (spec[0] in args.layouts.split(",") if args.layouts else
+                                                spec[1] in chosen):
                 print(f"[memory_plan] {spec[0]} ...", flush=True)
                 runs.append(run_layout(*spec, root=root, data=data))
                 print(f"[memory_plan] {spec[0]}: {runs[-1]['wall_s']} s, peak RSS "
                       f"{[round(v / 2**20) for v in runs[-1]['measured']['peak_rss_bytes']]} MiB", flush=True)
-    command = f"benchmarks/bench_memory_plan.py --presets {args.presets}"
+    command = "benchmarks/bench_memory_plan.py " + (f"--layouts {args.layouts}" if args.layouts else
+                                                     f"--presets {args.presets}")
     if args.append and os.path.exists(args.out):
         with open(args.out, encoding="utf-8") as f:
             old = json.load(f)
