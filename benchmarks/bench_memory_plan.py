@@ -54,7 +54,6 @@ def run_layout(name: str, preset: str, overrides: dict, kw: dict, batch: int, st
 
     from pipeline.train.job import TrainJob
     from pipeline.train.launch import env_with_venv, train_command
-    from pipeline.train.memory_plan import job_layout, plan
 
     workers = kw.get("world_size", 1)
     out = os.path.join(root, name)
@@ -69,6 +68,16 @@ def run_layout(name: str, preset: str, overrides: dict, kw: dict, batch: int, st
     r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=REPO, timeout=3600)
     if r.returncode != 0:
         raise RuntimeError(f"{name}: rc {r.returncode}: {r.stderr[-1500:]}")
+    return collect(name, preset, kw, batch, steps, out, time.time() - t0)
+
+
+def collect(name: str, preset: str, kw: dict, batch: int, steps: int, out: str, wall_s: float) -> dict:
+    """The record of one finished job folder (summary, per-rank files) with its plan."""
+    from pipeline.train.job import TrainJob
+    from pipeline.train.memory_plan import job_layout, plan
+
+    job = TrainJob.from_json(os.path.join(out, "job.json"))
+    workers = kw.get("world_size", 1)
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     if workers > 1:
@@ -81,7 +90,7 @@ def run_layout(name: str, preset: str, overrides: dict, kw: dict, batch: int, st
                   "gradient_bytes": s["gradient_bytes_per_rank"], "peak_rss_bytes": s["peak_rss_bytes"]}]
     p = plan(job.model_config(), job_layout(job, workers, SEQ, job.model_config().recompute))
     return {"layout": name, "preset": preset, "workers": workers, "settings": kw, "global_batch": batch,
-            "steps": steps, "seq_len": SEQ, "wall_s": round(time.time() - t0, 1), "final_loss": s["final_loss"],
+            "steps": steps, "seq_len": SEQ, "wall_s": round(wall_s, 1), "final_loss": s["final_loss"],
             "plan": p.to_dict(),
             "measured": {k: [rk[k] for rk in ranks] for k in ("param_bytes", "gradient_bytes", "optimizer_bytes",
                                                                "peak_rss_bytes")},

@@ -30,6 +30,9 @@ def _memory_plan(results: dict) -> list[str]:
     """Plan vs measured per training layout (issue 22), from the memory_plan topic's metrics."""
     by = {m["name"]: m for m in results.get("metrics", []) if m["topic"] == "memory_plan"}
     layouts = [n[len("memory_plan."):-len("_peak_error")] for n in by if n.endswith("_peak_error")]
+    runs = results.get("topics", {}).get("memory_plan", {}).get("results", {}).get("memory_plan.json", {})
+    order = [r["layout"] for r in runs.get("runs", [])]  # the script's order: floors, calibration, debug, 125m
+    layouts.sort(key=lambda n: order.index(n) if n in order else len(order))
     if not layouts:
         return []
     rows = []
