@@ -78,10 +78,10 @@ def runs(tmp_path_factory):
     return out
 
 
-def _metrics(out_dir) -> list[dict]:
+def _metrics(out_dir, n: int = STEPS) -> list[dict]:
     with open(os.path.join(out_dir, "metrics.jsonl")) as f:
         rows = [json.loads(ln) for ln in f if ln.strip()]
-    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+    assert [r["step"] for r in rows] == list(range(1, n + 1))
     return rows
 
 
@@ -138,3 +138,50 @@ def test_bytes_per_rank_16bit_weights_and_sharded_master(runs):
         plan = s["memory_plan"]
         assert (plan["weights"], plan["gradients"], plan["optimizer"] + plan["master"]) == (
             s["param_bytes_per_rank"], s["gradient_bytes_per_rank"], s["optimizer_bytes_per_rank"])
+
+
+def _msrun(job_path, log_dir, cwd):
+    from pipeline.train.launch import env_with_venv, train_command
+
+    with socket.socket() as s_:
+        s_.bind(("127.0.0.1", 0))
+        port = s_.getsockname()[1]
+    cmd = train_command(str(job_path), workers=2, log_dir=str(log_dir), master_port=port, cluster_timeout_s=180)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=cwd, timeout=600).returncode
+
+
+@pytest.mark.slow
+def test_sharded_resume_after_crash_is_exact(runs, tmp_path):
+    """Crash both ranks after the step-10 checkpoint and rerun: each rank restores its fp32 master block, moments,
+    16-bit weights and loss scale, and steps 11..20 equal the uninterrupted sharded run."""
+    base = TrainJob.from_json(os.path.join(runs["sharded"][1], "job.json")).to_dict()
+    base.update(out_dir=str(tmp_path / "resumed"), fail_at_step=10)
+    codes = []
+    for attempt in ("crash", "resume"):
+        TrainJob.from_dict(base).to_json(tmp_path / "resumed.json")
+        codes.append(_msrun(tmp_path / "resumed.json", tmp_path / f"{attempt}_log", tmp_path))
+        base["fail_at_step"] = None
+    assert codes[0] != 0 and codes[1] == 0
+    with open(tmp_path / "resumed" / "summary.json") as f:
+        assert json.load(f)["resumed_from"] == 10
+    assert [r["loss"] for r in _metrics(tmp_path / "resumed")] == [r["loss"] for r in _metrics(runs["sharded"][1])]
+
+
+@pytest.mark.slow
+def test_weights_only_init_seeds_the_master_weights(runs, tmp_path):
+    """A stage that starts from an fp32 checkpoint's weights (``init_from``, weights only) casts them to 16 bit and
+    seeds the master weights from them on its first step: its losses match classic mixed precision started from
+    the same checkpoint (fresh master weights would instead restart from the random initialisation)."""
+    from pipeline.train.trainer import run_training
+
+    src = runs["classic"][0]["checkpoint"]
+    base = TrainJob.from_json(os.path.join(runs["unsharded"][1], "job.json")).to_dict()
+    out = {}
+    for name, kw in (("dist", {}), ("o2", {"zero": False, "distributed_optimizer": False})):
+        job = dict(base, stage=name, out_dir=str(tmp_path / name), init_from=src, init_mode="weights", steps=5,
+                   warmup_steps=1, checkpoint_every=5, **kw)
+        run_training(TrainJob.from_dict(job))
+        out[name] = np.array([r["loss"] for r in _metrics(tmp_path / name, 5)])
+    assert np.abs(out["dist"] - out["o2"]).max() < 1e-3, out
+    assert out["dist"][0] < _metrics(runs["classic"][1])[0]["loss"] - 1.0  # it started from the trained weights
+

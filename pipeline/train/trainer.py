@@ -233,7 +233,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
                 tok_s = g * seq_len / dt
                 row = {"loss": out["loss"], "lr": out["lr"], "grad_norm": _finite_or_none(out["grad_norm"]),
                        "loss_scale": out["loss_scale"], "skipped": not out["applied"], "tokens_per_s": tok_s,
-                       "mfu": mfu(params, tok_s, job.peak_flops, lay.tp * lay.dp), "step_time_s": dt, "data_time_s": data_s,
+                       "mfu": mfu(params, tok_s, job.peak_flops, lay.tp * lay.dp), "step_time_s": dt,
+                       "data_time_s": data_s,
                        "tokens": st * g * seq_len, "epoch": pos.epoch, "data_sha1": digest, "time": time.time()}
                 logger.log(row, st)
             status.last_step, status.last_loss = step, out["loss"]
