@@ -185,3 +185,30 @@ def test_weights_only_init_seeds_the_master_weights(runs, tmp_path):
     assert np.abs(out["dist"] - out["o2"]).max() < 1e-3, out
     assert out["dist"][0] < _metrics(runs["classic"][1])[0]["loss"] - 1.0  # it started from the trained weights
 
+
+
+@pytest.mark.slow
+def test_tensor_parallel_fp16_ranks_take_one_overflow_decision(tmp_path):
+    """TP=2 in fp16 from loss scale 2^24: each rank holds half of the vocabulary and of every matrix, so it sees
+    only its slice of the gradients; with the finite flag all-reduced over the world both ranks skip the same
+    steps, and their checkpoints end with the same loss scale and step count."""
+    pytest.importorskip("mindspore")
+    from bytes_data import pack_bytes, stdlib_text, write_mindrecord
+
+    from pipeline.train.checkpoint import load_file
+
+    write_mindrecord(pack_bytes(stdlib_text("argparse"), SEQ), str(tmp_path / "data"), shards=2)
+    TrainJob(stage="tp2", data_dir=str(tmp_path / "data"), out_dir=str(tmp_path / "tp2"), model=TINY, steps=12,
+             micro_batch=8, lr=3e-3, min_lr=3e-4, warmup_steps=3, checkpoint_every=12, log_every=6, seed=7,
+             metrics_every=6, precision="fp16", loss_scale=2.0 ** 24, tensor_parallel=2,
+             world_size=2).to_json(tmp_path / "tp2.json")
+    assert _msrun(tmp_path / "tp2.json", tmp_path / "tp2_log", tmp_path) == 0
+    rows = _metrics(tmp_path / "tp2", 12)
+    skipped = [r["skipped"] for r in rows]
+    assert skipped[:2] == [True, True] and not all(skipped), skipped
+    metas = [load_file(str(tmp_path / "tp2" / d / "checkpoints" / "step_00000012.ckpt"))
+             for d in (".", "ranks/rank_00001")]
+    scales = [m["loss_scale_value"] for _, m in metas]
+    assert scales == [2.0 ** 24 / 2 ** sum(skipped)] * 2
+    steps = [int(pd["global_step"].asnumpy().reshape(-1)[0]) for pd, _ in metas]
+    assert steps == [12 - sum(skipped)] * 2  # applied updates: the same on both ranks
