@@ -198,7 +198,7 @@ class _BlockMean(nn.Cell):
 def make_shard_norm(params, blocks, split, tp: int, dp: int, world: int):
     """Global gradient norm from gradient blocks: each rank sums the squares of what it holds, weighted so that one
     all-reduce over the whole world counts every element once (a TP-replicated tensor is held by ``tp`` ranks, a
-    DP-unsharded one by ``dp`` ranks; both weights are powers of two here, so exact)."""
+    DP-unsharded one by ``dp`` ranks; with power-of-two degrees the weights are exact in floating point)."""
     reduce = ops.AllReduce() if world > 1 else None
     weights = tuple((1.0 if split[i] else 1.0 / tp) * (1.0 if blocks[i] is not None else 1.0 / dp)
                     for i in range(len(params)))

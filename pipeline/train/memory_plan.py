@@ -23,9 +23,10 @@ per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a t
   host, and under tensor parallel the *full* model too, to slice its shard from the same draws as one process
   (``parallel_setup.build_parallel``).
 
-A fraction ``HEADROOM`` of the device is kept free for the framework workspace and fragmentation. On CPU the device is
-the host, so the peak resident set is about ``runtime + max(total, host_init)`` (``runtime``: an idle MindSpore
-process, measured by ``benchmarks/bench_memory_plan.py``).
+A fraction ``HEADROOM`` of the device is kept free for the framework workspace and fragmentation. Checked on CPU by
+``benchmarks/bench_memory_plan.py``: weights, gradients and optimizer (+ master) bytes equal what the job allocates;
+the peak RSS is well above ``floor + max(total, host_init)`` (MindSpore's CPU GRAPH backend keeps several times the
+activations and logits counted here), so the activation terms describe a memory-reusing device backend (Ascend).
 """
 
 from __future__ import annotations
