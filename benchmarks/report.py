@@ -11,6 +11,20 @@ from __future__ import annotations
 from common import table
 
 NOTES = {
+    "memory_plan": (
+        "Each layout is a real training job on this CPU (GRAPH mode, byte tokens, eval off). *exact_bytes*: the "
+        "plan's weight, gradient and optimizer (+ fp32 master) bytes per rank equal the bytes of the tensors the job "
+        "built, on every rank. *peak_error*: the plan's total (or the host memory at model build, whichever is "
+        "larger) plus the framework floor of the same launch mode, against the peak RSS of the largest rank: on CPU "
+        "the host is the device, so RSS stands in for device memory, and the floor (MindSpore, data pipeline, mccl, "
+        "compiled graphs) is measured with a near parameter-free model of the same job shape. The distributed "
+        "optimizer runs fp16 O2, whose CPU kernels are slow; 125m runs only a few steps at seq 256. Two rows "
+        "locate the peak misses: `tiny4_tp1` is the floor model at debug's depth (a per-layer cost that does not "
+        "scale with width: graph and kernel objects), and `debug_v260_tp1` is `debug_tp1` with a 260-token "
+        "vocabulary (what the 4096-way logits and loss cost on CPU). The plan's activation and logits terms count "
+        "the tensors a memory-reusing device backend keeps for the backward; MindSpore's CPU GRAPH backend holds "
+        "several times that at its peak, so on CPU the plan is exact for parameters, gradients and optimizer state "
+        "and low for the total."),
     "parallel": (
         "Every variant is a real `run_training` job of the debug preset on byte tokens of stdlib source; tokens/s is "
         "the job summary's steady figure (first step, with the compile, excluded). `metrics_every` is the host-sync "

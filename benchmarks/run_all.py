@@ -36,7 +36,7 @@ import topics  # noqa: E402
 from common import REPO  # noqa: E402
 
 TOPIC_ORDER = ("ingest", "filters", "minhash", "datasketch", "tokenize", "mindrecord", "train", "parallel",
-               "scaling")
+               "memory_plan", "scaling")
 OPT_IN = ("scale",)            # run only when named in --topics (make bench-scale)
 
 

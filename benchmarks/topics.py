@@ -209,6 +209,32 @@ def parallel_metrics(runs: list[dict]) -> list[dict]:
     return out
 
 
+def memory_plan_metrics(runs: list[dict]) -> list[dict]:
+    """Per layout: plan bytes == allocated bytes (exact), predicted vs measured peak RSS and its error (target 15 %)."""
+    res = runs[-1].get("memory_plan.json", {}) if runs else {}
+    out = []
+    for r in res.get("runs", []):
+        if r["layout"].startswith("floor_"):
+            out.append(metric("memory_plan", f"{r['layout']}_mb", "MB", [r["floor_bytes"] / 2**20],
+                              compared=f"framework floor, {r['workers']} rank(s): peak RSS of a near parameter-free "
+                                       "model minus its plan"))
+            continue
+        size = (f"{r['preset']}, {r['workers']} rank(s), batch {r['global_batch']} x {r['seq_len']}, "
+                f"{r['steps']} steps")
+        exact = all(r["exact"].values())
+        out.append(metric("memory_plan", f"{r['layout']}_exact_bytes", "bool", [1.0 if exact else 0.0], target=1.0,
+                          compared=f"{size}: plan weights/gradients/optimizer+master bytes vs the tensors built"))
+        out.append(metric("memory_plan", f"{r['layout']}_predicted_mb", "MB", [r["predicted_peak_bytes"] / 2**20],
+                          compared="floor + max(plan total, host memory at build)"))
+        out.append(metric("memory_plan", f"{r['layout']}_peak_rss_mb", "MB",
+                          [max(r["measured"]["peak_rss_bytes"]) / 2**20], compared="peak RSS, largest rank"))
+        out.append(metric("memory_plan", f"{r['layout']}_peak_error", "share", [r["peak_error"]], target=0.15,
+                          op="<=", compared=f"{size}: abs(peak RSS - predicted) / peak RSS"))
+    for m in out:  # one compact table in the README block (readme_block._memory_plan), not 2 headline rows each
+        m["headline"] = False
+    return out
+
+
 def datasketch_metrics(runs: list[dict]) -> list[dict]:
     res = runs[-1].get("datasketch.json", {}) if runs else {}
     if not res:
@@ -292,6 +318,10 @@ TOPICS: dict[str, dict] = {
                  "needs": [], "files": ["parallel.json"], "timeout": 3600,
                  "argv": _bench("bench_parallel.py", ["--repeats", "{r}"], ["--steps", "6", "--repeats", "1"]),
                  "outer_runs": lambda r: 1, "metrics": parallel_metrics},
+    "memory_plan": {"title": "Memory plan vs measured bytes and peak RSS on CPU", "issue": 22, "python": "project",
+                    "needs": [], "files": ["memory_plan.json"], "timeout": 5400,
+                    "argv": _bench("bench_memory_plan.py", ["--presets", "debug,125m"], ["--presets", "debug"]),
+                    "outer_runs": lambda r: 1, "metrics": memory_plan_metrics},
     "scaling": {"title": "The whole data chain at 1×–8×", "issue": 10, "python": "project", "needs": [],
                 "files": ["scaling.json"], "argv": _bench("scaling.py", [], ["--quick"]),
                 "outer_runs": lambda r: 1, "metrics": scaling_metrics},

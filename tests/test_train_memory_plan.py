@@ -2,42 +2,91 @@
 
 from __future__ import annotations
 
+import math
 import re
+from dataclasses import replace
 
 import pytest
 
 from pipeline.train.config import PRESETS, ModelConfig
-from pipeline.train.memory_plan import PRESET_LAYOUTS, GiB, Layout, check_layout, plan, require_fit
+from pipeline.train.memory_plan import (
+    PRESET_LAYOUTS,
+    GiB,
+    Layout,
+    check_layout,
+    param_shapes,
+    plan,
+    require_fit,
+    sharded_and_replicated_params,
+)
 
 
 def test_every_preset_has_a_layout():
     assert set(PRESET_LAYOUTS) == set(PRESETS)
 
 
-@pytest.mark.parametrize("name", sorted(set(PRESETS) - {"70b"}))
+@pytest.mark.parametrize("name", sorted(PRESETS))
 def test_shipped_layout_fits_64gb_devices(name):
     cfg, layout = ModelConfig.from_preset(name), PRESET_LAYOUTS[name]
     p = require_fit(cfg, layout, 64)
     assert p.fits and 0 < p.total <= 0.9 * 64 * GiB
-    assert p.weights > 0 and p.gradients > 0 and p.optimizer > 0 and p.activations > 0
+    assert p.weights > 0 and p.gradients > 0 and p.optimizer > 0 and p.activations > 0 and p.logits > 0
 
 
-def test_70b_does_not_fit_with_tp8_and_zero1_and_says_so():
-    """fp32 weights + gradients are split only by TP: 69e9 * 8 B / 8 = 64 GiB before moments and activations.
-    This trainer has no pipeline parallel (fails on CPU) nor ZeRO-2/3, so 70b is refused, naming the knob."""
-    cfg = ModelConfig.from_preset("70b")
+def test_70b_fits_with_the_distributed_optimizer_and_not_without():
+    """16-bit weights and gradients split by TP 8 (8 KV heads: TP cannot go higher), fp32 master weights and moments
+    split by TP 8 x DP 16: 46.95 GiB of the 57.60 usable. With fp32 weights (ZeRO-1 only) it needs 106 GiB, and the
+    refusal names the distributed optimizer."""
+    cfg, layout = ModelConfig.from_preset("70b"), PRESET_LAYOUTS["70b"]
+    assert (layout.tp, layout.dp, layout.zero, layout.distributed_optimizer) == (8, 16, True, True)
+    p = require_fit(cfg, layout, 64)
+    n_rank = sum(math.prod(s) for _, s, _ in param_shapes(cfg, 8))
+    assert p.weights == p.gradients == 2 * n_rank
+    assert p.master * 2 == p.optimizer == 8 * n_rank // 16  # every row count of the 70b shards divides by 16
+    assert f"{p.total / GiB:.2f}" == "46.95" and p.total < 0.75 * 64 * GiB
+    assert p.host_init == 4 * n_rank + 4 * cfg.num_params()  # the full fp32 model each rank draws on its host
     with pytest.raises(ValueError) as e:
-        require_fit(cfg, PRESET_LAYOUTS["70b"], 64)
+        require_fit(cfg, replace(layout, distributed_optimizer=False), 64)
     msg = str(e.value)
-    assert msg.startswith("TrainJob.device_memory_gb=64: plan needs 74.42 GiB per device of 57.60 usable")
-    assert msg.endswith("raise TrainJob.tensor_parallel (weights and gradients are split only by tensor parallel)")
+    assert msg.startswith("TrainJob.device_memory_gb=64: plan needs 106.24 GiB per device of 57.60 usable")
+    assert msg.endswith("set TrainJob.zero=true and TrainJob.distributed_optimizer=true (16-bit weights and "
+                        "gradients, fp32 master weights sharded over the data-parallel ranks)")
+
+
+def test_param_shapes_count_every_parameter_split_by_tp():
+    for name in PRESETS:
+        cfg = ModelConfig.from_preset(name)
+        assert sum(math.prod(s) for _, s, _ in param_shapes(cfg)) == cfg.num_params()
+        sharded, replicated = sharded_and_replicated_params(cfg)
+        t = 8 if name in ("13b", "70b") else 2
+        assert sum(math.prod(s) for _, s, _ in param_shapes(cfg, t)) == sharded // t + replicated
+
+
+def test_param_shapes_equal_the_built_model():
+    pytest.importorskip("mindspore")
+    from pipeline.train.model import Transformer
+
+    cfg = ModelConfig.from_preset("debug")
+    built = {p.name: tuple(p.shape) for p in Transformer(cfg).trainable_params()}
+    assert built == {n: s for n, s, _ in param_shapes(cfg)}
+
+
+def test_zero_shards_only_parameters_whose_rows_divide():
+    """Per parameter, as ZeroShard does: vocab 260 rows do not divide by 8, so embedding and head stay whole."""
+    cfg = ModelConfig.from_preset("debug", vocab_size=260, dim=64, n_layers=2, n_heads=4, n_kv_heads=2)
+    full = plan(cfg, Layout(seq_len=32))
+    z8 = plan(cfg, Layout(dp=8, zero=True, seq_len=32, device="CPU"))
+    emb = 260 * 64
+    assert z8.optimizer == 8 * 2 * emb + (full.optimizer - 8 * 2 * emb) // 8
 
 
 def test_debug_weights_are_exactly_four_bytes_per_parameter():
     cfg = ModelConfig.from_preset("debug")
     p = plan(cfg, Layout(seq_len=256, micro_batch=8))
     assert p.weights == p.gradients == 4 * cfg.num_params() == 4 * 1_787_008
-    assert p.optimizer == 8 * cfg.num_params()
+    assert p.optimizer == 8 * cfg.num_params() and p.master == 0
+    acc = plan(cfg, Layout(seq_len=256, micro_batch=8, grad_accum=2))
+    assert acc.gradients == 2 * p.gradients  # + the accumulation buffers
     assert p.device_bytes == 0 and p.fits  # no declared limit: never refused
 
 
@@ -87,6 +136,6 @@ def test_training_job_refuses_a_plan_over_the_declared_memory_before_building_an
 
     job = TrainJob(stage="s", data_dir=str(tmp_path / "no-data"), out_dir=str(tmp_path / "out"),
                    model={"preset": "debug"}, micro_batch=8, device_memory_gb=0.01)
-    with pytest.raises(ValueError, match=r"^TrainJob\.device_memory_gb=0\.01: plan needs 0\.23 GiB per device of "
+    with pytest.raises(ValueError, match=r"^TrainJob\.device_memory_gb=0\.01: plan needs 0\.28 GiB per device of "
                                          r"0\.01 usable .*; enable model\.recompute"):
         run_training(job)

@@ -78,3 +78,12 @@ def test_fp16_dynamic_loss_scaling_skips_overflowing_steps(small, tmp_path):
     pd, meta = load_file(s["checkpoint"])
     assert int(pd["global_step"].asnumpy().reshape(-1)[0]) == 16 - n  # skipped steps did not update
     assert meta["loss_scale_value"] == scale  # scaler state after the last step, checkpointed for exact resume
+
+
+def test_mfu_counts_every_device_of_the_job():
+    """6 N FLOPs per token of global throughput over TP x DP devices: a TP=2 x DP=2 job at 4,000 tokens/s of a 1e9
+    model on 1e14 FLOP/s chips is 6% utilised, not 12% (the DP ranks alone)."""
+    from pipeline.train.metrics import mfu
+
+    assert mfu(10**9, 4000.0, 1e14, devices=2 * 2) == pytest.approx(0.06)
+    assert mfu(10**9, 4000.0, 0.0, devices=4) is None

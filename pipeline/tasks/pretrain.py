@@ -143,6 +143,7 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
                    peak_flops=st["peak_tflops"] * 1e12, eval_data=find_eval_sets(corpus),
                    eval_tokens=st["eval_tokens"], fail_at_step=fail_at_step,
                    tensor_parallel=st["tensor_parallel"], zero=st["zero"], device_memory_gb=st["device_memory_gb"],
+                   distributed_optimizer=st["distributed_optimizer"],
                    metrics_every=st["metrics_every"])
     path = Path(out_dir) / "job.json"
     Path(out_dir).mkdir(parents=True, exist_ok=True)

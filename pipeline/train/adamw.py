@@ -1,4 +1,4 @@
-"""AdamW with bias correction and decoupled weight decay, optionally with ZeRO-1 sharded moments.
+"""AdamW with bias correction and decoupled weight decay; ZeRO-1 sharded moments; Megatron's distributed optimizer.
 
 Why not ``nn.AdamWeightDecay``: it has no bias correction (MindSpore's documented formula), so during warmup its
 updates differ from AdamW by up to ~2x. ``mint.optim.AdamW`` has no CPU kernel and
@@ -14,6 +14,13 @@ ZeRO-1 (``zero=ZeroShard``): every data-parallel rank keeps the moments of one r
 whose first dimension divides by the DP size, updates only that block, and all-gathers the blocks back into the full
 parameter. Gradients arrive already averaged over DP ranks (all-reduce = reduce-scatter + all-gather, so each rank
 simply reads its block). Parameters whose rows do not divide keep full, replicated moments.
+
+Distributed optimizer (``master=True``, Megatron-LM's ``--use-distributed-optimizer``): the model's parameters and
+gradients are 16-bit; this rank owns the fp32 master weights and both moments of its row block only (÷ DP on top of
+TP). ``GradReduceScatter`` hands it the DP mean of its block of the 16-bit gradients, in fp32; the updated block is
+cast to 16 bit and all-gathered back into the parameter (16-bit gather: half the bytes of ZeRO-1's fp32 one). The
+master weights start as the 16-bit weights (as in Megatron) on the first step, and whenever a load left them unset
+(``master_synced`` = 0: a weights-only ``init_from``), so they can never be stale.
 """
 
 from __future__ import annotations
@@ -43,15 +50,20 @@ class ZeroShard:
         return self.rank * k, (self.rank + 1) * k
 
 
+def row_blocks(params, zero: ZeroShard | None) -> tuple:
+    return tuple((zero.rows(p.shape[0]) if zero is not None and len(p.shape) else None) for p in params)
+
+
 class AdamW(nn.Optimizer):
     """``torch.optim.AdamW`` semantics on the ``nn.Optimizer`` interface (see the module docstring).
 
     ``groups``: ``[{"params": [...], "weight_decay": float}, ...]``; ``learning_rate``: a per-step LR table Tensor
-    (indexed by ``global_step``) or a float.
+    (indexed by ``global_step``) or a float. ``master``: distributed optimizer (16-bit parameters, fp32 master
+    blocks; gradients must come from ``GradReduceScatter``).
     """
 
     def __init__(self, groups, learning_rate, beta1: float = 0.9, beta2: float = 0.999, eps: float = 1e-8,
-                 zero: ZeroShard | None = None):
+                 zero: ZeroShard | None = None, master: bool = False):
         wd_of = {}
         for g in groups:
             for p in g["params"]:
@@ -62,21 +74,47 @@ class AdamW(nn.Optimizer):
         self._b2 = Tensor(self.beta2, ms.float32)
         params = list(self._parameters)
         self._wds = tuple(wd_of[p.name] for p in params)
-        self._blocks = tuple((zero.rows(p.shape[0]) if zero is not None and len(p.shape) else None) for p in params)
+        self._blocks = row_blocks(params, zero)
         self._sharded = any(b is not None for b in self._blocks)
-        self.moments1 = ParameterTuple([self._moment("adam_m", p, b) for p, b in zip(params, self._blocks, strict=True)])
-        self.moments2 = ParameterTuple([self._moment("adam_v", p, b) for p, b in zip(params, self._blocks, strict=True)])
+        self.zero = zero
+        self.moments1 = ParameterTuple([self._state("adam_m", p, b) for p, b in zip(params, self._blocks, strict=True)])
+        self.moments2 = ParameterTuple([self._state("adam_v", p, b) for p, b in zip(params, self._blocks, strict=True)])
+        self._master = bool(master)
+        if self._master:
+            self.masters = ParameterTuple([self._state("master", p, b) for p, b in zip(params, self._blocks,
+                                                                                        strict=True)])
+            self.master_synced = Parameter(Tensor(np.zeros((1,), np.int32)), name="master_synced",
+                                           requires_grad=False)
         self._gather = GatherRows(zero.size, zero.rank, zero.group) if self._sharded else None
         self._n = len(params)
+        self._split = tuple(i for i, b in enumerate(self._blocks) if b is not None)  # one loop each, no branches
+        self._whole = tuple(i for i, b in enumerate(self._blocks) if b is None)
 
     @staticmethod
-    def _moment(prefix: str, p, block) -> Parameter:
+    def _state(prefix: str, p, block) -> Parameter:
         shape = tuple(p.shape) if block is None else (block[1] - block[0], *p.shape[1:])
         return Parameter(Tensor(np.zeros(shape, np.float32)), name=f"{prefix}.{p.name}", requires_grad=False)
 
     def state_bytes(self) -> int:
-        """Bytes of optimizer state held by this rank (both moments)."""
-        return sum(int(np.prod(m.shape)) * 4 for m in (*self.moments1, *self.moments2))
+        """Bytes of optimizer state held by this rank: both moments, plus the fp32 master blocks when ``master``."""
+        extra = tuple(self.masters) if self._master else ()
+        return sum(int(np.prod(m.shape)) * 4 for m in (*self.moments1, *self.moments2, *extra))
+
+    def grad_reduce_scatter(self):
+        """The cell that turns this optimizer's 16-bit gradients into its fp32 blocks of their DP mean."""
+        return GradReduceScatter(self._blocks, self.zero)
+
+    def _adam(self, i: int, p_s, g, lr, step_size, bc2_sqrt):
+        """AdamW on one fp32 block ``p_s`` with gradient block ``g``; stores the moments, returns the new block.
+        Branch-free (weight decay 0 multiplies by exactly 1): an ``if`` per parameter nests the compiled graph one
+        level deeper and a 70b model has 723 parameters (MindSpore's call-depth limit is 1000)."""
+        m, v = self.moments1[i], self.moments2[i]
+        p_s = p_s * (1.0 - lr * self._wds[i])
+        m_new = m * self.beta1 + g * (1.0 - self.beta1)
+        v_new = v * self.beta2 + ops.square(g) * (1.0 - self.beta2)
+        p_new = p_s - step_size * m_new / (ops.sqrt(v_new) / bc2_sqrt + self.eps)
+        p_new = ops.depend(p_new, ops.assign(m, m_new))
+        return ops.depend(p_new, ops.assign(v, v_new))
 
     def construct(self, gradients):
         lr = self.get_lr()
@@ -86,24 +124,92 @@ class AdamW(nn.Optimizer):
         bc2_sqrt = ops.sqrt(1.0 - ops.pow(self._b2, t))
         step_size = lr / bc1
         done = True
-        for i in range(self._n):
-            p, m, v, g = self._parameters[i], self.moments1[i], self.moments2[i], gradients[i]
-            block = self._blocks[i]
-            g = g.astype(ms.float32)
-            if block is None:
-                p_s = p
-            else:
-                p_s = p[block[0]:block[1]]
-                g = g[block[0]:block[1]]
-            wd = self._wds[i]
-            if wd != 0.0:
-                p_s = p_s * (1.0 - lr * wd)
-            m_new = m * self.beta1 + g * (1.0 - self.beta1)
-            v_new = v * self.beta2 + ops.square(g) * (1.0 - self.beta2)
-            p_new = p_s - step_size * m_new / (ops.sqrt(v_new) / bc2_sqrt + self.eps)
-            if block is not None:
-                p_new = self._gather(p_new)
-            done = ops.depend(done, ops.assign(m, m_new))
-            done = ops.depend(done, ops.assign(v, v_new))
-            done = ops.depend(done, ops.assign(p, p_new.astype(p.dtype)))
+        if self._master:  # g is already this rank's block; the fp32 master replaces the 16-bit weights
+            synced = self.master_synced > 0
+            for i in self._split:
+                p, blk = self._parameters[i], self._blocks[i]
+                w = ops.where(synced, self.masters[i], p[blk[0]:blk[1]].astype(ms.float32))
+                w = self._adam(i, w, gradients[i].astype(ms.float32), lr, step_size, bc2_sqrt)
+                done = ops.depend(done, ops.assign(self.masters[i], w))
+                done = ops.depend(done, ops.assign(p, self._gather(w.astype(p.dtype))))  # 16-bit gather
+            for i in self._whole:
+                p = self._parameters[i]
+                w = ops.where(synced, self.masters[i], p.astype(ms.float32))
+                w = self._adam(i, w, gradients[i].astype(ms.float32), lr, step_size, bc2_sqrt)
+                done = ops.depend(done, ops.assign(self.masters[i], w))
+                done = ops.depend(done, ops.assign(p, w.astype(p.dtype)))
+            done = ops.depend(done, ops.assign(self.master_synced, ops.ones_like(self.master_synced)))
+        else:
+            for i in self._split:
+                p, blk = self._parameters[i], self._blocks[i]
+                g = gradients[i].astype(ms.float32)[blk[0]:blk[1]]
+                w = self._adam(i, p[blk[0]:blk[1]].astype(ms.float32), g, lr, step_size, bc2_sqrt)
+                done = ops.depend(done, ops.assign(p, self._gather(w).astype(p.dtype)))
+            for i in self._whole:
+                p = self._parameters[i]
+                w = self._adam(i, p.astype(ms.float32), gradients[i].astype(ms.float32), lr, step_size, bc2_sqrt)
+                done = ops.depend(done, ops.assign(p, w.astype(p.dtype)))
         return done
+
+
+class GradReduceScatter(nn.Cell):
+    """16-bit gradients -> this rank's row block of their mean over the DP ranks, in fp32 (full tensor where the
+    rows do not divide).
+
+    mccl has no ReduceScatter on CPU, so the CPU path all-reduces the whole 16-bit gradient and keeps its block: the
+    same numbers as a reduce-scatter, but each rank receives every block, i.e. ``(DP - 1) / DP`` of the gradient
+    bytes more traffic and a transient full-size 16-bit result instead of a ``1/DP`` one (counted by the memory plan
+    as ``step_buffers``). Other devices use ``ops.ReduceScatter`` on dim 0 (not run on this CPU). One small cell per
+    parameter, chosen here, keeps the compiled step free of per-parameter branches."""
+
+    def __init__(self, blocks, zero: ZeroShard | None):
+        super().__init__()
+        size = zero.size if zero is not None else 1
+        kw = {"group": zero.group} if zero is not None and zero.group else {}
+        native = ms.get_context("device_target") != "CPU"
+        self.parts = nn.CellList([_BlockMean(b, size, kw, native) for b in blocks])
+        self.n = len(blocks)
+
+    def construct(self, grads):
+        out = []
+        for i in range(self.n):
+            out.append(self.parts[i](grads[i]))
+        return tuple(out)
+
+
+class _BlockMean(nn.Cell):
+    """One gradient -> fp32 DP mean of its block (``block`` None: of the whole tensor; ``size`` 1: a cast)."""
+
+    def __init__(self, block, size: int, kw: dict, native: bool):
+        super().__init__()
+        self.lo, self.hi = block if block is not None else (0, -1)
+        self.whole, self.size, self.inv = block is None, size, 1.0 / size
+        self.scatter = size > 1 and native and block is not None
+        self.reduce = (ops.ReduceScatter(**kw) if self.scatter else ops.AllReduce(**kw)) if size > 1 else None
+
+    def construct(self, g):
+        if self.size > 1:
+            g = self.reduce(g)
+            if not self.whole and not self.scatter:
+                g = g[self.lo:self.hi]
+        return g.astype(ms.float32) * self.inv
+
+
+def make_shard_norm(params, blocks, split, tp: int, dp: int, world: int):
+    """Global gradient norm from gradient blocks: each rank sums the squares of what it holds, weighted so that one
+    all-reduce over the whole world counts every element once (a TP-replicated tensor is held by ``tp`` ranks, a
+    DP-unsharded one by ``dp`` ranks; with power-of-two degrees the weights are exact in floating point)."""
+    reduce = ops.AllReduce() if world > 1 else None
+    weights = tuple((1.0 if split[i] else 1.0 / tp) * (1.0 if blocks[i] is not None else 1.0 / dp)
+                    for i in range(len(params)))
+    n = len(weights)
+
+    def norm(grads):
+        total = ops.zeros((1,), ms.float32)
+        for i in range(n):
+            total = total + ops.reduce_sum(ops.square(grads[i].astype(ms.float32))) * weights[i]
+        if reduce is not None:
+            total = reduce(total)
+        return ops.sqrt(total.reshape(()))
+
+    return norm

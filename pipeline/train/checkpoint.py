@@ -220,6 +220,8 @@ def assign_weights(net, raw: dict, what: str) -> int:
                     import numpy as np
 
                     v = ms.Parameter(ms.Tensor(np.ascontiguousarray(v)), name=name)
+                if v.dtype != p.dtype:  # fp32 <-> 16-bit weights of the distributed optimizer
+                    v = ms.Parameter(v.astype(p.dtype), name=name)
                 pd[name] = v
                 break
     missing = sorted(set(params) - set(pd))

@@ -208,6 +208,9 @@ class TrainConfig:
     tensor_parallel: int = _f(1, desc="Ranks per tensor-parallel group (inside one node); must divide workers.",
                               ge=1)
     zero: bool = _f(False, desc="ZeRO-1: shard the Adam moments over the data-parallel ranks.")
+    distributed_optimizer: bool = _f(False, desc="Megatron's distributed optimizer (needs zero: true and precision "
+                                     "fp16 or bf16): 16-bit weights and gradients on each rank, fp32 master "
+                                     "weights and Adam moments sharded over the data-parallel ranks.")
     device_memory_gb: float = _f(0.0, desc="Memory of one device in GB; > 0: refuse a layout whose memory plan "
                                  "exceeds it (0: no check).", ge=0)
     metrics_every: int = _f(10, desc="Fetch loss and metrics from the device every N steps (fewer host syncs).",
@@ -244,6 +247,12 @@ class TrainConfig:
                          where="train.tensor_parallel")
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+        if self.distributed_optimizer and not self.zero:
+            raise ConfigError("train.distributed_optimizer: needs train.zero=true (it shards the ZeRO-1 state "
+                              "further: fp32 master weights too)")
+        if self.distributed_optimizer and self.precision == "fp32":
+            raise ConfigError("train.distributed_optimizer: needs train.precision fp16 or bf16 (16-bit weights), "
+                              "got fp32")
         if self.min_lr > self.lr:  # the pair checks of _check_cross_fields, before the stages inherit them
             raise ConfigError(f"train.min_lr: must be <= train.lr ({self.lr}), got {self.min_lr}")
         if self.warmup_steps >= self.steps:

@@ -67,6 +67,7 @@ class TrainJob:
     eval_tokens: int = _recipe("eval_tokens")  # tokens per domain evaluated (first rows in corpus order); 0: none
     tensor_parallel: int = _recipe("tensor_parallel")  # ranks per tensor-parallel group (inside a node)
     zero: bool = _recipe("zero")  # ZeRO-1: shard the Adam moments over the data-parallel ranks
+    distributed_optimizer: bool = _recipe("distributed_optimizer")  # 16-bit weights, fp32 master shards (zero)
     device_memory_gb: float = _recipe("device_memory_gb")  # > 0: refuse a layout whose memory plan exceeds it
     metrics_every: int = _recipe("metrics_every")  # host sync period: loss/metrics fetched every N steps
     fail_at_step: int | None = None  # tests only: crash after this step's checkpoint (see testing_hooks.py)
@@ -122,6 +123,10 @@ class TrainJob:
             raise bad("loss_scale", "must be >= 1")
         if not isinstance(self.zero, bool):
             raise bad("zero", "must be true or false")
+        if not isinstance(self.distributed_optimizer, bool):
+            raise bad("distributed_optimizer", "must be true or false")
+        if self.distributed_optimizer and (not self.zero or self.precision == "fp32"):
+            raise bad("distributed_optimizer", "needs zero=true and precision fp16 or bf16 (16-bit weights)")
         if self.device_memory_gb < 0:
             raise bad("device_memory_gb", "must be >= 0 (0: no memory check)")
         if self.world_size and self.world_size % self.tensor_parallel:

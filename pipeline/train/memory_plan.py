@@ -1,17 +1,32 @@
-"""Bytes per device of a training layout, computed before any compile, and the refusal of a plan that cannot fit.
+"""Bytes per device of a training layout, buffer by buffer, computed before any compile; the refusal of a plan that
+cannot fit.
 
 Why a closed form: a 70B job should fail in a second with "raise tensor_parallel", not after an hour of compile and
-an out-of-memory kill. The numbers follow what this trainer actually allocates (no MindSpore import here):
+an out-of-memory kill. Every term follows what this trainer allocates (no MindSpore import here), from the exact
+per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a test checks it against built models):
 
-* weights: fp32 parameters (mixed precision casts the compute, not the stored weights), split by TP except the
-  replicated RMSNorm gains;
-* gradients: fp32, same split as the weights; ``grad_accum > 1`` adds fp32 accumulation buffers of the same size;
-* optimizer state: AdamW's two fp32 moments, split by TP and, with ZeRO-1, by the data-parallel ranks;
-* activations: Korthikanti et al. 2022 ("Reducing Activation Recomputation in Large Transformer Models") per layer,
-  ``s*b*h*(10 + 24/t + 5*a*s/(h*t))`` bytes at 16-bit (x2 in fp32), or ``2*s*b*h`` with full recompute plus one
-  layer being recomputed; plus the fp32 logits and their gradient ``2*b*s*V/t*4``.
+* ``weights``: the model's parameters: fp32, or 16-bit under the distributed optimizer;
+* ``gradients``: one tensor per parameter in its dtype; ``grad_accum > 1`` adds accumulation buffers of the same size;
+* ``optimizer``: AdamW's two fp32 moments; with ZeRO-1 a parameter whose rows divide by DP keeps only its row block;
+* ``master``: fp32 master weights of the distributed optimizer (same blocks as the moments), else 0;
+* ``step_buffers``: one fp32 working copy of the gradients (all-reduce output -> unscaled -> clipped, each step
+  freeing its input); under the distributed optimizer instead the 16-bit reduction output (the whole gradient on
+  CPU, where the reduce-scatter is an all-reduce, see ``adamw.GradReduceScatter``; blocks elsewhere) and the fp32
+  blocks handed to AdamW; plus the all-gather output of the largest sharded parameter (ZeRO, fp32; distributed
+  optimizer, 16 bit; CPU sub-groups emulate it with a zero-padded all-reduce: twice that);
+* ``activations``: per layer, the tensors this model keeps for its backward (no dropout; RMSNorm keeps an fp32 copy;
+  softmax in fp32; GQA K/V repeated to all heads), with ``recompute`` only each block's input plus one layer's
+  tensors, plus one layer's transient attention scores and their gradient (fp32);
+* ``logits``: fp32 logits, their log-softmax and gradient (and the 16-bit copy under mixed precision) of this rank's
+  vocabulary block;
+* ``host_init`` (host memory, reported apart from the device total): each rank first builds its model in fp32 on the
+  host, and under tensor parallel the *full* model too, to slice its shard from the same draws as one process
+  (``parallel_setup.build_parallel``).
 
-A fraction ``HEADROOM`` of the device is kept free for the framework workspace and fragmentation.
+A fraction ``HEADROOM`` of the device is kept free for the framework workspace and fragmentation. Checked on CPU by
+``benchmarks/bench_memory_plan.py``: weights, gradients and optimizer (+ master) bytes equal what the job allocates;
+the peak RSS is well above ``floor + max(total, host_init)`` (MindSpore's CPU GRAPH backend keeps several times the
+activations and logits counted here), so the activation terms describe a memory-reusing device backend (Ascend).
 """
 
 from __future__ import annotations
@@ -37,27 +52,85 @@ class Layout:
     seq_len: int = 2048
     micro_batch: int = 1
     grad_accum: int = 1
+    distributed_optimizer: bool = False
+    device: str = "Ascend"  # Ascend: flash attention (no [s, s] scores kept); CPU: mccl emulations (adamw.py)
 
     @property
     def world(self) -> int:
         return self.tp * self.dp
 
 
-# A layout per preset that fits 64 GB devices (910B) under this trainer, 70b excepted (see README "Pretraining").
+# A layout per preset that fits 64 GB devices (910B) under this trainer; see README "Pretraining".
 PRESET_LAYOUTS: dict[str, Layout] = {
     "debug": Layout(seq_len=256, micro_batch=8),
     "125m": Layout(dp=8, precision="bf16", seq_len=2048, micro_batch=8),
     "1b": Layout(dp=8, zero=True, precision="bf16", seq_len=2048, micro_batch=4, recompute=True),
     "7b": Layout(tp=4, dp=2, zero=True, recompute=True, precision="bf16", seq_len=4096, micro_batch=1),
     "13b": Layout(tp=8, dp=4, zero=True, recompute=True, precision="bf16", seq_len=4096, micro_batch=1),
-    "70b": Layout(tp=8, dp=16, zero=True, recompute=True, precision="bf16", seq_len=4096, micro_batch=1),
+    "70b": Layout(tp=8, dp=16, zero=True, distributed_optimizer=True, recompute=True, precision="bf16",
+                  seq_len=4096, micro_batch=1),
 }
+
+
+def param_shapes(cfg: ModelConfig, tp: int = 1) -> list[tuple[str, tuple[int, ...], bool]]:
+    """``(name, shape on one TP rank, split by TP)`` of every trainable parameter (MindSpore Dense: ``[out, in]``)."""
+    d, hd, t = cfg.dim, cfg.head_dim, tp
+    q, kv, f = cfg.n_heads * hd // t, cfg.n_kv_heads * hd // t, cfg.ffn_hidden // t
+    out = [("tok_embeddings.embedding_table", (cfg.vocab_size // t, d), True)]
+    for i in range(cfg.n_layers):
+        out += [(f"layers.{i}.attention_norm.weight", (d,), False), (f"layers.{i}.attention.wq.weight", (q, d), True),
+                (f"layers.{i}.attention.wk.weight", (kv, d), True), (f"layers.{i}.attention.wv.weight", (kv, d), True),
+                (f"layers.{i}.attention.wo.weight", (d, q), True), (f"layers.{i}.ffn_norm.weight", (d,), False),
+                (f"layers.{i}.feed_forward.w1.weight", (f, d), True),
+                (f"layers.{i}.feed_forward.w3.weight", (f, d), True),
+                (f"layers.{i}.feed_forward.w2.weight", (d, f), True)]
+    out.append(("norm.weight", (d,), False))
+    if not cfg.tie_embeddings:
+        out.append(("output.weight", (cfg.vocab_size // t, d), True))
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _state_numel(shape, dp: int, sharded: bool) -> int:
+    """Elements of one parameter's optimizer state on a rank: its row block when ZeRO shards it (rows divide)."""
+    if sharded and dp > 1 and shape[0] % dp == 0:
+        return _numel(shape) // dp
+    return _numel(shape)
 
 
 def sharded_and_replicated_params(cfg: ModelConfig) -> tuple[int, int]:
     """(parameters split by TP, parameters every TP rank holds whole: the norm gains)."""
     replicated = (2 * cfg.n_layers + 1) * cfg.dim
     return cfg.num_params() - replicated, replicated
+
+
+def activation_bytes(cfg: ModelConfig, layout: Layout) -> tuple[int, int]:
+    """(activations kept for the backward incl. one layer's transients, logits-and-loss bytes) of one micro-batch."""
+    s, b, h, a, t = layout.seq_len, layout.micro_batch, cfg.dim, cfg.n_heads, layout.tp
+    c = 4 if layout.precision == "fp32" else 2  # compute dtype
+    sbh = s * b * h
+    f_ratio = cfg.ffn_hidden / h
+    if layout.device == "Ascend":  # flash attention keeps the output and the fp32 row log-sum-exp only
+        scores, transient = 4 * a * s * b / t, 0
+    else:  # math path: softmax output (fp32) + its compute-dtype copy for P @ V; fp32 scores and their gradient
+        scores, transient = (4 + c) * a * s * s * b / t, 8 * a * s * s * b // t
+    per_layer = int(sbh * (2 * (4 + c)  # two RMSNorms: fp32 copy of the input + the normed output
+                           + 4 * c / t  # q, repeated k, repeated v, attention output (wo input)
+                           + 4 * c * f_ratio / t)  # w1 out, w3 out, silu(w1), w2 input
+                    + scores)
+    if layout.recompute:
+        act = cfg.n_layers * c * sbh + per_layer + transient
+    else:
+        act = cfg.n_layers * per_layer + transient
+    v = cfg.vocab_size // t
+    logits = s * b * v * (12 + (c if c != 4 else 0))
+    return act, logits
 
 
 @dataclass(frozen=True)
@@ -67,10 +140,15 @@ class MemoryPlan:
     optimizer: int
     activations: int
     device_bytes: int  # 0: no device limit declared
+    master: int = 0
+    step_buffers: int = 0
+    logits: int = 0
+    host_init: int = 0  # host memory at model build (not on the device)
 
     @property
     def total(self) -> int:
-        return self.weights + self.gradients + self.optimizer + self.activations
+        return (self.weights + self.gradients + self.optimizer + self.master + self.step_buffers + self.activations
+                + self.logits)
 
     @property
     def usable(self) -> int:
@@ -84,10 +162,10 @@ class MemoryPlan:
         return {**asdict(self), "total": self.total, "usable": self.usable, "fits": self.fits}
 
     def describe(self) -> str:
-        parts = ", ".join(f"{k} {getattr(self, k) / GiB:.2f}" for k in
-                          ("weights", "gradients", "optimizer", "activations"))
+        parts = ", ".join(f"{k.replace('_', ' ')} {getattr(self, k) / GiB:.2f}" for k in
+                          ("weights", "gradients", "optimizer", "master", "step_buffers", "activations", "logits"))
         limit = f" of {self.usable / GiB:.2f} usable" if self.device_bytes else ""
-        return f"{self.total / GiB:.2f} GiB per device{limit} ({parts} GiB)"
+        return f"{self.total / GiB:.2f} GiB per device{limit} ({parts} GiB; host at build {self.host_init / GiB:.2f})"
 
 
 def plan(cfg: ModelConfig, layout: Layout, device_memory_gb: float = 0.0) -> MemoryPlan:
@@ -95,32 +173,45 @@ def plan(cfg: ModelConfig, layout: Layout, device_memory_gb: float = 0.0) -> Mem
     if layout.precision not in PRECISIONS:
         raise ValueError(f"TrainJob.precision={layout.precision!r}: must be one of {PRECISIONS}")
     check_layout(cfg, layout.tp)
-    t = layout.tp
-    sharded, replicated = sharded_and_replicated_params(cfg)
-    p_rank = -(-sharded // t) + replicated
-    weights = 4 * p_rank
-    gradients = 4 * p_rank * (2 if layout.grad_accum > 1 else 1)
-    optimizer = 8 * p_rank // (layout.dp if layout.zero else 1)
-    s, b, h, a = layout.seq_len, layout.micro_batch, cfg.dim, cfg.n_heads
-    scale = 2 if layout.precision == "fp32" else 1
-    full_layer = int(s * b * h * (10 + 24 / t + 5 * a * s / (h * t))) * scale
-    if layout.recompute:
-        act = cfg.n_layers * 2 * s * b * h * scale + full_layer
+    dist = layout.distributed_optimizer
+    if dist and (layout.precision == "fp32" or not layout.zero):
+        raise ValueError("TrainJob.distributed_optimizer=True: needs zero=true and precision fp16 or bf16")
+    shapes = [s for _, s, _ in param_shapes(cfg, layout.tp)]
+    n_rank = sum(_numel(s) for s in shapes)
+    state = sum(_state_numel(s, layout.dp, layout.zero) for s in shapes)
+    wbytes = 2 if dist else 4
+    weights = wbytes * n_rank
+    gradients = weights * (2 if layout.grad_accum > 1 else 1)
+    optimizer = 8 * state
+    master = 4 * state if dist else 0
+    # step buffers: one working copy of the gradients (DP all-reduce output -> unscaled -> clipped, each freeing its
+    # input), plus under the distributed optimizer the 16-bit reduction output (whole tensors on CPU, blocks with a
+    # native reduce-scatter) next to the fp32 blocks handed to AdamW; plus the largest all-gather output
+    cpu = layout.device == "CPU"
+    if dist:
+        working = (wbytes * (n_rank if cpu else state) if layout.dp > 1 else 0) + 4 * state
     else:
-        act = cfg.n_layers * full_layer
-    act += 2 * b * s * (cfg.vocab_size // t) * 4
-    return MemoryPlan(weights, gradients, optimizer, act, int(device_memory_gb * GiB))
+        working = 4 * n_rank
+    gathered = [_numel(s) for s in shapes if layout.zero and layout.dp > 1 and s[0] % layout.dp == 0]
+    gather = (max(gathered) * (2 if dist else 4) * (2 if cpu and layout.tp > 1 else 1)) if gathered else 0
+    act, logits = activation_bytes(cfg, layout)
+    host = 4 * n_rank + (4 * cfg.num_params() if layout.tp > 1 else 0)
+    return MemoryPlan(weights, gradients, optimizer, act, int(device_memory_gb * GiB), master=master,
+                      step_buffers=working + gather, logits=logits, host_init=host)
 
 
 def knob_to_change(p: MemoryPlan, layout: Layout) -> str:
     """The setting that removes the largest term of an over-budget plan."""
     state = p.weights + p.gradients
-    if p.activations >= max(state, p.optimizer):
+    if p.activations >= max(state, p.optimizer + p.master):
         if not layout.recompute:
             return "enable model.recompute (activations are the largest term)"
         return "lower TrainJob.micro_batch (train.batch_size) or TrainJob.seq_len (activations are the largest term)"
     if p.optimizer >= state and not layout.zero and layout.dp > 1:
         return "set TrainJob.zero=true (shards the Adam moments over the data-parallel ranks)"
+    if not layout.distributed_optimizer and layout.precision != "fp32" and layout.dp > 1:
+        return ("set TrainJob.zero=true and TrainJob.distributed_optimizer=true (16-bit weights and gradients, "
+                "fp32 master weights sharded over the data-parallel ranks)")
     return "raise TrainJob.tensor_parallel (weights and gradients are split only by tensor parallel)"
 
 
@@ -129,7 +220,8 @@ def require_fit(cfg: ModelConfig, layout: Layout, device_memory_gb: float) -> Me
     p = plan(cfg, layout, device_memory_gb)
     if not p.fits:
         raise ValueError(f"TrainJob.device_memory_gb={device_memory_gb}: plan needs {p.describe()} with "
-                         f"tp={layout.tp} dp={layout.dp} zero={layout.zero} recompute={layout.recompute} "
+                         f"tp={layout.tp} dp={layout.dp} zero={layout.zero} "
+                         f"distributed_optimizer={layout.distributed_optimizer} recompute={layout.recompute} "
                          f"precision={layout.precision}; {knob_to_change(p, layout)}")
     return p
 
@@ -138,4 +230,5 @@ def job_layout(job, world: int, seq_len: int, recompute: bool) -> Layout:
     """The layout a started ``TrainJob`` runs with (``world`` ranks from the launcher)."""
     tp = job.tensor_parallel
     return Layout(tp=tp, dp=max(1, world // tp), zero=job.zero, recompute=recompute, precision=job.precision,
-                  seq_len=seq_len, micro_batch=job.micro_batch, grad_accum=job.grad_accum)
+                  seq_len=seq_len, micro_batch=job.micro_batch, grad_accum=job.grad_accum,
+                  distributed_optimizer=bool(getattr(job, "distributed_optimizer", False)), device=job.device)

@@ -9,8 +9,10 @@ lost its lease, or a second trainer that never got it, writes nothing.
 
 MFU (model FLOPs utilisation) uses the standard ``6 * N`` training FLOPs per token (forward 2N + backward 4N, N =
 all parameters; attention's sequence-length term is left out, as in the PaLM paper's simple form):
-``mfu = 6 * N * tokens_per_s / (peak_flops_per_device * world)``. ``peak_flops`` is configured per job because
-it depends on the chip and the precision; with 0 no MFU is reported.
+``mfu = 6 * N * tokens_per_s / (peak_flops_per_device * devices)``, where ``tokens_per_s`` is the job's global
+throughput and ``devices`` every rank of the job (TP x DP: a TP group of t devices processes one data-parallel
+replica's tokens, so dividing by DP ranks alone would overstate MFU t-fold). ``peak_flops`` is configured per job
+because it depends on the chip and the precision; with 0 no MFU is reported.
 """
 
 from __future__ import annotations
@@ -101,10 +103,11 @@ def read_jsonl(path: str) -> list[dict]:
     return rows
 
 
-def mfu(params: int, tokens_per_s: float, peak_flops: float, world: int) -> float | None:
+def mfu(params: int, tokens_per_s: float, peak_flops: float, devices: int) -> float | None:
+    """Model FLOPs utilisation of ``devices`` devices (all ranks, TP x DP) at global ``tokens_per_s``."""
     if peak_flops <= 0 or tokens_per_s <= 0:
         return None
-    return 6.0 * params * tokens_per_s / (peak_flops * world)
+    return 6.0 * params * tokens_per_s / (peak_flops * devices)
 
 
 class StatusFile:

@@ -10,9 +10,12 @@ head). Norm gains and the embedding table (also the LM head when tied) get no de
 or a rarely-seen token's embedding towards 0 only hurts, which is the usual GPT/LLaMA practice. The model has no
 biases; any 1-D parameter would land in the no-decay group.
 
-Order inside a step: (accumulate micro-batch gradients) -> all-reduce mean over ranks -> unscale (fp16) -> finite
-check (fp16: skip the update and halve the scale when not finite) -> global norm -> clip -> AdamW. Reducing before the
-norm makes every rank clip identically, so weights stay bit-identical across ranks.
+Order inside a step: (accumulate micro-batch gradients) -> all-reduce mean over ranks (distributed optimizer:
+reduce-scatter, each rank keeps its block) -> unscale (fp16) -> finite check (fp16: skip the update and halve the
+scale when not finite) -> global norm -> clip -> AdamW. Reducing before the norm makes every rank clip identically,
+so weights stay bit-identical across ranks. The finite flag is all-reduced over every rank of the job (TP x DP) before
+the update and the loss-scale change: under tensor parallel or the distributed optimizer each rank sees only its own
+slice of the gradients, and a rank that skipped a step its peers applied would silently desynchronise the shards.
 """
 
 from __future__ import annotations
@@ -49,19 +52,32 @@ def param_groups(params) -> tuple[list, list]:
     return decay, [p for p in params if id(p) not in ids]
 
 
-def build_optimizer(net: nn.Cell, job, zero=None) -> AdamW:
-    """Bias-corrected AdamW (adamw.py); ``zero``: a ``ZeroShard`` to shard the moments over DP ranks."""
+def build_optimizer(net: nn.Cell, job, zero=None, master: bool = False) -> AdamW:
+    """Bias-corrected AdamW (adamw.py); ``zero``: a ``ZeroShard`` to shard the state over DP ranks; ``master``:
+    the distributed optimizer (16-bit parameters, see ``cast_weights``)."""
     decay, no_decay = param_groups(net.trainable_params())
     groups = [{"params": decay, "weight_decay": job.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return AdamW(groups, learning_rate=Tensor(lr_table(job)), beta1=job.beta1, beta2=job.beta2, eps=job.eps,
-                 zero=zero)
+                 zero=zero, master=master)
+
+
+def low_dtype(precision: str):
+    return ms.float16 if precision == "fp16" else ms.bfloat16
+
+
+def cast_weights(net: nn.Cell, precision: str) -> None:
+    """Distributed optimizer: store the model's parameters (and so its gradients) in the 16-bit dtype; the fp32
+    copy lives only as the optimizer's master blocks."""
+    for p in net.trainable_params():
+        p.set_dtype(low_dtype(precision))
 
 
 def apply_precision(net: nn.Cell, precision: str) -> None:
-    """In place: ``O2`` casts the cells' compute to fp16/bf16; parameters (and so optimizer state) stay fp32."""
+    """In place: ``O2`` casts the cells' compute to fp16/bf16; the stored parameters keep their dtype (fp32, or
+    16-bit after ``cast_weights``)."""
     if precision == "fp32":
         return
-    ms.amp.auto_mixed_precision(net, "O2", dtype=ms.float16 if precision == "fp16" else ms.bfloat16)
+    ms.amp.auto_mixed_precision(net, "O2", dtype=low_dtype(precision))
 
 
 def build_scaler(job):
@@ -90,13 +106,20 @@ class TrainStep:
     """
 
     def __init__(self, loss_net: nn.Cell, opt: nn.Optimizer, *, grad_clip: float, world: int = 1,
-                 grad_accum: int = 1, scaler=None, jit: bool = True, group: str | None = None, norm_fn=None):
-        # world/group: the data-parallel ranks (a sub-group under tensor parallel); norm_fn: TP-aware norm
+                 grad_accum: int = 1, scaler=None, jit: bool = True, group: str | None = None, norm_fn=None,
+                 devices: int = 0):
+        # world/group: the data-parallel ranks (a sub-group under tensor parallel); norm_fn: TP-aware norm;
+        # devices: every rank of the job (TP x DP; 0 = world), over which the fp16 finite flag is all-reduced
         self.accum, self.world, self.scaler = grad_accum, world, scaler
+        devices = devices or world
         params = opt.parameters
         kw = {"group": group} if group else {}
-        reducer = nn.DistributedGradReducer(params, mean=True, degree=world, **kw) if world > 1 else None
+        if getattr(opt, "_master", False):  # distributed optimizer: reduce-scatter to the owner of each block
+            reducer = opt.grad_reduce_scatter()
+        else:
+            reducer = nn.DistributedGradReducer(params, mean=True, degree=world, **kw) if world > 1 else None
         all_reduce = ops.AllReduce(**kw) if world > 1 else None
+        finite_reduce = ops.AllReduce() if devices > 1 and scaler is not None else None
         norm_fn = norm_fn or global_norm
         one = Tensor(1.0, ms.float32)
 
@@ -113,6 +136,8 @@ class TrainStep:
                 scale = scaler.scale_value.value()
                 grads = scaler.unscale(grads)
                 finite = ms.amp.all_finite(grads)
+                if finite_reduce is not None:  # one decision for every rank: count the ranks that overflowed
+                    finite = finite_reduce(ops.logical_not(finite).astype(ms.float32).reshape((1,))).sum() < 0.5
                 scaler.adjust(finite)
             else:
                 scale, finite = one, True

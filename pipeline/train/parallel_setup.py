@@ -9,10 +9,10 @@ from __future__ import annotations
 import numpy as np
 
 from . import commit
-from .adamw import ZeroShard
+from .adamw import ZeroShard, make_shard_norm
 from .model import Transformer
-from .optim import build_optimizer
-from .parallel import RankLayout, load_shards_from_full, make_tp_global_norm
+from .optim import build_optimizer, cast_weights
+from .parallel import RankLayout, load_shards_from_full, make_tp_global_norm, split_axis
 from .tp_layers import TPGroup
 
 
@@ -28,8 +28,15 @@ def build_parallel(cfg, job, lay: RankLayout):
         del full
         norm_fn = make_tp_global_norm(net.trainable_params(), lay.tp_group)
     zero = ZeroShard(lay.dp_rank, lay.dp, lay.dp_group) if job.zero and lay.dp > 1 else None
-    opt = build_optimizer(net, job, zero)
-    if norm_fn is not None:  # the optimizer's parameter order is what the step hands the norm
+    master = bool(getattr(job, "distributed_optimizer", False))
+    if master:  # Megatron's distributed optimizer: 16-bit weights/gradients, fp32 master blocks in the optimizer
+        cast_weights(net, job.precision)
+    opt = build_optimizer(net, job, zero, master=master)
+    if master:  # the step hands the norm gradient blocks: sum what each rank holds over the whole world
+        params = list(opt.parameters)
+        norm_fn = make_shard_norm(params, opt._blocks, [split_axis(p.name) is not None and lay.tp > 1
+                                                        for p in params], lay.tp, lay.dp, lay.tp * lay.dp)
+    elif norm_fn is not None:  # the optimizer's parameter order is what the step hands the norm
         norm_fn = make_tp_global_norm(opt.parameters, lay.tp_group)
     return net, opt, norm_fn
 
@@ -68,3 +75,9 @@ def expected_file_layout(lay: RankLayout, zero: bool) -> dict:
 
 def param_bytes(net) -> int:
     return int(sum(int(np.prod(p.shape)) * p.itemsize for p in net.trainable_params()))
+
+
+def grad_bytes(net, grad_accum: int) -> int:
+    """Bytes of the gradients one step holds (one tensor per parameter, in its dtype) plus the accumulation buffers
+    ``TrainStep`` allocates when ``grad_accum > 1`` (a clone of the parameters)."""
+    return param_bytes(net) * (2 if grad_accum > 1 else 1)

@@ -47,7 +47,7 @@ from .metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
 from .model import CausalLMLoss, attention_impl, count_cell_params
 from .optim import TrainStep, apply_precision, build_scaler
 from .parallel import create_groups, rank_layout
-from .parallel_setup import build_parallel, param_bytes
+from .parallel_setup import build_parallel, grad_bytes, param_bytes
 from .pending_steps import PendingSteps, is_sync_point
 from .repack import stage_data
 
@@ -160,7 +160,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     step, last_ckpt, times = start_step, None, []
     if start_step < job.steps:
         step_fn = TrainStep(loss_net, opt, grad_clip=job.grad_clip, world=world, grad_accum=job.grad_accum,
-                            scaler=scaler, jit=job.mode == "graph", group=lay.dp_group, norm_fn=norm_fn)
+                            scaler=scaler, jit=job.mode == "graph", group=lay.dp_group, norm_fn=norm_fn,
+                            devices=lay.tp * lay.dp)
         batches = TokenBatches(data_dir, job.micro_batch, job.seed, rank=lay.dp_rank, world=world,
                                grad_accum=job.grad_accum, start=position)
         window, last_sync = PendingSteps(), start_step
@@ -181,7 +182,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
                 tok_s = g * seq_len / dt
                 row = {"loss": out["loss"], "lr": out["lr"], "grad_norm": _finite_or_none(out["grad_norm"]),
                        "loss_scale": out["loss_scale"], "skipped": not out["applied"], "tokens_per_s": tok_s,
-                       "mfu": mfu(params, tok_s, job.peak_flops, world), "step_time_s": dt, "data_time_s": data_s,
+                       "mfu": mfu(params, tok_s, job.peak_flops, lay.tp * lay.dp), "step_time_s": dt,
+                       "data_time_s": data_s,
                        "tokens": st * g * seq_len, "epoch": pos.epoch, "data_sha1": digest, "time": time.time()}
                 logger.log(row, st)
             status.last_step, status.last_loss = step, out["loss"]
@@ -220,7 +222,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         "init_mode": job.init_mode, "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None, "min_loss": min(losses) if losses else None,
         "skipped_steps": sum(1 for r in rows if r.get("skipped")), "tokens": step * g * seq_len,
-        "tokens_per_s": tok_s, "mfu": mfu(params, tok_s or 0.0, job.peak_flops, world),
+        "tokens_per_s": tok_s, "mfu": mfu(params, tok_s or 0.0, job.peak_flops, lay.tp * lay.dp),
         "first_step_s": times[0][0] if times else None, "wall_s": time.time() - t_start, "params": params,
         "checkpoint": last_ckpt, "commit": _commit_of(job.out_dir, step), "attention_impl": attention_impl(),
         "mode": job.mode, "precision": job.precision,
@@ -228,6 +230,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         "seq_len": seq_len, "data": data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
         "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": mplan.to_dict(),
         "param_bytes_per_rank": param_bytes(net), "optimizer_bytes_per_rank": opt.state_bytes(),
+        "gradient_bytes_per_rank": grad_bytes(net, job.grad_accum), "peak_rss_bytes": _peak_rss(),
+        "distributed_optimizer": job.distributed_optimizer,
     }
     _fence(lease)
     write_json(os.path.join(job.out_dir, "summary.json"), summary)
@@ -298,7 +302,15 @@ def _write_rank_digest(job: TrainJob, net, rank: int, step: int, opt, resumed_fr
         h.update(np.ascontiguousarray(p.asnumpy()).tobytes())
     write_json(os.path.join(job.out_dir, "ranks", f"rank_{rank:05d}.json"),
                {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid(),
-                "param_bytes": param_bytes(net), "optimizer_bytes": opt.state_bytes(), "resumed_from": resumed_from})
+                "param_bytes": param_bytes(net), "optimizer_bytes": opt.state_bytes(), "resumed_from": resumed_from,
+                "gradient_bytes": grad_bytes(net, job.grad_accum), "peak_rss_bytes": _peak_rss()})
+
+
+def _peak_rss() -> int:
+    """Peak resident set of this rank's process (Linux reports KiB): the CPU stand-in for device peak memory."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
 def _check_batch(tokens: np.ndarray, cfg, seq_len: int) -> None:
