@@ -20,11 +20,10 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 from pipeline.io import read_json, write_json
+from pipeline.pools import task_executor
 
 PLAN = "plan.json"
 PLAN_DIR = "plan"
@@ -115,13 +114,18 @@ def pool_size(configured: int, items: int) -> int:
 
 
 def run_batch(fn: Callable[[dict], dict], batch: dict, workers: int = 1) -> dict:
-    """Run a per-shard stage over the batch's shards in order; with ``workers`` > 1 in a pool of spawned processes
-    (results in shard order).  Returns counts, not the per-shard stats (those are in each shard's marker and
-    ``stats/``)."""
+    """Run a per-shard stage over the batch's shards in order; with ``workers`` > 1 in a pool of forkserver
+    processes (:func:`pipeline.pools.task_executor`: shared within the task; results in shard order).  A batch of
+    one shard, or one worker, runs in this process.  Returns counts, not the per-shard stats (those are in each
+    shard's marker and ``stats/``)."""
     specs = batch_specs(batch)
     if workers > 1 and len(specs) > 1:
-        with ProcessPoolExecutor(min(workers, len(specs)), mp_context=get_context("spawn")) as pool:
+        pool, owned = task_executor(min(workers, len(specs)), fn.__module__)
+        try:
             done = list(pool.map(fn, specs))
+        finally:
+            if owned:
+                pool.shutdown()
     else:
         done = [fn(spec) for spec in specs]
     return {"task": batch["task"], "of": batch["of"], "first": batch["first"], "last": batch["last"],
