@@ -13,6 +13,10 @@ same way over the output files (``kind: files``).
 Fan-in (global) tasks never parse ``plan.json`` either: they need the shard names in plan order, which
 :func:`write_index` stores run-length encoded in ``plan/shards.json`` (``academic-00000`` .. ``academic-01234`` is
 one entry), so its size grows with the number of sources, not of shards.  Only the plan task holds the whole plan.
+
+For 1e9 documents in 50,000 shards (``docs_per_shard: 20000``): the plan task holds about 20 MB of specs (about
+400 bytes per shard), each of the 64 batch files is about 300 KB, and ``shards.json`` is a few hundred bytes per
+source; every per-shard stage is 64 tasks whatever the shard count.
 """
 
 from __future__ import annotations

@@ -1,0 +1,54 @@
+"""Pools inside a task: one forkserver pool per settings, shared by the task's calls and gone when the task ends."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pipeline import pools
+from pipeline.tasks import batches
+
+
+def test_a_task_shares_one_pool_per_settings_and_shuts_it_down_at_its_end():
+    with pools.task_pools():
+        first, owned = pools.task_executor(2, "pipeline.io")
+        again, _ = pools.task_executor(2, "pipeline.io")
+        other, _ = pools.task_executor(1, "pipeline.io")
+        assert not owned and again is first and other is not first
+        pids = {first.submit(os.getpid).result() for _ in range(4)}
+        assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    assert first._shutdown_thread and other._shutdown_thread       # no idle worker outlives the task
+    outside, owned = pools.task_executor(2, "pipeline.io")
+    assert owned and outside is not first
+    outside.shutdown()
+
+
+def test_ordered_map_reuses_the_task_pool_and_keeps_input_order():
+    with pools.task_pools():
+        out1 = list(pools.ordered_map(abs, [-3, 1, -2], 2, "pipeline.io", None, ()))
+        pool, _ = pools.task_executor(2, "pipeline.io")
+        out2 = list(pools.ordered_map(abs, range(-5, 0), 2, "pipeline.io", None, ()))
+        assert pools.task_executor(2, "pipeline.io")[0] is pool
+    assert out1 == [3, 1, 2] and out2 == [5, 4, 3, 2, 1]
+
+
+def test_an_abandoned_map_drops_its_shared_pool():
+    with pools.task_pools():
+        gen = pools.ordered_map(abs, range(-20, 0), 2, "pipeline.io", None, ())
+        assert next(gen) == 20
+        pool, _ = pools.task_executor(2, "pipeline.io")
+        gen.close()                                             # consumer stops early: no work is left behind
+        assert pools.task_executor(2, "pipeline.io")[0] is not pool
+
+
+def test_a_batch_of_one_shard_runs_without_a_pool(tmp_path, monkeypatch):
+    handles = batches.plan_batches(tmp_path, 3, 2)
+    batches.split_plan([{"shard": f"s{k}", "bytes": k} for k in range(3)], handles)
+    monkeypatch.setattr(batches, "task_executor", lambda *a, **k: pytest.fail("a pool for one shard"))
+    seen = []
+    out = batches.run_batch(lambda spec: seen.append(spec["shard"]), handles[0], workers=4)
+    assert seen == ["s0"] and out["shards"] == 1
+    seen.clear()
+    batches.run_batch(lambda spec: seen.append(spec["shard"]), handles[1], workers=1)    # one worker: in process
+    assert seen == ["s1", "s2"]
