@@ -79,6 +79,27 @@ def main_hidden() -> Iterator[None]:
                 setattr(main, k, v)
 
 
+def _forkserver_of_this_process() -> None:
+    """Forget a forkserver inherited through ``fork`` (a Celery or LocalExecutor worker that had started one before
+    forking this task's process): multiprocessing would ``waitpid`` a process that is not our child and fail with
+    ``ChildProcessError``.  A server of our own that died is forgotten too; the next pool starts a fresh one."""
+    import os
+    from multiprocessing import forkserver
+
+    fs = forkserver._forkserver        # multiprocessing's per-process server handle (private, stable since 3.4)
+    if fs._forkserver_pid is None:
+        return
+    try:
+        if not os.waitpid(fs._forkserver_pid, os.WNOHANG)[0]:
+            return                     # our own, alive
+    except ChildProcessError:
+        pass
+    with fs._lock:
+        if fs._forkserver_alive_fd is not None:
+            os.close(fs._forkserver_alive_fd)
+        fs._forkserver_address = fs._forkserver_alive_fd = fs._forkserver_pid = None
+
+
 def task_executor(workers: int, preload: str, initializer=None, initargs: tuple = ()):
     """``(pool, owned)``: a forkserver pool of ``workers`` processes whose server preloads ``preload``.
 
@@ -94,6 +115,7 @@ def task_executor(workers: int, preload: str, initializer=None, initargs: tuple 
     # only the server's first start reads this; the chain's task module imports every stage's module, so whichever
     # stage starts the server first, the others' workers find their code already imported
     ctx.set_forkserver_preload(list(dict.fromkeys([preload, "pipeline.tasks.corpus"])))
+    _forkserver_of_this_process()
     if not _SCOPES:
         return ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=initargs), True
     init = f"{initializer.__module__}.{initializer.__qualname__}" if initializer else ""

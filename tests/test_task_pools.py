@@ -52,3 +52,25 @@ def test_a_batch_of_one_shard_runs_without_a_pool(tmp_path, monkeypatch):
     seen.clear()
     batches.run_batch(lambda spec: seen.append(spec["shard"]), handles[1], workers=1)    # one worker: in process
     assert seen == ["s1", "s2"]
+
+
+def _shared_pool_in_daemon(q) -> None:
+    from pipeline.profile import measured
+
+    try:
+        with measured(None, "test", "daemon"):
+            pool, _ = pools.task_executor(2, "pipeline.io")
+            q.put(("ok", sorted(pool.map(abs, [-1, -2, -3]))))
+    except Exception as exc:       # what the parent asserts on
+        q.put(("error", repr(exc)))
+
+
+def test_the_shared_forkserver_pool_runs_in_a_celery_prefork_process():
+    """Batch tasks now use the task's forkserver pool (not spawn): it must start where Celery runs tasks too."""
+    billiard = pytest.importorskip("billiard")
+    q = billiard.get_context("fork").Queue()
+    p = billiard.get_context("fork").Process(target=_shared_pool_in_daemon, args=(q,), daemon=True)
+    p.start()
+    got = q.get(timeout=120)
+    p.join(30)
+    assert got == ("ok", [1, 2, 3])
