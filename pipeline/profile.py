@@ -42,7 +42,7 @@ def tree_rss(proc, cpu: dict | None = None) -> int:
     import psutil
 
     total = 0
-    for p in [proc, *proc.children(recursive=True)]:
+    for p in [proc, *_descendants(proc)]:
         try:
             total += p.memory_info().rss
             if cpu is not None and p.pid != proc.pid:
@@ -51,6 +51,38 @@ def tree_rss(proc, cpu: dict | None = None) -> int:
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             pass
     return total
+
+
+def _descendants(proc) -> list:
+    """Live descendants of ``proc``, from Linux's per-thread ``children`` lists: a few small reads instead of
+    psutil's scan of every process on the machine (2.6 ms per sample with 150 processes, 10 samples a second, in
+    every task; now 0.3 ms).  Elsewhere, psutil."""
+    import psutil
+
+    if not os.path.exists(f"/proc/{proc.pid}/task/{proc.pid}/children"):
+        return proc.children(recursive=True)
+    found: list = []
+    stack = [proc.pid]
+    while stack:
+        pid = stack.pop()
+        kids: set[int] = set()
+        try:
+            tids = os.listdir(f"/proc/{pid}/task")
+        except OSError:                            # the process ended meanwhile
+            continue
+        for tid in tids:
+            try:
+                with open(f"/proc/{pid}/task/{tid}/children", "rb") as fh:
+                    kids.update(int(k) for k in fh.read().split())
+            except OSError:                        # the thread ended meanwhile
+                pass
+        for k in sorted(kids):
+            try:
+                found.append(psutil.Process(k))
+                stack.append(k)
+            except psutil.NoSuchProcess:
+                pass
+    return found
 
 
 class _Sampler(threading.Thread):

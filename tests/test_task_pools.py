@@ -74,3 +74,18 @@ def test_the_shared_forkserver_pool_runs_in_a_celery_prefork_process():
     got = q.get(timeout=120)
     p.join(30)
     assert got == ("ok", [1, 2, 3])
+
+
+def test_the_profile_sampler_finds_the_same_descendants_as_psutil():
+    """measured() samples the process tree 10 times a second: from /proc/<pid>/task/*/children, not a scan of every
+    process on the machine (psutil), with the same result."""
+    import psutil
+
+    from pipeline.profile import _descendants
+
+    with pools.task_pools():
+        pool, _ = pools.task_executor(2, "pipeline.io")
+        assert sorted(pool.map(abs, [-1, -2, -3])) == [1, 2, 3]
+        me = psutil.Process()
+        ours = sorted(p.pid for p in _descendants(me))
+        assert ours == sorted(p.pid for p in me.children(recursive=True)) and len(ours) >= 3   # server + 2 workers
