@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from pipeline.tasks import batches, steps
+from pipeline.tasks import batches
 from pipeline.tasks.steps import STEPS, Step, check_steps
 
 
