@@ -163,8 +163,11 @@ def worker(cfg_path: str, run_id: str, out_path: str) -> None:
         return call
 
     collect_stats = corpus.collect_stats
+    # not wrapped: run_all and run_step (every task), and the per-shard functions, which run inside run_stage_batch
+    # (timed by stage) and must stay picklable by name for its pool
+    skip = {"run_all", "run_step", *(f.__name__ for f in corpus.SHARD_STAGES.values())}
     for name, fn in inspect.getmembers(corpus, inspect.isfunction):
-        if fn.__module__ == corpus.__name__ and name not in ("run_all", "run_step"):    # run_step: every task
+        if fn.__module__ == corpus.__name__ and name not in skip:
             setattr(corpus, name, timed(name, fn))
     cfg = config_from_dict(json.loads(Path(cfg_path).read_text()))
     t0 = time.perf_counter()
