@@ -141,6 +141,7 @@ def worker(cfg_path: str, run_id: str, out_path: str) -> None:
 
     def timed(name, fn):
         def call(*a, **k):
+            stage = a[0] if name == "run_stage_batch" else name       # batch tasks: timed by their stage
             if depth[0]:                       # nested helper calls count in their caller's stage
                 return fn(*a, **k)
             depth[0] += 1
@@ -152,7 +153,7 @@ def worker(cfg_path: str, run_id: str, out_path: str) -> None:
                     seconds = time.perf_counter() - t0
             finally:
                 depth[0] -= 1
-            st = stages.setdefault(name, {"seconds": 0.0, "cpu_s": 0.0, "peak_rss_mb": 0.0, "rss_start_mb": start_rss,
+            st = stages.setdefault(stage, {"seconds": 0.0, "cpu_s": 0.0, "peak_rss_mb": 0.0, "rss_start_mb": start_rss,
                                           "calls": 0})
             st["seconds"] += seconds
             st["cpu_s"] += peak.cpu_s
@@ -162,8 +163,11 @@ def worker(cfg_path: str, run_id: str, out_path: str) -> None:
         return call
 
     collect_stats = corpus.collect_stats
+    # not wrapped: run_all and run_step (every task), and the per-shard functions, which run inside run_stage_batch
+    # (timed by stage) and must stay picklable by name for its pool
+    skip = {"run_all", "run_step", *(f.__name__ for f in corpus.SHARD_STAGES.values())}
     for name, fn in inspect.getmembers(corpus, inspect.isfunction):
-        if fn.__module__ == corpus.__name__ and name != "run_all":
+        if fn.__module__ == corpus.__name__ and name not in skip:
             setattr(corpus, name, timed(name, fn))
     cfg = config_from_dict(json.loads(Path(cfg_path).read_text()))
     t0 = time.perf_counter()

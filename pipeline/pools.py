@@ -9,6 +9,13 @@ billiard's (which refuses to be pickled into a spawned worker).
 
 Spawned and forkserver workers should also not re-import the parent's ``__main__``.
 
+Pools are also what made the same work cost more through Airflow than through the CLI: every batch task started
+its own pools, and each ingest and quality *shard* started another.  While a task runs (:func:`task_pools`),
+:func:`task_executor` hands out forkserver pools that later calls with the same settings reuse (the shards of a
+batch share one pool) and shuts them all down when the task ends, so no idle worker outlives its task.  Workers
+fork from one server process that has already imported the stage's modules, instead of each spawned worker
+starting an interpreter and importing numpy, pyarrow and the pipeline again.
+
 ``multiprocessing`` prepares every spawned (and the forkserver) process by importing the parent's main script
 as ``__mp_main__``.  Inside an Airflow task that script is the ``airflow`` CLI: each pool worker imported all of
 Airflow (measured: about 300 MB of RSS and 1-2 CPU-seconds per worker under ``airflow dags test``) before doing any
@@ -18,11 +25,13 @@ work.  Pipeline pools only ever run functions of ``pipeline.*`` modules, which w
 
 from __future__ import annotations
 
+import pickle
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 _MISSING = object()
+_SCOPES: list[dict] = []       # one {settings: executor} per running task (innermost last)
 
 
 @contextmanager
@@ -36,10 +45,13 @@ def task_pools() -> Iterator[None]:
     authkey = config.get("authkey")
     if authkey is not None and type(authkey) is not AuthenticationString:     # billiard's (Celery) cannot be
         config["authkey"] = AuthenticationString(bytes(authkey))             # pickled into a spawned worker
+    _SCOPES.append({})
     try:
         with main_hidden():
             yield
     finally:
+        for pool in _SCOPES.pop().values():
+            pool.shutdown(wait=True, cancel_futures=True)
         if daemon is not None:
             config["daemon"] = daemon
         if authkey is not None:
@@ -67,24 +79,83 @@ def main_hidden() -> Iterator[None]:
                 setattr(main, k, v)
 
 
-def ordered_map(fn, batches, workers: int, preload: str, initializer, initargs: tuple):
-    """Yield ``fn(batch)`` for every batch, in input order, from ``workers`` forkserver processes.
+def _forkserver_of_this_process() -> None:
+    """Forget a forkserver inherited through ``fork`` (a Celery or LocalExecutor worker that had started one before
+    forking this task's process): multiprocessing would ``waitpid`` a process that is not our child and fail with
+    ``ChildProcessError``.  A server of our own that died is forgotten too; the next pool starts a fresh one."""
+    import os
+    from multiprocessing import forkserver
 
-    forkserver: workers fork from a clean server process (no inherited pyarrow threads, unlike fork) that preloads
-    ``preload`` instead of the caller's ``__main__``.  At most ``2 * workers`` batches are in flight, so memory is
-    bounded by the batch size.  A dead worker raises ``BrokenProcessPool`` for the caller to name.
+    fs = forkserver._forkserver        # multiprocessing's per-process server handle (private, stable since 3.4)
+    if fs._forkserver_pid is None:
+        return
+    try:
+        if not os.waitpid(fs._forkserver_pid, os.WNOHANG)[0]:
+            return                     # our own, alive
+    except ChildProcessError:
+        pass
+    with fs._lock:
+        if fs._forkserver_alive_fd is not None:
+            os.close(fs._forkserver_alive_fd)
+        fs._forkserver_address = fs._forkserver_alive_fd = fs._forkserver_pid = None
+
+
+def task_executor(workers: int, preload: str, initializer=None, initargs: tuple = ()):
+    """``(pool, owned)``: a forkserver pool of ``workers`` processes whose server preloads ``preload``.
+
+    While a task runs (inside :func:`task_pools`) the pool is shared with later calls that ask for the same
+    settings and shut down when the task ends (``owned`` False); outside a task the caller owns it and must shut it
+    down.  forkserver: workers fork from a clean server process (no inherited pyarrow threads, unlike fork) that
+    has imported ``preload`` once, instead of the caller's ``__main__``.
     """
     import multiprocessing as mp
-    from collections import deque
     from concurrent.futures import ProcessPoolExecutor
 
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([preload])
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=initargs) as pool:
-        window: deque = deque()
+    # only the server's first start reads this; the chain's task module imports every stage's module, so whichever
+    # stage starts the server first, the others' workers find their code already imported
+    ctx.set_forkserver_preload(list(dict.fromkeys([preload, "pipeline.tasks.corpus"])))
+    _forkserver_of_this_process()
+    if not _SCOPES:
+        return ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=initargs), True
+    init = f"{initializer.__module__}.{initializer.__qualname__}" if initializer else ""
+    key = (workers, init, pickle.dumps(initargs))
+    pool = _SCOPES[-1].get(key)
+    if pool is None or getattr(pool, "_broken", False):
+        pool = _SCOPES[-1][key] = ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer,
+                                                      initargs=initargs)
+    return pool, False
+
+
+def _discard(pool) -> None:
+    """Drop a shared pool after an error (it may be broken or still busy with abandoned work)."""
+    for scope in _SCOPES:
+        for key in [k for k, v in scope.items() if v is pool]:
+            del scope[key]
+    pool.shutdown(wait=False, cancel_futures=True)
+
+
+def ordered_map(fn, batches, workers: int, preload: str, initializer, initargs: tuple):
+    """Yield ``fn(batch)`` for every batch, in input order, from ``workers`` processes (:func:`task_executor`).
+
+    At most ``2 * workers`` batches are in flight, so memory is bounded by the batch size.  A dead worker raises
+    ``BrokenProcessPool`` for the caller to name.
+    """
+    from collections import deque
+
+    pool, owned = task_executor(workers, preload, initializer, initargs)
+    window: deque = deque()
+    try:
         for batch in batches:
             window.append(pool.submit(fn, batch))
             if len(window) >= 2 * workers:
                 yield window.popleft().result()
         while window:
             yield window.popleft().result()
+    except BaseException:       # includes GeneratorExit: a consumer that stops early leaves no work behind
+        if not owned:
+            _discard(pool)
+        raise
+    finally:
+        if owned:
+            pool.shutdown(wait=True, cancel_futures=True)

@@ -199,10 +199,16 @@ def test_partitioned_bands_and_clusters_equal_in_memory(tmp_path, monkeypatch):
         run_band(rdir, b, cfg)
         whole[b] = pq.read_table(buckets.band_path(rdir, b))
     monkeypatch.setattr(buckets, "_BYTES_PER_DOC", 1 << 30)       # 10 docs "need" 10 GB of 1 GB: 16 partitions
+    reads: list[tuple[str, int]] = []
+    read_keys = buckets._read_keys
+    monkeypatch.setattr(buckets, "_read_keys", lambda r, e, b: reads.append((e["shard"], b)) or read_keys(r, e, b))
     for b in range(cfg.bands):
         buckets.band_path(rdir, b).unlink()
         stats = run_band(rdir, b, cfg)
         assert stats["partitions"] == 16
+        assert sorted(reads) == sorted((s, b) for s in shards)     # each key file read once, not once per partition
+        assert not (buckets.band_path(rdir, b).parent / f".work-{b:03d}").exists()    # spill files removed
+        reads.clear()
         assert sorted(pq.read_table(buckets.band_path(rdir, b)).to_pylist(), key=str) == \
             sorted(whole[b].to_pylist(), key=str)
     total = sum(pq.read_table(buckets.band_path(rdir, b)).num_rows for b in range(cfg.bands))

@@ -26,8 +26,34 @@ def chain(tmp_path_factory):
                             "paths": [str(tmp / "in" / "later" / "*.jsonl")]})
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     cfg = load_config(path)
-    summary = run_all(cfg, "manual__2026-11-29T10:00:00+00:00", progress=False)
+    from pipeline.tasks import corpus
+
+    plan_tasks = corpus.plan_tasks
+
+    def plan_then_hide(*args, **kwargs):       # no later task may read the whole plan: take it away after planning
+        handles = plan_tasks(*args, **kwargs)
+        (Path(handles[0]["run_dir"]) / "plan.json").rename(Path(handles[0]["run_dir"]) / "plan.hidden")
+        return handles
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(corpus, "plan_tasks", plan_then_hide)
+        summary = run_all(cfg, "manual__2026-11-29T10:00:00+00:00", progress=False)
     return cfg, summary
+
+
+def test_the_cli_runs_the_dags_batch_tasks(chain):
+    """Same steps as the DAG: every per-shard stage as ``parallelism`` (2) batch tasks, each profiled."""
+    from pipeline.profile import read_profiles
+    from pipeline.tasks.steps import STEPS
+
+    _, summary = chain
+    prof = read_profiles(summary["run_dir"])
+    for step in STEPS:
+        if step.kind == "batch":
+            assert [p["unit"] for p in prof[step.stage]] == ["task-0000-of-0002", "task-0001-of-0002"], step.stage
+            assert sum(p["shards"] for p in prof[step.stage]) == 4
+    assert len(prof["minhash_band"]) == 14 and len(prof["exact_partition"]) >= 1
+    assert (Path(summary["run_dir"]) / "plan.hidden").exists()     # the run went on without plan.json
 
 
 def test_run_dir_derives_from_run_id_without_colons(chain):

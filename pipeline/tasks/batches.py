@@ -9,20 +9,30 @@ its shards in order (or, for stages that use one process per shard, in a pool of
 every shard's output has its completion marker, so a retry redoes only the shards that are missing.  The handle of
 a batch is a few numbers, so the XCom payload does not grow with the corpus.  The sink's writer tasks are mapped the
 same way over the output files (``kind: files``).
+
+Fan-in (global) tasks never parse ``plan.json`` either: they need the shard names in plan order, which
+:func:`write_index` stores run-length encoded in ``plan/shards.json`` (``academic-00000`` .. ``academic-01234`` is
+one entry), so its size grows with the number of sources, not of shards.  Only the plan task holds the whole plan.
+
+For 1e9 documents in 50,000 shards (``docs_per_shard: 20000``): the plan task holds about 20 MB of specs (about
+400 bytes per shard), each of the 64 batch files is about 300 KB, and ``shards.json`` is a few hundred bytes per
+source; every per-shard stage is 64 tasks whatever the shard count.
 """
 
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable
-from concurrent.futures import ProcessPoolExecutor
-from multiprocessing import get_context
 from pathlib import Path
 
 from pipeline.io import read_json, write_json
+from pipeline.pools import task_executor
 
 PLAN = "plan.json"
 PLAN_DIR = "plan"
+INDEX = "shards.json"
+_NUMBERED = re.compile(r"^(.*)-(\d+)$")
 
 
 def plan_batches(run_dir: str | Path, n_items: int, parallelism: int, kind: str = "shards") -> list[dict]:
@@ -58,11 +68,40 @@ def batch_unit(batch: dict) -> str:
 
 
 def batch_specs(batch: dict) -> list[dict]:
-    """The shard specs of one batch, from its own plan file (or the run's plan file when there is none)."""
+    """The shard specs of one batch, from its own plan file (never the whole plan)."""
     path = _batch_file(batch)
-    if path.exists():
-        return read_json(path)
-    return read_json(Path(batch["run_dir"]) / PLAN)[batch["first"]: batch["last"] + 1]
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: the batch plan file is missing; rerun the run's plan task")
+    return read_json(path)
+
+
+def write_index(run_dir: str | Path, shards: list[str]) -> None:
+    """``plan/shards.json``: every shard name in plan order as runs ``[prefix, first, count, width]`` of numbered
+    names (``[name, null, 1, 0]`` for a name without a number)."""
+    runs: list[list] = []
+    for name in shards:
+        m = _NUMBERED.match(name)
+        prefix, num, width = (m.group(1), int(m.group(2)), len(m.group(2))) if m else (name, None, 0)
+        last = runs[-1] if runs else None
+        if (last and num is not None and last[0] == prefix and last[1] is not None and last[3] == width
+                and last[1] + last[2] == num):
+            last[2] += 1
+        else:
+            runs.append([prefix, num, 1, width])
+    write_json(Path(run_dir) / PLAN_DIR / INDEX, {"shards": len(shards), "runs": runs})
+
+
+def shard_names(run_dir: str | Path) -> list[str]:
+    """Every shard of the run in plan order, from the compact index :func:`write_index` wrote."""
+    path = Path(run_dir) / PLAN_DIR / INDEX
+    if not path.exists():
+        raise FileNotFoundError(f"{path}: the run's shard index is missing; rerun the run's plan task")
+    index = read_json(path)
+    names = [prefix if first is None else f"{prefix}-{k:0{width}d}"
+             for prefix, first, count, width in index["runs"] for k in range(first or 0, (first or 0) + count)]
+    if len(names) != index["shards"]:
+        raise ValueError(f"{path}: {len(names)} shard names in the runs, the index says {index['shards']}")
+    return names
 
 
 def worker_cores() -> int:
@@ -80,15 +119,20 @@ def pool_size(configured: int, items: int) -> int:
 
 def run_batch(fn: Callable[[dict], dict], batch: dict, workers: int = 1,
               expand: Callable[[list[dict]], list[dict]] | None = None) -> dict:
-    """Run a per-shard stage over the batch's shards in order; with ``workers`` > 1 in a pool of spawned processes
-    (results in shard order).  ``expand`` turns the batch's plan specs into the specs the stage runs over (after
-    ingest: one per output shard, ``pipeline.ingest.output.output_specs``).  Returns counts, not the per-shard
-    stats (those are in each shard's marker and ``stats/``)."""
+    """Run a per-shard stage over the batch's shards in order; with ``workers`` > 1 in a pool of forkserver
+    processes (:func:`pipeline.pools.task_executor`: shared within the task; results in shard order).  A batch of
+    one shard, or one worker, runs in this process.  ``expand`` turns the batch's plan specs into the specs the
+    stage runs over (after ingest: one per output shard, ``pipeline.ingest.output.output_specs``).  Returns counts,
+    not the per-shard stats (those are in each shard's marker and ``stats/``)."""
     plan = batch_specs(batch)
     specs = expand(plan) if expand else plan
     if workers > 1 and len(specs) > 1:
-        with ProcessPoolExecutor(min(workers, len(specs)), mp_context=get_context("spawn")) as pool:
+        pool, owned = task_executor(min(workers, len(specs)), fn.__module__)
+        try:
             done = list(pool.map(fn, specs))
+        finally:
+            if owned:
+                pool.shutdown()
     else:
         done = [fn(spec) for spec in specs]
     return {"task": batch["task"], "of": batch["of"], "first": batch["first"], "last": batch["last"],

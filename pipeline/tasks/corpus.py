@@ -1,5 +1,8 @@
 """The corpus chain as one call per task: what the ``corpus_build`` DAG and ``mindloom corpus`` both run.
 
+The order and shape of the chain is data (:mod:`pipeline.tasks.steps`); :func:`run_step` is the one entry point of
+every task, in Airflow and in :func:`run_all` alike.
+
 A run lives in ``<data_root>/runs/<run id>/``.  :func:`prepare_run` freezes the resolved configuration there
 (``config.json``) so every later task of the run — possibly on another worker, possibly retried after someone
 edited the YAML — reads exactly the same settings.  Each function takes the run folder and returns a small,
@@ -24,7 +27,7 @@ from pipeline.quality import run as quality
 from pipeline.report.html import write_report
 from pipeline.sink import mindrecord, mixture, scatter, validation
 from pipeline.sink import shards as sink_files
-from pipeline.tasks import batches
+from pipeline.tasks import batches, steps
 from pipeline.tokenizer import run as tokenizer
 
 log = logging.getLogger(__name__)
@@ -85,20 +88,23 @@ def load_run_config(rdir: str | Path) -> MindloomConfig:
 
 
 def _run_of(items: list[dict]) -> tuple[Path, list[str]]:
-    """The run folder and every output shard of ingest, in plan order, from shard specs or batch handles alike
-    (a plan shard may have given several: ``pipeline.ingest.output``)."""
+    """The run folder and every output shard of ingest, in plan order, from batch handles or any item with
+    ``run_dir``: the plan shards from the compact shard index (not ``plan.json``), each expanded into the output
+    shards its ingest marker lists (a plan shard may have given several: ``pipeline.ingest.output``)."""
     rdir = Path(items[0]["run_dir"])
-    return rdir, [p for s in read_json(rdir / batches.PLAN) for p in ingest_output.output_shards(rdir, s["shard"])]
+    return rdir, [p for s in batches.shard_names(rdir) for p in ingest_output.output_shards(rdir, s)]
 
 
 def plan_tasks(params: dict | MindloomConfig, run_id: str, config_path: str | None = None,
                dag_id: str | None = None) -> list[dict]:
-    """The DAG's ``plan`` task: :func:`prepare_run`, then ``parallelism`` batch handles (what every per-shard stage
-    is mapped over; see :mod:`pipeline.tasks.batches`)."""
+    """The ``plan`` step: :func:`prepare_run` (the run folder claimed for ``dag_id``'s run), then ``parallelism``
+    batch handles (what every per-shard stage is mapped over), each batch's own plan file and the compact shard
+    index (:mod:`pipeline.tasks.batches`)."""
     specs = prepare_run(params, run_id, config_path, dag_id)
     rdir = Path(specs[0]["run_dir"])
     handles = batches.plan_batches(rdir, len(specs), load_run_config(rdir).parallelism)
     batches.split_plan(specs, handles)
+    batches.write_index(rdir, [s["shard"] for s in specs])
     return handles
 
 
@@ -125,8 +131,8 @@ def _profiled(stage: str):
         @functools.wraps(fn)
         def wrapper(first, *args, **kwargs):
             ref = first[0] if isinstance(first, list) else first
-            unit = "all" if isinstance(first, list) and not args else "-".join(map(str, args)) or ref.get(
-                "band", ref.get("task", "all"))
+            unit = "all" if isinstance(first, list) else next(
+                (str(ref[k]) for k in ("band", "partition", "task") if k in ref), "all")
             with measured(ref["run_dir"], stage, f"{unit}"):
                 return fn(first, *args, **kwargs)
         return wrapper
@@ -143,27 +149,19 @@ def exact_hash_shard(spec: dict) -> dict:
     return exact_dedup.run_exact_hash_shard(Path(spec["run_dir"]), spec["shard"], cfg.dedup.exact_partitions)
 
 
-def exact_partitions(specs: list[dict]) -> list[int]:
-    """The partition numbers step 2 is mapped over."""
-    return list(range(load_run_config(specs[0]["run_dir"]).dedup.exact_partitions))
+def exact_partitions(specs: list[dict]) -> list[dict]:
+    """The hash partitions step 2 is mapped over: ``{run_dir, partition}`` each."""
+    rdir = specs[0]["run_dir"]
+    return [{"run_dir": rdir, "partition": p} for p in range(load_run_config(rdir).dedup.exact_partitions)]
 
 
 @_profiled("exact_partition")
-def exact_partition(specs: list[dict], partition: int) -> dict:
+def exact_partition(item: dict) -> dict:
     """Exact dedup, step 2 (per hash partition): the first copy of each text in shard order survives."""
-    rdir, shards = _run_of(specs)
+    rdir, shards = _run_of([item])
     cfg = load_run_config(rdir)
-    return exact_dedup.run_exact_partition(rdir, shards, partition, cfg.dedup.exact_partitions,
+    return exact_dedup.run_exact_partition(rdir, shards, item["partition"], cfg.dedup.exact_partitions,
                                            enabled=cfg.dedup.exact)
-
-
-@_profiled("exact_index")
-def exact_index(specs: list[dict]) -> dict:
-    """Steps 1 and 2 in one call (the CLI path)."""
-    rdir, shards = _run_of(specs)
-    cfg = load_run_config(rdir)
-    return exact_dedup.build_exact_index(rdir, shards, enabled=cfg.dedup.exact,
-                                         n_partitions=cfg.dedup.exact_partitions)
 
 
 def exact_dedup_shard(spec: dict) -> dict:
@@ -345,16 +343,6 @@ def finalize_mindrecord(specs: list[dict]) -> dict:
     return manifest_summary(rdir, manifest)
 
 
-def write_mindrecord(specs: list[dict]) -> dict:
-    """The three sink steps one after the other (the CLI path)."""
-    rdir, shards = _run_of(specs)
-    for shard in shards:
-        sink_scatter_shard({"run_dir": str(rdir), "shard": shard})
-    for batch in sink_file_batches(specs):
-        write_file_batch(batch)
-    return finalize_mindrecord(specs)
-
-
 @_profiled("write_validation")
 def write_validation(specs: list[dict]) -> dict:
     """Write the held-out MindRecord sets, one per domain (``mindrecord_val/<domain>/``), verified as written."""
@@ -447,30 +435,32 @@ def latest_corpus(data_root: str | Path) -> dict:
     return read_json(path)
 
 
+def run_step(task_id: str, item=None, **plan_args):
+    """The body of every task of the chain: call the step's function on what the task received.
+
+    ``item`` is one batch handle or fanned-out item (mapped steps) or the list of batch handles (fan-in steps);
+    ``plan_args`` (``params``, ``run_id``, ``config_path``) go to the plan step only.
+    """
+    step = steps.BY_ID[task_id]
+    fn = globals()[step.call]          # looked up at call time: a profiler may wrap the module's functions
+    if step.kind == "plan":
+        return fn(**plan_args)
+    return fn(step.stage, item) if step.kind == "batch" else fn(item)
+
+
 def run_all(params: dict | MindloomConfig, run_id: str, config_path: str | None = None, progress: bool = True) -> dict:
-    """The whole chain in one process (the CLI path); same functions, same outputs as the DAG."""
+    """The whole chain in this process (the CLI path): every step of :data:`pipeline.tasks.steps.STEPS` in order,
+    mapped steps once per item, exactly as the DAG's tasks run them.  Returns the publish step's summary."""
     from tqdm import tqdm
 
-    specs = prepare_run(params, run_id, config_path)
-
-    def each(desc, fn):
-        for spec in tqdm(specs, desc=desc, disable=not progress, unit="shard"):
-            fn(spec)
-
-    each("ingest", ingest_shard)
-    specs = ingest_output.output_specs(specs)       # the later stages run over ingest's output shards
-    exact_index(specs)
-    each("exact dedup", exact_dedup_shard)
-    each("minhash signatures", minhash_signatures)
-    for band in tqdm(minhash_bands(specs), desc="minhash bands", disable=not progress, unit="band"):
-        minhash_band(band)
-    minhash_clusters(specs)
-    each("minhash removal", minhash_removal)
-    minhash_report(specs)
-    each("quality", quality_shard)
-    train_tokenizer(specs)
-    each("tokenize", tokenize_shard)
-    plan_mixture(specs)
-    write_mindrecord(specs)
-    write_validation(specs)
-    return publish(specs)
+    out: dict = {}
+    for step in steps.STEPS:
+        if step.kind == "plan":
+            out[step.task_id] = run_step(step.task_id, params=params, run_id=run_id, config_path=config_path)
+        elif step.mapped:
+            items = out["plan"] if step.kind == "batch" else out[step.over]
+            out[step.task_id] = [run_step(step.task_id, it) for it in
+                                 tqdm(items, desc=step.task_id, disable=not progress, unit="task")]
+        else:
+            out[step.task_id] = run_step(step.task_id, out["plan"])
+    return out["publish"]

@@ -11,18 +11,24 @@ With a dedup index (earlier releases, :mod:`pipeline.dedup.minhash.index`), each
 sorted key file of this band; a hit adds the edge (document, index node) whose node id has the top bit set.
 
 Memory: about 112 bytes per document of the band partition being merged (keys and gids, their concatenation, the
-sort index and sorted copies, run labels) plus about 40 MB of fixed cost; a shard's key column is read one shard
-at a time.  Measured as the rise of peak RSS (``VmHWM``) of a fresh process running one band over synthetic
-stage-1 files with 20 % of documents in buckets: from 65 MB to 157 MB for 0.5 M documents and to 210 MB for 1 M
-(one partition), i.e. 111 bytes per document (the planning figure was 48, so ``memory_mb`` was exceeded about 2.3×; it is now 112).
-With 2^p partitions each task reads every shard's key column of its band 2^p times, so the memory stays at
-``memory_mb`` while the reads grow; no task loads signatures, only the 8-byte key of its band.
+sort index and sorted copies, run labels) plus about 40 MB of fixed cost, and one shard's key column while reading.
+Measured as the rise of peak RSS (``VmHWM``) of a fresh process running one band over synthetic stage-1 files with
+20 % of documents in buckets: from 65 MB to 157 MB for 0.5 M documents and to 210 MB for 1 M (one partition), i.e.
+111 bytes per document.  Output: 16 bytes per candidate edge (a, b), written one partition at a time.
+
+Passes: every shard's key column of the band is read exactly once.  When 2^p partitions are needed, that single
+read scatters (key, gid) pairs (16 bytes per document) into 2^p spill files on local disk under
+``minhash/bands/.work-<bbb>/``, each then read once, sorted and merged on its own and deleted; without partitions
+the keys go straight to memory.  (Before, each of the 2^p partitions re-read every shard's keys: 2^p reads.)
+For 1e9 documents and the default 1024 MB: p = 7 (128 partitions of 7.8 M documents, about 0.9 GB each), 8 GB
+of key reads and 16 GB of spill written and read once per band task, 14 band tasks.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -72,6 +78,39 @@ def star_edges(keys: np.ndarray, gids: np.ndarray) -> tuple[np.ndarray, np.ndarr
     return anchor[member], g[member], {"buckets": int((sizes > 1).sum()), "largest": int(sizes.max())}
 
 
+def _partitions(rdir: Path, manifest: dict, band: int, bits: int, work: Path):
+    """Yield (keys, gids) of each key-range partition in order, reading every shard's key column once."""
+    if not bits:
+        parts = [_read_keys(rdir, entry, band) for entry in manifest["shards"]]
+        yield (np.concatenate([p[0] for p in parts]) if parts else np.zeros(0, np.uint64),
+               np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, np.uint64))
+        return
+    n, shift = 1 << bits, np.uint64(64 - bits)
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    paths = [work / f"part_{i:05d}.u64" for i in range(n)]
+    files = [open(p, "wb") for p in paths]
+    try:
+        for entry in manifest["shards"]:
+            keys, gids = _read_keys(rdir, entry, band)
+            part = (keys >> shift).astype(np.int64)
+            order = np.argsort(part, kind="stable")       # shard order kept inside each partition
+            bounds = np.searchsorted(part[order], np.arange(n + 1))
+            pairs = np.stack([keys[order], gids[order]], axis=1)
+            for i in np.flatnonzero(np.diff(bounds)):
+                pairs[bounds[i]:bounds[i + 1]].tofile(files[i])
+    finally:
+        for f in files:
+            f.close()
+    try:
+        for path in paths:
+            pairs = np.fromfile(path, dtype=np.uint64).reshape(-1, 2)
+            path.unlink()
+            yield pairs[:, 0].copy(), pairs[:, 1].copy()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
 def run_band(rdir: Path, band: int, cfg: MinhashConfig) -> dict:
     """Candidate edges of band ``band`` → ``minhash/bands/band_<bb>.parquet`` (columns a, b; uint64 gids)."""
     import pyarrow as pa
@@ -89,22 +128,11 @@ def run_band(rdir: Path, band: int, cfg: MinhashConfig) -> dict:
         return done["stats"]
     index = DedupIndex.from_manifest(manifest)
     bits = partition_bits(manifest["docs"], cfg.memory_mb)
-    shift = np.uint64(64 - bits) if bits else None
     stats = {"band": band, "partitions": 1 << bits, "docs": 0, "buckets": 0, "largest_bucket": 0, "edges": 0,
              "index_matches": 0}
     schema = pa.schema([("a", pa.uint64()), ("b", pa.uint64())])
     with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-        for part in range(1 << bits):
-            keys_l, gids_l = [], []
-            for entry in manifest["shards"]:
-                keys, gids = _read_keys(rdir, entry, band)
-                if shift is not None:
-                    sel = (keys >> shift) == np.uint64(part)
-                    keys, gids = keys[sel], gids[sel]
-                keys_l.append(keys)
-                gids_l.append(gids)
-            keys = np.concatenate(keys_l) if keys_l else np.zeros(0, np.uint64)
-            gids = np.concatenate(gids_l) if gids_l else np.zeros(0, np.uint64)
+        for keys, gids in _partitions(rdir, manifest, band, bits, out.parent / f".work-{band:03d}"):
             a, b, info = star_edges(keys, gids)
             stats["docs"] += len(keys)
             stats["buckets"] += info["buckets"]

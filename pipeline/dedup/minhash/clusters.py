@@ -16,6 +16,12 @@ pairs, check off): 1 M documents with 20 k / 100 k / 200 k of them in clusters: 
 700 bytes per clustered document at 12.6 candidate edges each (55 per edge); 0.5 M and 1 M documents with 100 k clustered:
 108 and 110 MB.  ``BENCHMARKS.md`` has the same stage on real text (peak RSS 268 → 369 MB for 1× → 8× corpus).
 
+Passes: every band file is read once here (spilled to ``a mod K`` partition files when the edges exceed
+``memory_mb``, each written and read once); the rescue of buckets with a rejected anchor reads them once more, row
+group by row group (:mod:`.rescue`); the texts of clustered documents are read once.  For 1e9 documents with 3e8 of
+them in clusters the edge partitions stay at ``memory_mb``, but the union-find arrays (about 100 bytes per
+clustered document) reach about 30 GB: the one part of MinHash that is not bounded by the configuration.
+
 Which member of a component survives is decided by :mod:`pipeline.dedup.minhash.survivors` (``survivor_order``); a
 component that contains a document of an earlier release keeps that one, since it has already shipped.
 """

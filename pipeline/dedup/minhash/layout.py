@@ -113,21 +113,39 @@ def write_manifest(rdir: Path, shards: list[str], cfg_digest: str, fingerprint: 
     return manifest
 
 
+_MANIFEST_CACHE: dict = {}
+
+
 def read_manifest(rdir: Path, cfg_digest: str | None = None) -> dict:
+    """The stage-1 manifest (read only: callers must not change it).
+
+    Parsed once per process and file version: a batch task's shards (stage 4) and a worker's later shards reuse
+    it instead of each parsing a file that grows with the number of shards (about 250 bytes per shard).
+    """
     path = manifest_path(rdir)
     if not path.exists():
         raise MinhashError(f"{path} is missing: build the minhash manifest after stage 1 (signatures)")
-    manifest = read_json(path)
+    st = path.stat()
+    key = (str(path.resolve()), st.st_mtime_ns, st.st_size, st.st_ino)
+    manifest = _MANIFEST_CACHE.get(key)
+    if manifest is None:
+        manifest = read_json(path)
+        _MANIFEST_CACHE.clear()
+        _MANIFEST_CACHE[key] = manifest
     if cfg_digest is not None and manifest["config"] != cfg_digest:
         raise MinhashError(f"{path}: the run's minhash config changed after stage 1 (manifest {manifest['config']}, "
                            f"now {cfg_digest}); rerun from stage 1")
     return manifest
 
 
+_ENTRIES: list = [None, {}]       # (manifest, {shard: entry}) of the manifest last looked up
+
+
 def shard_entry(manifest: dict, shard: str, rdir: Path) -> dict:
-    for entry in manifest["shards"]:
-        if entry["shard"] == shard:
-            return entry
+    if _ENTRIES[0] is not manifest:   # one index per manifest, not a scan of every shard per lookup
+        _ENTRIES[:] = [manifest, {e["shard"]: e for e in manifest["shards"]}]
+    if (entry := _ENTRIES[1].get(shard)) is not None:
+        return entry
     raise MinhashError(f"shard {shard!r} is not in the stage-1 manifest {manifest_path(rdir)} "
                        f"(shards: {[e['shard'] for e in manifest['shards']][:20]}); the shard layout changed")
 

@@ -6,6 +6,9 @@ another; with star edges alone they would never be joined.  :func:`member_pairs`
 bucket with at least one rejected anchor–member pair and returns the pairs among its other members to check:
 all of them for buckets up to ``PAIRWISE_MAX`` members, else a new star around the smallest rejected member
 (linear, as stage 2 is, for the huge buckets boilerplate creates).
+
+Cost: one more read of every band file, row group by row group (2^20 edges, 16 MB), and only when some pair was
+rejected; memory holds one row group plus the edges of buckets with a rejected anchor (16 bytes each).
 """
 
 from __future__ import annotations
@@ -32,10 +35,15 @@ def member_pairs(rdir: Path, bands: int, failed_a: np.ndarray, failed_b: np.ndar
     anchors = np.unique(failed_a)
     out: set[tuple[int, int]] = set()
     for band in range(bands):
-        t = pq.read_table(band_path(rdir, band), columns=["a", "b"])
-        a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
-        sel = np.isin(a, anchors) & ~is_index(b)
-        a, b = a[sel], b[sel]
+        pf = pq.ParquetFile(band_path(rdir, band))
+        kept_a, kept_b = [np.zeros(0, np.uint64)], [np.zeros(0, np.uint64)]
+        for g in range(pf.num_row_groups):      # one row group in memory, plus the edges of rejected anchors
+            t = pf.read_row_group(g, columns=["a", "b"])
+            a, b = t.column("a").to_numpy(), t.column("b").to_numpy()
+            sel = np.isin(a, anchors) & ~is_index(b)
+            kept_a.append(a[sel])
+            kept_b.append(b[sel])
+        a, b = np.concatenate(kept_a), np.concatenate(kept_b)
         order = np.lexsort((b, a))
         a, b = a[order], b[order]
         if not len(a):

@@ -1,0 +1,109 @@
+"""The corpus chain as data: one ordered list of steps that the ``corpus_build`` DAG and ``mindloom corpus`` both run.
+
+Why: the DAG and the CLI used to wire the chain twice (a 206-line ``corpus_chain`` and a hand-written ``run_all``
+that skipped the batch plan and fused some fan-in steps), so they could drift.  Now ``dags/corpus_build.py`` makes
+one Airflow task per :class:`Step` (mapped where the step is mapped) and :func:`pipeline.tasks.corpus.run_all`
+walks the same list in order, in one process; both call :func:`pipeline.tasks.corpus.run_step`.
+
+Kinds of step (``item`` is what one task receives):
+
+``plan``   the run's planning task; returns the shard batch handles (``parallelism`` of them at most)
+``batch``  mapped over those handles: a per-shard ``stage`` over the batch's shards (``run_stage_batch``)
+``run``    one fan-in task; receives the list of handles (a few numbers each, never the plan)
+``fan``    one task that returns the items a ``map`` step is mapped over (hash partitions, bands, file batches)
+``map``    mapped over the items returned by the ``fan`` step named in ``over``
+
+The list is in an order that respects every dependency, so running it top to bottom is a valid schedule.  A step's
+upstream tasks are ``after`` plus the step whose output it consumes (the plan, or ``over``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+KINDS = ("plan", "batch", "run", "fan", "map")
+
+
+@dataclass(frozen=True)
+class Step:
+    name: str                      # task id inside its group
+    group: str | None              # Airflow task group (None: top level)
+    kind: str                      # one of KINDS
+    call: str = "run_stage_batch"  # function of pipeline.tasks.corpus that the task body calls
+    stage: str | None = None       # batch steps: the per-shard stage (pipeline.tasks.corpus.SHARD_STAGES)
+    after: tuple[str, ...] = ()    # task ids that must finish first (besides the data dependency)
+    over: str | None = None        # map steps: the fan step whose items they are mapped over
+    label: str | None = None       # map steps: UI label of one item, ``str.format(**item)`` (None: batch label)
+    outlet: bool = False           # the task that publishes the corpus Asset
+
+    @property
+    def task_id(self) -> str:
+        return f"{self.group}.{self.name}" if self.group else self.name
+
+    @property
+    def mapped(self) -> bool:
+        return self.kind in ("batch", "map")
+
+
+def _batch(name: str, group: str, stage: str, *after: str) -> Step:
+    return Step(name, group, "batch", stage=stage, after=after)
+
+
+STEPS: tuple[Step, ...] = (
+    Step("plan", None, "plan", "plan_tasks"),
+    _batch("ingest_shard", "ingest", "ingest"),
+    _batch("exact_hash", "clean", "exact_hash", "ingest.ingest_shard"),
+    Step("partitions", "clean", "fan", "exact_partitions", after=("clean.exact_hash",)),
+    Step("exact_partition", "clean", "map", "exact_partition", over="clean.partitions",
+         label="partition-{partition:03d}"),
+    _batch("exact_dedup", "clean", "exact_dedup", "clean.exact_partition"),
+    _batch("signatures", "near_dedup", "minhash_signatures", "clean.exact_dedup"),
+    Step("bands", "near_dedup", "fan", "minhash_bands", after=("near_dedup.signatures",)),
+    Step("band", "near_dedup", "map", "minhash_band", over="near_dedup.bands", label="band-{band:03d}"),
+    Step("clusters", "near_dedup", "run", "minhash_clusters", after=("near_dedup.band",)),
+    _batch("removal", "near_dedup", "minhash_removal", "near_dedup.clusters"),
+    Step("dedup_report", "near_dedup", "run", "minhash_report", after=("near_dedup.removal",)),
+    _batch("quality_filter", "filter", "quality", "near_dedup.removal"),
+    Step("train_tokenizer", "tokenize", "run", "train_tokenizer", after=("filter.quality_filter",)),
+    _batch("encode", "tokenize", "tokenize", "tokenize.train_tokenizer"),
+    Step("plan_mixture", "sink", "run", "plan_mixture", after=("tokenize.encode",)),
+    _batch("scatter", "sink", "sink_scatter", "sink.plan_mixture"),
+    Step("output_files", "sink", "fan", "sink_file_batches", after=("sink.scatter",)),
+    Step("write_files", "sink", "map", "write_file_batch", over="sink.output_files"),
+    Step("write_mindrecord", "sink", "run", "finalize_mindrecord", after=("sink.write_files",)),
+    Step("write_validation", "sink", "run", "write_validation", after=("sink.plan_mixture",)),
+    Step("publish", None, "run", "publish",
+         after=("sink.write_mindrecord", "sink.write_validation", "near_dedup.dedup_report"), outlet=True),
+)
+
+BY_ID: dict[str, Step] = {s.task_id: s for s in STEPS}
+
+
+def check_steps(steps: tuple[Step, ...] = STEPS) -> None:
+    """Refuse a list that cannot run top to bottom: unknown kinds, duplicate ids, or a dependency that comes later."""
+    seen: set[str] = set()
+    for i, s in enumerate(steps):
+        if s.kind not in KINDS:
+            raise ValueError(f"step {s.task_id}: kind {s.kind!r} is not one of {KINDS}")
+        if (s.kind == "plan") != (i == 0):
+            raise ValueError(f"step {s.task_id}: the plan step must come first, and only once")
+        if s.kind == "batch" and not s.stage or s.kind == "map" and not s.over:
+            raise ValueError(f"step {s.task_id}: a {s.kind} step needs {'stage' if s.kind == 'batch' else 'over'}")
+        for dep in (*s.after, *([s.over] if s.over else [])):
+            if dep not in seen:
+                raise ValueError(f"step {s.task_id}: depends on {dep!r}, which is not an earlier step")
+        if s.over and BY_ID[s.over].kind != "fan":
+            raise ValueError(f"step {s.task_id}: maps over {s.over}, which is not a fan step")
+        if s.task_id in seen:
+            raise ValueError(f"step {s.task_id}: listed twice")
+        seen.add(s.task_id)
+
+
+def item_label(step: Step, item: dict) -> str:
+    """What the UI shows for one mapped task: ``task 3/64: shards 120-159``, ``band-004``."""
+    from pipeline.tasks.batches import batch_label
+
+    return step.label.format(**item) if step.label else batch_label(item)
+
+
+check_steps()

@@ -1,0 +1,71 @@
+"""One orchestration path: the declared chain (pipeline.tasks.steps) is what the DAG wires and what the CLI runs;
+fan-in tasks read a compact shard index, never the whole plan."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from pipeline.tasks import batches
+from pipeline.tasks.steps import STEPS, Step, check_steps
+
+
+def test_the_declared_chain_runs_top_to_bottom():
+    check_steps()
+    assert [s.task_id for s in STEPS][:3] == ["plan", "ingest.ingest_shard", "clean.exact_hash"]
+    assert STEPS[-1].task_id == "publish" and STEPS[-1].outlet
+    batch = {s.stage for s in STEPS if s.kind == "batch"}
+    assert batch == {"ingest", "exact_hash", "exact_dedup", "minhash_signatures", "minhash_removal", "quality",
+                     "tokenize", "sink_scatter"}
+
+
+@pytest.mark.parametrize("bad,message", [
+    (lambda s: (s[0], s[2], s[1], *s[3:]), "not an earlier step"),
+    (lambda s: (*s, s[-1]), "listed twice"),
+    (lambda s: (s[1], s[0], *s[2:]), "plan step must come first"),
+    (lambda s: (*s[:4], dataclasses.replace(s[4], over="clean.exact_hash"), *s[5:]), "not a fan step"),
+    (lambda s: (*s, Step("x", None, "loop")), "kind 'loop'"),
+])
+def test_a_chain_that_cannot_run_in_order_is_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        check_steps(bad(STEPS))
+
+
+def test_every_step_calls_an_existing_task_function():
+    from pipeline.tasks import corpus
+
+    for s in STEPS:
+        assert callable(getattr(corpus, s.call)), s
+        if s.kind == "batch":
+            assert s.stage in corpus.SHARD_STAGES, s
+
+
+def test_shard_index_round_trips_and_stays_small(tmp_path):
+    names = ([f"web-{k:05d}" for k in range(5000)] + [f"code-{k:05d}" for k in range(3)] + ["odd"]
+             + [f"web-{k:05d}" for k in range(5000, 5002)] + ["zh-7", "zh-8", "zh-010", "zh-011"])
+    batches.write_index(tmp_path, names)
+    assert batches.shard_names(tmp_path) == names
+    index = json.loads((tmp_path / "plan" / "shards.json").read_text())
+    assert index["shards"] == len(names) and len(index["runs"]) == 6
+    assert len(json.dumps(index)) < 300                           # 5,014 shards, six runs
+
+
+def test_a_batch_without_its_plan_file_fails_with_its_name(tmp_path):
+    handle = batches.plan_batches(tmp_path, 4, 2)[1]
+    with pytest.raises(FileNotFoundError, match=r"batch-00001-of-00002\.json: the batch plan file is missing"):
+        batches.batch_specs(handle)
+
+
+@pytest.mark.slow
+def test_the_dag_has_one_task_per_step_wired_as_declared(dagbag):
+    dag = dagbag.get_dag("corpus_build")
+    assert [t.task_id for t in dag.tasks] == [s.task_id for s in STEPS]
+    for s in STEPS:
+        task = dag.get_task(s.task_id)
+        data = [] if s.kind == "plan" else [s.over if s.kind == "map" else "plan"]
+        assert task.upstream_task_ids == {*s.after, *data}, s.task_id
+        assert (type(task).__name__ == "DecoratedMappedOperator") == s.mapped, s.task_id
+        assert task.outlets if s.outlet else not task.outlets
+    assert [t.task_id for t in dagbag.get_dag("corpus_refresh").tasks] == [s.task_id for s in STEPS]

@@ -1,0 +1,91 @@
+"""Pools inside a task: one forkserver pool per settings, shared by the task's calls and gone when the task ends."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from pipeline import pools
+from pipeline.tasks import batches
+
+
+def test_a_task_shares_one_pool_per_settings_and_shuts_it_down_at_its_end():
+    with pools.task_pools():
+        first, owned = pools.task_executor(2, "pipeline.io")
+        again, _ = pools.task_executor(2, "pipeline.io")
+        other, _ = pools.task_executor(1, "pipeline.io")
+        assert not owned and again is first and other is not first
+        pids = {first.submit(os.getpid).result() for _ in range(4)}
+        assert os.getpid() not in pids and 1 <= len(pids) <= 2
+    assert first._shutdown_thread and other._shutdown_thread       # no idle worker outlives the task
+    outside, owned = pools.task_executor(2, "pipeline.io")
+    assert owned and outside is not first
+    outside.shutdown()
+
+
+def test_ordered_map_reuses_the_task_pool_and_keeps_input_order():
+    with pools.task_pools():
+        out1 = list(pools.ordered_map(abs, [-3, 1, -2], 2, "pipeline.io", None, ()))
+        pool, _ = pools.task_executor(2, "pipeline.io")
+        out2 = list(pools.ordered_map(abs, range(-5, 0), 2, "pipeline.io", None, ()))
+        assert pools.task_executor(2, "pipeline.io")[0] is pool
+    assert out1 == [3, 1, 2] and out2 == [5, 4, 3, 2, 1]
+
+
+def test_an_abandoned_map_drops_its_shared_pool():
+    with pools.task_pools():
+        gen = pools.ordered_map(abs, range(-20, 0), 2, "pipeline.io", None, ())
+        assert next(gen) == 20
+        pool, _ = pools.task_executor(2, "pipeline.io")
+        gen.close()                                             # consumer stops early: no work is left behind
+        assert pools.task_executor(2, "pipeline.io")[0] is not pool
+
+
+def test_a_batch_of_one_shard_runs_without_a_pool(tmp_path, monkeypatch):
+    handles = batches.plan_batches(tmp_path, 3, 2)
+    batches.split_plan([{"shard": f"s{k}", "bytes": k} for k in range(3)], handles)
+    monkeypatch.setattr(batches, "task_executor", lambda *a, **k: pytest.fail("a pool for one shard"))
+    seen = []
+    out = batches.run_batch(lambda spec: seen.append(spec["shard"]), handles[0], workers=4)
+    assert seen == ["s0"] and out["shards"] == 1
+    seen.clear()
+    batches.run_batch(lambda spec: seen.append(spec["shard"]), handles[1], workers=1)    # one worker: in process
+    assert seen == ["s1", "s2"]
+
+
+def _shared_pool_in_daemon(q) -> None:
+    from pipeline.profile import measured
+
+    try:
+        with measured(None, "test", "daemon"):
+            pool, _ = pools.task_executor(2, "pipeline.io")
+            q.put(("ok", sorted(pool.map(abs, [-1, -2, -3]))))
+    except Exception as exc:       # what the parent asserts on
+        q.put(("error", repr(exc)))
+
+
+def test_the_shared_forkserver_pool_runs_in_a_celery_prefork_process():
+    """Batch tasks now use the task's forkserver pool (not spawn): it must start where Celery runs tasks too."""
+    billiard = pytest.importorskip("billiard")
+    q = billiard.get_context("fork").Queue()
+    p = billiard.get_context("fork").Process(target=_shared_pool_in_daemon, args=(q,), daemon=True)
+    p.start()
+    got = q.get(timeout=120)
+    p.join(30)
+    assert got == ("ok", [1, 2, 3])
+
+
+def test_the_profile_sampler_finds_the_same_descendants_as_psutil():
+    """measured() samples the process tree 10 times a second: from /proc/<pid>/task/*/children, not a scan of every
+    process on the machine (psutil), with the same result."""
+    import psutil
+
+    from pipeline.profile import _descendants
+
+    with pools.task_pools():
+        pool, _ = pools.task_executor(2, "pipeline.io")
+        assert sorted(pool.map(abs, [-1, -2, -3])) == [1, 2, 3]
+        me = psutil.Process()
+        ours = sorted(p.pid for p in _descendants(me))
+        assert ours == sorted(p.pid for p in me.children(recursive=True)) and len(ours) >= 3   # server + 2 workers
