@@ -121,7 +121,10 @@ def test_later_stages_run_over_the_output_shards_in_plan_batches(tmp_path):
     n = len(expected_parts(data.splitlines(keepends=True), 50_000))
     assert n == 4 and [len(s["parts"]) for s in stats] == [n, 1]
     (rdir / "plan.json").write_text(json.dumps(specs))
-    (handle,) = batches.plan_batches(rdir, len(specs), parallelism=4)[:1]
+    handles = batches.plan_batches(rdir, len(specs), parallelism=4)
+    batches.split_plan(specs, handles)                  # what the plan step writes: batch files, shard index
+    batches.write_index(rdir, [s["shard"] for s in specs])
+    handle = handles[0]
     seen: list[str] = []
     out = batches.run_batch(lambda spec: seen.append(spec["shard"]) or {}, handle, expand=output_specs)
     assert seen == stats[0]["parts"] and out["shards"] == n
