@@ -105,7 +105,7 @@ class FineWebQuality(Filter):
             return {"n_lines": 0, "line_punct_ratio": 0.0, "short_line_ratio": 0.0, "char_dup_ratio": 0.0,
                     "new_line_ratio": 0.0}
         chars = len(text) - text.count("\n")
-        n_words = len(doc.words)
+        n_words = doc.n_words
         return {
             "n_lines": n,
             "line_punct_ratio": sum(ln[-1] in SENTENCE_TERMINALS for ln in lines) / n,

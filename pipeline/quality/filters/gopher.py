@@ -13,7 +13,7 @@ import re
 
 from pipeline.quality.filters.base import Drop, Filter, Scores
 from pipeline.quality.filters.params import GopherQualityParams, GopherRepetitionParams
-from pipeline.quality.filters.text import Doc, count_letter_words, symbol_mask
+from pipeline.quality.filters.text import KERNELS, Doc
 
 BULLETS = ("•", "-")
 
@@ -52,14 +52,15 @@ class GopherQuality(Filter):
         self._cjk_stop = frozenset(params.cjk_stop_words)
 
     def score(self, doc: Doc) -> Scores:
-        text, words = doc.text, doc.words
-        n_tokens = len(words)
-        # Per-word rules as array operations over the words' first characters and lengths (same counts as the
-        # plain loops: is_symbol_token, has_letter and the CJK flag per word).
-        content = ~symbol_mask(words, doc.first_codepoints)
+        text = doc.text
+        n_tokens = doc.n_words
+        # Per-word rules as array operations over the words' flags and lengths (same counts as the plain loops:
+        # is_symbol_token, has_letter and the CJK flag per word).
+        content = doc.content_mask
         latin = content & ~doc.cjk_mask
         n_latin = int(latin.sum())
-        n_alpha = count_letter_words(words, doc.first_codepoints, doc.word_lengths)
+        n_alpha = doc.n_letter_words
+        words = doc.distinct_words              # the stop-word rules count distinct words
         lines = doc.lines
         n_lines = len(lines)
         return {
@@ -179,6 +180,16 @@ def ngram_chars(words: list[str], cjk_flags, lengths=None) -> dict[str, int]:
     return out
 
 
+def doc_ngram_chars(doc: Doc) -> dict[str, int]:
+    """:func:`ngram_chars` of a document's words: the compiled kernel when numba is there (same values)."""
+    if doc.spans is None:
+        return ngram_chars(doc.words, doc.cjk_mask, doc.word_lengths)
+    kernels = KERNELS[0]
+    starts, ends, ids, _ = doc.spans
+    values = kernels.ngram_counts(ids, doc.word_lengths, doc.cjk_mask).tolist()
+    return dict(zip((*(f"top_{n}_gram" for n in TOP_NS), *(f"dup_{n}_gram" for n in DUP_NS)), values, strict=True))
+
+
 def _top_group(perm, same) -> tuple[int, int]:
     """(earliest position of the largest groups, their size) from a sort permutation and its equal-neighbour mask.
 
@@ -216,7 +227,7 @@ class GopherRepetition(Filter):
         n, chars = _duplicates(lines)
         s["dup_line_frac"], s["dup_line_char_frac"] = n / len(lines), chars / size
         # n-gram rules look at words only; CJK text contributes one word per character.
-        for key, chars in ngram_chars(doc.words, doc.cjk_mask, doc.word_lengths).items():
+        for key, chars in doc_ngram_chars(doc).items():
             s[key] = chars / size
         return s
 

@@ -1,0 +1,299 @@
+"""Compiled (numba) per-document text statistics: word tokens and the Gopher n-gram counts, over code points.
+
+Why compiled: :func:`pipeline.quality.filters.text.split_words` runs a regular expression per whitespace chunk and
+builds a Python string per token, and :func:`pipeline.quality.filters.gopher.ngram_chars` then numbers the words
+through a dict and sorts nine hash arrays.  Together they were about two thirds of the quality scoring CPU (which
+runs twice: MinHash pre-scoring and the quality stage).  Here a document is one uint32 code-point array; one pass
+finds the token spans, numbers the distinct tokens and flags them, and a second pass counts the n-grams with hash
+tables.  No token becomes a Python object unless a filter asks for the strings.
+
+The results are identical to the pure-Python reference (tests/test_filters_kernels.py compares them on the shared
+corpora and on random text): :func:`word_spans` gives exactly the tokens of ``text._TOKEN.findall``, and
+:func:`ngram_counts` exactly the values of ``gopher.ngram_chars``, including its 64-bit n-gram hash (two n-grams
+are the same when their hashes are, as there).  Character classes come from the same ``re``-derived table as the
+MinHash kernel (:func:`pipeline.charclass.char_classes`), so ``\\w``, ``\\s``, ``\\d`` mean what
+``re`` means.  Compiled functions are cached on disk (``cache=True``, beside this module in ``__pycache__``), so a
+fresh worker process loads them instead of compiling.
+
+All uint64 arithmetic uses typed constants: numba turns uint64 mixed with a Python int literal into float64.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+# char_classes() bits (pipeline.charclass.CLS_*)
+_CLS_WORD = 1       # letter or digit: [^\W_]
+_CLS_DIGIT = 2      # decimal digit: \d
+_CLS_SPACE = 4      # whitespace: \s
+
+_DASH = 0x2D
+_DOT = 0x2E
+_SLASH = 0x2F
+_UNDERSCORE = 0x5F
+_PILCROW = 0xB6
+
+_MULT = np.uint64(0x9E3779B97F4A7C15)   # gopher._MULT: the n-gram hash multiplier
+_FM1 = np.uint64(0xFF51AFD7ED558CCD)
+_FM2 = np.uint64(0xC4CEB9FE1A85EC53)
+_U33 = np.uint64(33)
+
+#: ngram_counts() output order: top 2..4, then dup 5..10 (gopher.TOP_NS, gopher.DUP_NS)
+TOP_NS = (2, 3, 4)
+DUP_NS = (5, 6, 7, 8, 9, 10)
+
+
+@njit(inline="always")
+def _is_cjk(c):
+    """text.CJK_RANGES: Han (with extensions and compatibility ideographs) and kana."""
+    return ((0x3040 <= c <= 0x30FF) or (0x31F0 <= c <= 0x31FF) or (0x3400 <= c <= 0x4DBF)
+            or (0x4E00 <= c <= 0x9FFF) or (0xF900 <= c <= 0xFAFF) or (0x20000 <= c <= 0x3134F))
+
+
+@njit(inline="always")
+def _is_w(c, cls):
+    """``[^\\W{CJK}]``: a word character (``\\w``: letter, digit or '_') that is not CJK."""
+    return ((cls[c] & _CLS_WORD) != 0 or c == _UNDERSCORE) and not _is_cjk(c)
+
+
+@njit(inline="always")
+def _is_x(c, cls):
+    """``[^\\s{CJK}/-]``: what may sit inside a word between its word characters."""
+    return (cls[c] & _CLS_SPACE) == 0 and c != _SLASH and c != _DASH and not _is_cjk(c)
+
+
+@njit(inline="always")
+def _at(cp, n, i, c):
+    return i < n and cp[i] == c
+
+
+@njit(cache=True)
+def _abbreviation(cp, n, p):
+    """End of ``(?:Mrs?|Ms|Dr|St|Jr|Sr|vs|etc|[A-Z])\\.`` at p, or -1 (tried in the regular expression's order)."""
+    c = cp[p]
+    if c == 0x4D:                                                       # M
+        if _at(cp, n, p + 1, 0x72):                                     # Mr
+            if _at(cp, n, p + 2, 0x73) and _at(cp, n, p + 3, _DOT):     # Mrs.
+                return p + 4
+            if _at(cp, n, p + 2, _DOT):
+                return p + 3
+        if _at(cp, n, p + 1, 0x73) and _at(cp, n, p + 2, _DOT):         # Ms.
+            return p + 3
+    elif c == 0x44 or c == 0x53 or c == 0x4A:                           # Dr. / St. Sr. / Jr.
+        second = 0x72 if c != 0x53 else 0x74
+        if _at(cp, n, p + 1, second) and _at(cp, n, p + 2, _DOT):
+            return p + 3
+        if c == 0x53 and _at(cp, n, p + 1, 0x72) and _at(cp, n, p + 2, _DOT):
+            return p + 3
+    elif c == 0x76:                                                     # vs.
+        if _at(cp, n, p + 1, 0x73) and _at(cp, n, p + 2, _DOT):
+            return p + 3
+    elif c == 0x65:                                                     # etc.
+        if _at(cp, n, p + 1, 0x74) and _at(cp, n, p + 2, 0x63) and _at(cp, n, p + 3, _DOT):
+            return p + 4
+    if 0x41 <= c <= 0x5A and _at(cp, n, p + 1, _DOT):                   # [A-Z].
+        return p + 2
+    return -1
+
+
+@njit(cache=True)
+def _core(cp, n, p, cls):
+    """End of ``{_W}(?:[^\\s{CJK}/-]*{_W})?`` at p (cp[p] is a word character): just past the last word character
+    of the run of in-word characters that follows."""
+    end = p + 1
+    j = p + 1
+    while j < n:
+        c = cp[j]
+        if not _is_x(c, cls):
+            break
+        j += 1
+        if _is_w(c, cls):
+            end = j
+    return end
+
+
+@njit(cache=True)
+def _hash_span(cp, s, e):
+    h = np.uint64(e - s) * _MULT
+    for i in range(s, e):
+        h = (h ^ np.uint64(cp[i])) * _FM1
+        h ^= h >> _U33
+    return h * _FM2
+
+
+@njit(cache=True)
+def word_spans(cp, cls):
+    """Word tokens of one document (the tokens of ``text._TOKEN.findall``) as code-point spans.
+
+    Returns (starts, ends, ids, flags): ``ids`` number the distinct tokens by first occurrence from 1 (as
+    ``dict.fromkeys`` would); ``flags`` bit 1: the token starts with a word character (not a symbol token),
+    bit 2: it is one CJK character, bit 4: it holds a letter (``[^\\W\\d_]``).
+    """
+    n = cp.shape[0]
+    starts = np.empty(n, np.int64)
+    ends = np.empty(n, np.int64)
+    k = 0
+    p = 0
+    while p < n:
+        c = cp[p]
+        if (cls[c] & _CLS_SPACE) != 0:
+            p += 1
+            continue
+        if _is_cjk(c):
+            e = p + 1
+        else:
+            e = _abbreviation(cp, n, p)
+            if e < 0:
+                if _is_w(c, cls):
+                    e = _core(cp, n, p, cls)
+                    while _at(cp, n, e, _DASH) and _at(cp, n, e + 1, _DASH):     # (?:--+{_CORE})*
+                        d = e + 2
+                        while _at(cp, n, d, _DASH):
+                            d += 1
+                        if d < n and _is_w(cp[d], cls):
+                            e = _core(cp, n, d, cls)
+                        else:
+                            break
+                    if _at(cp, n, e, _PILCROW):
+                        e += 1
+                elif (c == _DASH or c == _DOT) and _at(cp, n, p + 1, c):       # -{2,} | \.{2,}
+                    e = p + 2
+                    while _at(cp, n, e, c):
+                        e += 1
+                else:
+                    e = p + 1                                                   # [^\w\s]
+        starts[k] = p
+        ends[k] = e
+        k += 1
+        p = e
+    starts = starts[:k]
+    ends = ends[:k]
+    ids = np.empty(k, np.uint64)
+    flags = np.zeros(k, np.uint8)
+    size = 16
+    while size < 2 * k:
+        size *= 2
+    mask = np.uint64(size - 1)
+    slot_token = np.full(size, -1, np.int64)     # first token of the distinct word in each slot
+    slot_id = np.zeros(size, np.uint64)
+    distinct = 0
+    for t in range(k):
+        s, e = starts[t], ends[t]
+        slot = _hash_span(cp, s, e) & mask
+        while True:
+            other = slot_token[np.int64(slot)]
+            if other < 0:
+                distinct += 1
+                slot_token[np.int64(slot)] = t
+                slot_id[np.int64(slot)] = np.uint64(distinct)
+                ids[t] = np.uint64(distinct)
+                break
+            os_, oe = starts[other], ends[other]
+            if oe - os_ == e - s:
+                same = True
+                for i in range(e - s):
+                    if cp[os_ + i] != cp[s + i]:
+                        same = False
+                        break
+                if same:
+                    ids[t] = slot_id[np.int64(slot)]
+                    break
+            slot = (slot + np.uint64(1)) & mask
+        c = cp[s]
+        f = 0
+        if (cls[c] & _CLS_WORD) != 0 or c == _UNDERSCORE:
+            f |= 1
+        if e - s == 1 and _is_cjk(c):
+            f |= 2
+        for i in range(s, e):
+            if (cls[cp[i]] & (_CLS_WORD | _CLS_DIGIT)) == _CLS_WORD:
+                f |= 4
+                break
+        flags[t] = f
+    return starts, ends, ids, flags
+
+
+@njit(cache=True)
+def _count_table(h, m, keys, counts, used):
+    """Insert h[:m] into an open-addressing table; return each position's slot."""
+    size = keys.shape[0]
+    mask = np.uint64(size - 1)
+    used[:] = False
+    slots = np.empty(m, np.int64)
+    for i in range(m):
+        key = h[i]
+        x = key ^ (key >> _U33)
+        x *= _FM1
+        x ^= x >> _U33
+        slot = np.int64(x & mask)
+        while used[slot] and keys[slot] != key:
+            slot = (slot + 1) & (size - 1)
+        if not used[slot]:
+            used[slot] = True
+            keys[slot] = key
+            counts[slot] = 0
+        counts[slot] += 1
+        slots[i] = slot
+    return slots
+
+
+@njit(cache=True)
+def ngram_counts(ids, lengths, cjk):
+    """gopher.ngram_chars as 9 integers (top_2..4, dup_5..10) from word ids, lengths and CJK flags.
+
+    Same 64-bit polynomial n-gram hash as the reference; grouping by hash table instead of by sorting.  The
+    duplicate scan visits every position instead of only repeated hashes: a position whose n-gram occurs once is
+    never a repeat and only moves the scan's skip mark to itself + 1, which skips nothing.
+    """
+    out = np.zeros(9, np.int64)
+    L = ids.shape[0]
+    if L < 2:
+        return out
+    prefix = np.zeros(L + 1, np.int64)
+    for i in range(L):
+        prefix[i + 1] = prefix[i] + lengths[i]
+    gaps = np.zeros(L, np.int64)
+    for i in range(1, L):
+        gaps[i] = gaps[i - 1] + (0 if (cjk[i - 1] or cjk[i]) else 1)
+    size = 16
+    while size < 2 * L:
+        size *= 2
+    keys = np.empty(size, np.uint64)
+    counts = np.empty(size, np.int64)
+    used = np.empty(size, np.bool_)
+    seen = np.empty(size, np.bool_)
+    h = ids.copy()
+    m = L
+    for n in range(2, 11):
+        m -= 1
+        if m <= 0:
+            break
+        for i in range(m):
+            h[i] = h[i] * _MULT + ids[i + n - 1]
+        slots = _count_table(h, m, keys, counts, used)
+        if n <= 4:
+            top = 0
+            for i in range(m):
+                if counts[slots[i]] > top:
+                    top = counts[slots[i]]
+            for i in range(m):
+                if counts[slots[i]] == top:
+                    out[n - 2] = (prefix[i + n] - prefix[i] + gaps[i + n - 1] - gaps[i]) * top
+                    break
+            continue
+        seen[:] = False
+        chars = 0
+        nxt = 0
+        for i in range(m):
+            if i < nxt:
+                continue
+            slot = slots[i]
+            if seen[slot]:
+                chars += prefix[i + n] - prefix[i]
+                nxt = i + n
+            else:
+                seen[slot] = True
+                nxt = i + 1
+        out[n - 2] = chars
+    return out
