@@ -32,7 +32,8 @@ from pipeline.quality.filters.text import (  # noqa: E402
 POEM = "《感遇・其一》\n作者：张九龄\n兰叶春葳蕤，桂华秋皎洁。ゝ゛・ー ２０２３年 ½ ²x _x 𠀀 Mr. A. etc. x--y --"
 PIECES = ["a", "Z", "M", "r", "s", "S", "t", "D", "J", "v", "e", "c", "3", "٣", "_", " ", "\t", "\n", "\u3000",
           "\xa0", "\x1f", ".", "..", "-", "--", "/", "¶", "Mr", "Mrs", "etc", "中", "ー", "ｶ", "한", "é", "e\u0301",
-          "²", "½", "'", "(", "=", "𠀀", "😀", "\ud800", "…"]
+          "²", "½", "'", "(", "=", "𠀀", "😀", "\ud800", "…", "•", "\r", "\r\n", "\n\n", "\x0b", "\x1c", "\x85",
+          "\u2028", "...", "a b"]
 
 
 def _real_texts() -> list[tuple[str, str]]:
@@ -88,6 +89,26 @@ def test_kernel_ngram_counts_equal_the_reference():
         starts, ends, ids, flags = doc.spans
         got = kernels.ngram_counts(ids, ends - starts, (flags & 2) != 0).tolist()
         assert got == list(want.values()), repr(text[:300])
+
+
+def test_kernel_line_and_paragraph_counts_equal_the_reference():
+    from pipeline.quality.filters.gopher import _LINES, _PARAGRAPH, _bullet_lines, _duplicates, _ellipsis_lines
+    from pipeline.quality.filters.text import cjk_char_count
+
+    kernels, classes = text_mod.KERNELS
+    rnd = random.Random(4)
+    lines = ["a", "b b", "- x", "• y", "  -z", "end...", "end…  ", "…", "..", " ", "", "中文。"]
+    texts = [t for _, t in _real_texts()] + _random_texts(3000, 14)
+    texts += [rnd.choice(["", "\n", " "]).join(rnd.choice(lines) + rnd.choice(["\n", "\n\n", "\n\n\n", "\r\n", " \n"])
+                                               for _ in range(rnd.randint(0, 12))) for _ in range(3000)]
+    for text in texts:
+        cp = _codepoints(text)
+        paragraphs, lines_ = _PARAGRAPH.split(text.strip()), _LINES.split(text)
+        want = (len(paragraphs), *_duplicates(paragraphs), len(lines_), *_duplicates(lines_))
+        assert kernels.repetition_counts(cp, classes) == want, repr(text[:300])
+        split = text.splitlines()
+        assert kernels.line_marks(cp, classes) == (_bullet_lines(text, split), _ellipsis_lines(text, split))
+        assert kernels.cjk_count(cp) == cjk_char_count(text)
 
 
 def _same(a, b) -> bool:

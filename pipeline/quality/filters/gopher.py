@@ -50,6 +50,7 @@ class GopherQuality(Filter):
         super().__init__(params)
         self._stop = frozenset(params.stop_words)
         self._cjk_stop = frozenset(params.cjk_stop_words)
+        self._longest_stop = max(map(len, self._stop | self._cjk_stop), default=0)
 
     def score(self, doc: Doc) -> Scores:
         text = doc.text
@@ -60,16 +61,20 @@ class GopherQuality(Filter):
         latin = content & ~doc.cjk_mask
         n_latin = int(latin.sum())
         n_alpha = doc.n_letter_words
-        words = doc.distinct_words              # the stop-word rules count distinct words
+        words = doc.distinct_words_upto(self._longest_stop)     # the stop-word rules count distinct words
         lines = doc.lines
         n_lines = len(lines)
+        if doc.spans is None:
+            bullets, ellipses = _bullet_lines(text, lines), _ellipsis_lines(text, lines)
+        else:
+            bullets, ellipses = KERNELS[0].line_marks(doc.codepoints, KERNELS[1])
         return {
             "n_words": int(content.sum()),
             "avg_word_length": int(doc.word_lengths[latin].sum()) / n_latin if n_latin else 0.0,
             "hash_ratio": text.count("#") / n_tokens if n_tokens else 0.0,
             "ellipsis_ratio": (text.count("...") + text.count("…")) / n_tokens if n_tokens else 0.0,
-            "bullet_lines_ratio": _bullet_lines(text, lines) / n_lines if n_lines else 0.0,
-            "ellipsis_lines_ratio": _ellipsis_lines(text, lines) / n_lines if n_lines else 0.0,
+            "bullet_lines_ratio": bullets / n_lines if n_lines else 0.0,
+            "ellipsis_lines_ratio": ellipses / n_lines if n_lines else 0.0,
             "alpha_words_ratio": n_alpha / n_tokens if n_tokens else 0.0,
             "stop_words": len(self._stop.intersection(words)),
             "cjk_stop_words": len(self._cjk_stop.intersection(words)),
@@ -220,12 +225,15 @@ class GopherRepetition(Filter):
         s: Scores = {"n_chars": size}
         if not size:
             return s | {k: 0.0 for k in self.score_names[1:]}
-        paragraphs = _PARAGRAPH.split(text.strip())
-        n, chars = _duplicates(paragraphs)
-        s["dup_para_frac"], s["dup_para_char_frac"] = n / len(paragraphs), chars / size
-        lines = _LINES.split(text)
-        n, chars = _duplicates(lines)
-        s["dup_line_frac"], s["dup_line_char_frac"] = n / len(lines), chars / size
+        if doc.spans is None:
+            paragraphs = _PARAGRAPH.split(text.strip())
+            n_para, n, chars = len(paragraphs), *_duplicates(paragraphs)
+            lines = _LINES.split(text)
+            n_lines, n_line, line_chars = len(lines), *_duplicates(lines)
+        else:
+            n_para, n, chars, n_lines, n_line, line_chars = KERNELS[0].repetition_counts(doc.codepoints, KERNELS[1])
+        s["dup_para_frac"], s["dup_para_char_frac"] = n / n_para, chars / size
+        s["dup_line_frac"], s["dup_line_char_frac"] = n_line / n_lines, line_chars / size
         # n-gram rules look at words only; CJK text contributes one word per character.
         for key, chars in doc_ngram_chars(doc).items():
             s[key] = chars / size

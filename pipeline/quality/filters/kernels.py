@@ -47,7 +47,7 @@ DUP_NS = (5, 6, 7, 8, 9, 10)
 @njit(inline="always")
 def _is_cjk(c):
     """text.CJK_RANGES: Han (with extensions and compatibility ideographs) and kana."""
-    return ((0x3040 <= c <= 0x30FF) or (0x31F0 <= c <= 0x31FF) or (0x3400 <= c <= 0x4DBF)
+    return c >= 0x3040 and ((c <= 0x30FF) or (0x31F0 <= c <= 0x31FF) or (0x3400 <= c <= 0x4DBF)
             or (0x4E00 <= c <= 0x9FFF) or (0xF900 <= c <= 0xFAFF) or (0x20000 <= c <= 0x3134F))
 
 
@@ -115,11 +115,54 @@ def _core(cp, n, p, cls):
 
 @njit(cache=True)
 def _hash_span(cp, s, e):
-    h = np.uint64(e - s) * _MULT
+    h = np.uint64(e - s)
     for i in range(s, e):
-        h = (h ^ np.uint64(cp[i])) * _FM1
-        h ^= h >> _U33
-    return h * _FM2
+        h = (h + np.uint64(cp[i])) * _MULT
+    h ^= h >> _U33
+    h *= _FM1
+    h ^= h >> _U33
+    return h
+
+
+@njit(cache=True)
+def span_ids(cp, starts, ends):
+    """Ids of the strings cp[starts[t]:ends[t]], numbered by first occurrence from 1 (``dict.fromkeys`` order).
+
+    Open addressing on a hash of the code points; equal hashes are confirmed by comparing the code points, so
+    the ids are exact.
+    """
+    k = starts.shape[0]
+    ids = np.empty(k, np.uint64)
+    size = 16
+    while size < 2 * k:
+        size *= 2
+    mask = np.uint64(size - 1)
+    slot_token = np.full(size, -1, np.int64)     # first span of the distinct string in each slot
+    slot_id = np.zeros(size, np.uint64)
+    distinct = 0
+    for t in range(k):
+        s, e = starts[t], ends[t]
+        slot = _hash_span(cp, s, e) & mask
+        while True:
+            other = slot_token[np.int64(slot)]
+            if other < 0:
+                distinct += 1
+                slot_token[np.int64(slot)] = t
+                slot_id[np.int64(slot)] = np.uint64(distinct)
+                ids[t] = np.uint64(distinct)
+                break
+            os_, oe = starts[other], ends[other]
+            if oe - os_ == e - s:
+                same = True
+                for i in range(e - s):
+                    if cp[os_ + i] != cp[s + i]:
+                        same = False
+                        break
+                if same:
+                    ids[t] = slot_id[np.int64(slot)]
+                    break
+            slot = (slot + np.uint64(1)) & mask
+    return ids
 
 
 @njit(cache=True)
@@ -169,37 +212,10 @@ def word_spans(cp, cls):
         p = e
     starts = starts[:k]
     ends = ends[:k]
-    ids = np.empty(k, np.uint64)
+    ids = span_ids(cp, starts, ends)
     flags = np.zeros(k, np.uint8)
-    size = 16
-    while size < 2 * k:
-        size *= 2
-    mask = np.uint64(size - 1)
-    slot_token = np.full(size, -1, np.int64)     # first token of the distinct word in each slot
-    slot_id = np.zeros(size, np.uint64)
-    distinct = 0
     for t in range(k):
         s, e = starts[t], ends[t]
-        slot = _hash_span(cp, s, e) & mask
-        while True:
-            other = slot_token[np.int64(slot)]
-            if other < 0:
-                distinct += 1
-                slot_token[np.int64(slot)] = t
-                slot_id[np.int64(slot)] = np.uint64(distinct)
-                ids[t] = np.uint64(distinct)
-                break
-            os_, oe = starts[other], ends[other]
-            if oe - os_ == e - s:
-                same = True
-                for i in range(e - s):
-                    if cp[os_ + i] != cp[s + i]:
-                        same = False
-                        break
-                if same:
-                    ids[t] = slot_id[np.int64(slot)]
-                    break
-            slot = (slot + np.uint64(1)) & mask
         c = cp[s]
         f = 0
         if (cls[c] & _CLS_WORD) != 0 or c == _UNDERSCORE:
@@ -215,14 +231,14 @@ def word_spans(cp, cls):
 
 
 @njit(cache=True)
-def _count_table(h, m, keys, counts, used):
-    """Insert h[:m] into an open-addressing table; return each position's slot."""
+def _count_table(h, pos, m, keys, counts, used):
+    """Count the hashes h[pos[:m]] in an open-addressing table; return each position's slot."""
     size = keys.shape[0]
     mask = np.uint64(size - 1)
     used[:] = False
     slots = np.empty(m, np.int64)
-    for i in range(m):
-        key = h[i]
+    for j in range(m):
+        key = h[pos[j]]
         x = key ^ (key >> _U33)
         x *= _FM1
         x ^= x >> _U33
@@ -234,7 +250,7 @@ def _count_table(h, m, keys, counts, used):
             keys[slot] = key
             counts[slot] = 0
         counts[slot] += 1
-        slots[i] = slot
+        slots[j] = slot
     return slots
 
 
@@ -242,9 +258,11 @@ def _count_table(h, m, keys, counts, used):
 def ngram_counts(ids, lengths, cjk):
     """gopher.ngram_chars as 9 integers (top_2..4, dup_5..10) from word ids, lengths and CJK flags.
 
-    Same 64-bit polynomial n-gram hash as the reference; grouping by hash table instead of by sorting.  The
-    duplicate scan visits every position instead of only repeated hashes: a position whose n-gram occurs once is
-    never a repeat and only moves the scan's skip mark to itself + 1, which skips nothing.
+    Same 64-bit polynomial n-gram hash as the reference (two n-grams are the same when their hashes are);
+    grouping by hash table instead of by sorting.  The duplicate scan for n >= 5 visits only the positions whose
+    (n-1)-gram occurs twice or more: any other position's n-gram occurs once (barring a 64-bit hash collision,
+    the reference's own caveat), and a unique n-gram is never a repeat and moves the scan's skip mark to its own
+    position + 1, which skips nothing; so leaving it out changes no count.
     """
     out = np.zeros(9, np.int64)
     L = ids.shape[0]
@@ -264,36 +282,161 @@ def ngram_counts(ids, lengths, cjk):
     used = np.empty(size, np.bool_)
     seen = np.empty(size, np.bool_)
     h = ids.copy()
+    pos = np.arange(L)                   # positions still in play, ascending
     m = L
     for n in range(2, 11):
-        m -= 1
-        if m <= 0:
+        # positions with a whole n-gram: i <= L - n
+        k = 0
+        for j in range(m):
+            i = pos[j]
+            if i <= L - n:
+                h[i] = h[i] * _MULT + ids[i + n - 1]
+                pos[k] = i
+                k += 1
+        m = k
+        if m == 0:
             break
-        for i in range(m):
-            h[i] = h[i] * _MULT + ids[i + n - 1]
-        slots = _count_table(h, m, keys, counts, used)
+        slots = _count_table(h, pos, m, keys, counts, used)
         if n <= 4:
             top = 0
-            for i in range(m):
-                if counts[slots[i]] > top:
-                    top = counts[slots[i]]
-            for i in range(m):
-                if counts[slots[i]] == top:
+            for j in range(m):
+                if counts[slots[j]] > top:
+                    top = counts[slots[j]]
+            for j in range(m):
+                if counts[slots[j]] == top:
+                    i = pos[j]
                     out[n - 2] = (prefix[i + n] - prefix[i] + gaps[i + n - 1] - gaps[i]) * top
                     break
-            continue
-        seen[:] = False
-        chars = 0
-        nxt = 0
-        for i in range(m):
-            if i < nxt:
-                continue
-            slot = slots[i]
-            if seen[slot]:
-                chars += prefix[i + n] - prefix[i]
-                nxt = i + n
-            else:
-                seen[slot] = True
-                nxt = i + 1
-        out[n - 2] = chars
+        else:
+            seen[:] = False
+            chars = 0
+            nxt = 0
+            for j in range(m):
+                i = pos[j]
+                if i < nxt or counts[slots[j]] < 2:
+                    continue
+                slot = slots[j]
+                if seen[slot]:
+                    chars += prefix[i + n] - prefix[i]
+                    nxt = i + n
+                else:
+                    seen[slot] = True
+                    nxt = i + 1
+            out[n - 2] = chars
+        if n >= 4:                       # from 5 on only repeated (n-1)-grams can give repeated n-grams
+            k = 0
+            for j in range(m):
+                if counts[slots[j]] >= 2:
+                    pos[k] = pos[j]
+                    k += 1
+            m = k
     return out
+
+
+@njit(cache=True)
+def _segments(cp, lo, hi, min_run):
+    """Spans of cp[lo:hi] between maximal runs of at least ``min_run`` newlines (``re.split('\\n{min_run,}')``)."""
+    starts = np.empty(hi - lo + 1, np.int64)
+    ends = np.empty(hi - lo + 1, np.int64)
+    k = 0
+    start = lo
+    i = lo
+    while i < hi:
+        if cp[i] == 10:
+            j = i
+            while j < hi and cp[j] == 10:
+                j += 1
+            if j - i >= min_run:
+                starts[k] = start
+                ends[k] = i
+                k += 1
+                start = j
+            i = j
+        else:
+            i += 1
+    starts[k] = start
+    ends[k] = hi
+    return starts[:k + 1], ends[:k + 1]
+
+
+@njit(cache=True)
+def _duplicates(cp, starts, ends):
+    """(segments, repeated segments, characters in them): gopher._duplicates over the spans."""
+    ids = span_ids(cp, starts, ends)
+    n = 0
+    chars = 0
+    top = 0
+    for t in range(ids.shape[0]):
+        if ids[t] <= top:
+            n += 1
+            chars += ends[t] - starts[t]
+        else:
+            top = ids[t]
+    return ids.shape[0], n, chars
+
+
+@njit(cache=True)
+def repetition_counts(cp, cls):
+    """gopher's paragraph and line duplicates: (paragraphs, repeated, their chars, lines, repeated, their chars).
+
+    Paragraphs: ``re.split(r"\n{2,}", text.strip())``; lines: ``re.split(r"\n+", text)`` (with the empty first
+    or last piece when the text starts or ends with a newline, as ``re.split`` gives them).
+    """
+    L = cp.shape[0]
+    lo = 0
+    while lo < L and (cls[cp[lo]] & _CLS_SPACE) != 0:
+        lo += 1
+    hi = L
+    while hi > lo and (cls[cp[hi - 1]] & _CLS_SPACE) != 0:
+        hi -= 1
+    ps, pe = _segments(cp, lo, hi, 2)
+    a, b, c = _duplicates(cp, ps, pe)
+    ls, le = _segments(cp, 0, L, 1)
+    d, e, f = _duplicates(cp, ls, le)
+    return a, b, c, d, e, f
+
+
+@njit(inline="always")
+def _is_line_break(c):
+    """The line boundaries of str.splitlines()."""
+    return (10 <= c <= 13) or (0x1C <= c <= 0x1E) or c == 0x85 or c == 0x2028 or c == 0x2029
+
+
+@njit(cache=True)
+def line_marks(cp, cls):
+    """(lines starting with a bullet, lines ending in an ellipsis) over ``text.splitlines()``, whitespace aside.
+
+    A bullet is '•' or '-' as the first non-space character; an ellipsis is '...' or '…' at the end of the line
+    after ``rstrip()``.  Empty pieces between breaks (e.g. of '\r\n') have no characters and count for neither.
+    """
+    L = cp.shape[0]
+    bullets = 0
+    ellipses = 0
+    start = 0
+    while start <= L:
+        end = start
+        while end < L and not _is_line_break(cp[end]):
+            end += 1
+        a = start
+        while a < end and (cls[cp[a]] & _CLS_SPACE) != 0:
+            a += 1
+        if a < end:
+            if cp[a] == 0x2022 or cp[a] == _DASH:
+                bullets += 1
+            b = end
+            while (cls[cp[b - 1]] & _CLS_SPACE) != 0:
+                b -= 1
+            if cp[b - 1] == 0x2026 or (b - a >= 3 and cp[b - 1] == _DOT and cp[b - 2] == _DOT and cp[b - 3] == _DOT):
+                ellipses += 1
+        start = end + 1
+    return bullets, ellipses
+
+
+@njit(cache=True)
+def cjk_count(cp):
+    """Code points in text.CJK_RANGES."""
+    n = 0
+    for i in range(cp.shape[0]):
+        if _is_cjk(cp[i]):
+            n += 1
+    return n

@@ -254,7 +254,8 @@ class Doc:
     """
 
     _CACHED = ("words", "cjk_flags", "cjk_mask", "first_codepoints", "word_lengths", "lines", "n_cjk", "cjk_ratio",
-               "non_space_chars", "spans", "n_words", "distinct_words", "content_mask", "n_letter_words")
+               "non_space_chars", "codepoints", "spans", "n_words", "distinct_words", "content_mask",
+               "n_letter_words")
 
     def __init__(self, text: str, doc_id: str = "", domain: str = "", meta: str | dict | None = None,
                  columns: dict[str, Any] | None = None):
@@ -271,12 +272,17 @@ class Doc:
                 self.__dict__.pop(name, None)
 
     @cached_property
+    def codepoints(self):
+        """uint32 array: the code points of the text (one per str index)."""
+        return _codepoints(self.text)
+
+    @cached_property
     def spans(self):
         """(starts, ends, ids, flags) of the words from the compiled kernel, or None without numba."""
         if KERNELS is None:
             return None
         kernels, classes = KERNELS
-        return kernels.word_spans(_codepoints(self.text), classes)
+        return kernels.word_spans(self.codepoints, classes)
 
     @cached_property
     def words(self) -> list[str]:
@@ -295,8 +301,18 @@ class Doc:
         """The distinct words, in order of first occurrence."""
         if self.spans is None:
             return list(dict.fromkeys(self.words))
+        return self.distinct_words_upto(None)
+
+    def distinct_words_upto(self, longest: int | None) -> list[str]:
+        """The distinct words of at most ``longest`` characters (all with None), in order of first occurrence:
+        a stop-word list only needs the short ones, and building fewer strings is cheaper."""
+        if self.spans is None:
+            words = self.__dict__.get("distinct_words") or list(dict.fromkeys(self.words))
+            return words if longest is None else [w for w in words if len(w) <= longest]
         starts, ends, ids, _ = self.spans
         first = _first_occurrences(ids)
+        if longest is not None:
+            first = first[(ends[first] - starts[first]) <= longest]
         return list(map(self.text.__getitem__, map(slice, starts[first].tolist(), ends[first].tolist())))
 
     @cached_property
@@ -304,7 +320,7 @@ class Doc:
         """uint32 array: the first character of every word."""
         if self.spans is None:
             return first_codepoints(self.words)
-        return _codepoints(self.text)[self.spans[0]]
+        return self.codepoints[self.spans[0]]
 
     @cached_property
     def word_lengths(self):
@@ -344,7 +360,9 @@ class Doc:
 
     @cached_property
     def n_cjk(self) -> int:
-        return cjk_char_count(self.text)
+        if KERNELS is None or self.text.isascii():
+            return cjk_char_count(self.text)
+        return int(KERNELS[0].cjk_count(self.codepoints))
 
     @cached_property
     def non_space_chars(self) -> int:
