@@ -57,13 +57,13 @@ def _random_texts(n: int, seed: int) -> list[str]:
 
 
 def _kernel_words(text: str):
-    kernels, classes = text_mod.KERNELS
+    kernels, classes = text_mod.compiled()
     starts, ends, ids, flags = kernels.word_spans(_codepoints(text), classes)
     return [text[s:e] for s, e in zip(starts.tolist(), ends.tolist(), strict=True)], ids, flags
 
 
 def test_kernel_tokens_ids_and_flags_equal_the_reference():
-    assert text_mod.KERNELS is not None
+    assert text_mod.compiled() is not None
     texts = [t for _, t in _real_texts()] + _random_texts(5000, 11)
     for text in texts:
         words, ids, flags = _kernel_words(text)
@@ -77,7 +77,7 @@ def test_kernel_tokens_ids_and_flags_equal_the_reference():
 
 
 def test_kernel_ngram_counts_equal_the_reference():
-    kernels, _ = text_mod.KERNELS
+    kernels, _ = text_mod.compiled()
     rnd = random.Random(2)
     # repetitive texts too: the duplicate-n-gram scan and the top n-gram tie rule need repeats to be tested
     texts = [t for _, t in _real_texts()] + _random_texts(1000, 12)
@@ -95,7 +95,7 @@ def test_kernel_line_and_paragraph_counts_equal_the_reference():
     from pipeline.quality.filters.gopher import _LINES, _PARAGRAPH, _bullet_lines, _duplicates, _ellipsis_lines
     from pipeline.quality.filters.text import cjk_char_count
 
-    kernels, classes = text_mod.KERNELS
+    kernels, classes = text_mod.compiled()
     rnd = random.Random(4)
     lines = ["a", "b b", "- x", "• y", "  -z", "end...", "end…  ", "…", "..", " ", "", "中文。"]
     texts = [t for _, t in _real_texts()] + _random_texts(3000, 14)

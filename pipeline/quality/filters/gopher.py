@@ -13,7 +13,7 @@ import re
 
 from pipeline.quality.filters.base import Drop, Filter, Scores
 from pipeline.quality.filters.params import GopherQualityParams, GopherRepetitionParams
-from pipeline.quality.filters.text import KERNELS, Doc
+from pipeline.quality.filters.text import Doc, compiled
 
 BULLETS = ("•", "-")
 
@@ -67,7 +67,8 @@ class GopherQuality(Filter):
         if doc.spans is None:
             bullets, ellipses = _bullet_lines(text, lines), _ellipsis_lines(text, lines)
         else:
-            bullets, ellipses = KERNELS[0].line_marks(doc.codepoints, KERNELS[1])
+            kernels, classes = compiled()
+            bullets, ellipses = kernels.line_marks(doc.codepoints, classes)
         return {
             "n_words": int(content.sum()),
             "avg_word_length": int(doc.word_lengths[latin].sum()) / n_latin if n_latin else 0.0,
@@ -189,7 +190,7 @@ def doc_ngram_chars(doc: Doc) -> dict[str, int]:
     """:func:`ngram_chars` of a document's words: the compiled kernel when numba is there (same values)."""
     if doc.spans is None:
         return ngram_chars(doc.words, doc.cjk_mask, doc.word_lengths)
-    kernels = KERNELS[0]
+    kernels = compiled()[0]
     starts, ends, ids, _ = doc.spans
     values = kernels.ngram_counts(ids, doc.word_lengths, doc.cjk_mask).tolist()
     return dict(zip((*(f"top_{n}_gram" for n in TOP_NS), *(f"dup_{n}_gram" for n in DUP_NS)), values, strict=True))
@@ -231,7 +232,8 @@ class GopherRepetition(Filter):
             lines = _LINES.split(text)
             n_lines, n_line, line_chars = len(lines), *_duplicates(lines)
         else:
-            n_para, n, chars, n_lines, n_line, line_chars = KERNELS[0].repetition_counts(doc.codepoints, KERNELS[1])
+            kernels, classes = compiled()
+            n_para, n, chars, n_lines, n_line, line_chars = kernels.repetition_counts(doc.codepoints, classes)
         s["dup_para_frac"], s["dup_para_char_frac"] = n / n_para, chars / size
         s["dup_line_frac"], s["dup_line_char_frac"] = n_line / n_lines, line_chars / size
         # n-gram rules look at words only; CJK text contributes one word per character.

@@ -64,8 +64,18 @@ def _load_kernels():
     return kernels, char_classes()
 
 
-#: (kernels module, class table) or None; tests set it to None to run the pure-Python reference path.
-KERNELS = _load_kernels()
+_UNLOADED = object()
+#: (kernels module, class table), None without numba, or _UNLOADED before first use (importing numba costs ~0.2 s,
+#: which processes that never score a document should not pay); tests set it to None to run the reference path.
+KERNELS: Any = _UNLOADED
+
+
+def compiled() -> tuple[Any, Any] | None:
+    """(kernels module, class table) or None; loaded on first use."""
+    global KERNELS
+    if KERNELS is _UNLOADED:
+        KERNELS = _load_kernels()
+    return KERNELS
 
 
 def has_cjk(text: str) -> bool:
@@ -279,9 +289,9 @@ class Doc:
     @cached_property
     def spans(self):
         """(starts, ends, ids, flags) of the words from the compiled kernel, or None without numba."""
-        if KERNELS is None:
+        if compiled() is None:
             return None
-        kernels, classes = KERNELS
+        kernels, classes = compiled()
         return kernels.word_spans(self.codepoints, classes)
 
     @cached_property
@@ -360,9 +370,9 @@ class Doc:
 
     @cached_property
     def n_cjk(self) -> int:
-        if KERNELS is None or self.text.isascii():
+        if self.text.isascii() or compiled() is None:
             return cjk_char_count(self.text)
-        return int(KERNELS[0].cjk_count(self.codepoints))
+        return int(compiled()[0].cjk_count(self.codepoints))
 
     @cached_property
     def non_space_chars(self) -> int:
