@@ -146,3 +146,55 @@ def test_default_chains_score_and_decide_identically_with_and_without_kernels(mo
         assert drop_k == drop_r and text_k == text_r
         kept += drop_k is None
     assert 0 < kept < len(docs)         # the comparison covers kept and dropped documents
+
+
+def _reference_c4_clean(p, text: str):
+    """C4Quality._clean as it was before the single-scan policy check and the reused line split."""
+    from pipeline.quality.filters.c4 import CITATION, END_PUNCTUATION, POLICY_SUBSTRINGS, _line_words
+    from pipeline.quality.filters.text import count_sentences
+
+    kept, lorem, curly, sentences = [], -1, -1, 0
+    lines = text.splitlines()
+    for i, line in enumerate(lines):
+        line = line.strip()
+        words = line.split()
+        if p.max_word_length and words and max(map(len, words)) > p.max_word_length:
+            continue
+        if p.remove_citations:
+            line = CITATION.sub("", line)
+        if p.filter_no_terminal_punct and (not line.endswith(END_PUNCTUATION) or line.endswith("...")):
+            continue
+        if len(_line_words(line)) < p.min_words_per_line:
+            continue
+        low = line.lower()
+        if lorem < 0 and "lorem ipsum" in low:
+            lorem = i
+        if p.filter_javascript and "javascript" in low:
+            continue
+        if curly < 0 and "{" in line:
+            curly = i
+        if p.filter_policy and any(s in low for s in POLICY_SUBSTRINGS):
+            continue
+        sentences += count_sentences(line)
+        kept.append(line)
+    return kept, {"n_sentences": sentences, "lorem_line": lorem, "curly_line": curly, "lines_in": len(lines),
+                  "lines_removed": len(lines) - len(kept)}
+
+
+def test_c4_line_cleaning_equals_the_plain_loop():
+    import dataclasses
+
+    from pipeline.quality.filters.c4 import C4Quality
+    from pipeline.quality.filters.params import C4Params
+
+    rnd = random.Random(6)
+    parts = ["word", "two words here", "[1]", "[edit]", "[citation needed]", "[x]", "Privacy Policy", "uses cookies",
+             "JavaScript", "lorem ipsum", "{", "中文字符", "。", ". ", "end.", "ok!", " ", "a b c d", "[12]" * 3]
+    texts = [t for _, t in _real_texts()]
+    texts += ["\n".join(" ".join(rnd.choice(parts) for _ in range(rnd.randint(0, 6))) for _ in range(rnd.randint(0, 8)))
+              for _ in range(3000)]
+    for params in (C4Params(), dataclasses.replace(C4Params(), filter_no_terminal_punct=True, min_words_per_line=1,
+                                                   max_word_length=8, remove_citations=False)):
+        c4 = C4Quality(params)
+        for text in texts:
+            assert c4._clean(text) == _reference_c4_clean(params, text), repr(text[:300])
