@@ -11,7 +11,8 @@ median of the repeats, with the spread.
 Stages (``--run-dir``, a finished run of ``mindloom corpus``, e.g. the one ``benchmarks/scale_corpus.py`` data
 gives): the MinHash signatures stage (which pre-scores with the quality chains) and the quality stage are re-run
 shard by shard with one worker on a copy of the run, in a fresh process per repeat, with this checkout's code and
-with ``--before``'s.  Each fresh process pays its numba cache load; it is counted.  The copies' outputs are
+with ``--before``'s.  Each fresh process pays its numba cache load; it is counted.  ``--cold`` adds one run per
+stage with an empty numba cache (``NUMBA_CACHE_DIR``): what the first run on a machine pays to compile.  The copies' outputs are
 compared with the run's own files (they must be equal).
 
 Writes ``benchmarks/results/quality_kernels.json``.
@@ -77,8 +78,8 @@ print(json.dumps({"cpu": cpu() - c0}))
 """
 
 
-def _python(code: str, root: Path, *args: str) -> dict:
-    env = {**os.environ, "PYTHONPATH": str(root)}
+def _python(code: str, root: Path, *args: str, env_extra: dict | None = None) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(root), **(env_extra or {})}
     out = subprocess.run([sys.executable, "-c", code, *args], cwd=root, env=env, check=True, capture_output=True,
                          text=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -107,6 +108,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--run-dir", type=Path)
     ap.add_argument("--before", type=Path, help="checkout with the code to compare against (stages)")
+    ap.add_argument("--cold", action="store_true", help="also run each stage once with an empty numba cache")
     args = ap.parse_args()
     result: dict = {}
     if CORPORA.exists():
@@ -129,6 +131,12 @@ def main() -> None:
                         values.append(_python(_STAGE, root, stage, str(run))["cpu"])
                         _equal_outputs(args.run_dir, run)
                 result["stages"].setdefault(stage, {})[name] = _summary(values)
+            if args.cold:
+                with tempfile.TemporaryDirectory() as tmp:
+                    run = Path(tmp) / "run"
+                    shutil.copytree(args.run_dir, run)
+                    cold = _python(_STAGE, REPO, stage, str(run), env_extra={"NUMBA_CACHE_DIR": str(Path(tmp) / "nb")})
+                result["stages"][stage]["after_cold_cache"] = round(cold["cpu"], 2)
             print(stage, json.dumps(result["stages"][stage]))
     out = REPO / "benchmarks" / "results" / "quality_kernels.json"
     out.parent.mkdir(exist_ok=True)

@@ -198,3 +198,20 @@ def test_c4_line_cleaning_equals_the_plain_loop():
         c4 = C4Quality(params)
         for text in texts:
             assert c4._clean(text) == _reference_c4_clean(params, text), repr(text[:300])
+
+
+def test_token_class_table_is_the_regular_expressions_classes():
+    import re
+
+    from pipeline.quality.filters.kernels import _TOK_CJK, _TOK_W, _TOK_X
+    from pipeline.quality.filters.text import _CORE, _W, CJK_RANGES
+
+    assert _CORE.startswith(_W)
+    _, table = text_mod.compiled()
+    everything = "".join(map(chr, range(0x110000)))
+    for pattern, bit in ((f"{_W}+", _TOK_W), (rf"[^\s{CJK_RANGES}/-]+", _TOK_X), (f"[{CJK_RANGES}]+", _TOK_CJK)):
+        want = bytearray(0x110000)
+        for m in re.finditer(pattern, everything):
+            want[m.start():m.end()] = b"\x01" * (m.end() - m.start())
+        got = ((table & bit) != 0).astype("uint8").tobytes()
+        assert got == bytes(want), pattern

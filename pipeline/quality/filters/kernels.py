@@ -28,6 +28,10 @@ _CLS_WORD = 1       # letter or digit: [^\W_]
 _CLS_DIGIT = 2      # decimal digit: \d
 _CLS_SPACE = 4      # whitespace: \s
 
+_TOK_CJK = 8       # in text.CJK_RANGES                                  (token_classes() adds these three)
+_TOK_W = 16        # [^\W{CJK}]: a word character that is not CJK
+_TOK_X = 32        # [^\s{CJK}/-]: may sit inside a word
+
 _DASH = 0x2D
 _DOT = 0x2E
 _SLASH = 0x2F
@@ -51,16 +55,29 @@ def _is_cjk(c):
             or (0x4E00 <= c <= 0x9FFF) or (0xF900 <= c <= 0xFAFF) or (0x20000 <= c <= 0x3134F))
 
 
+def token_classes(cls: np.ndarray) -> np.ndarray:
+    """The class table with the tokenizer's own bits added (_TOK_*), so each test is one lookup."""
+    cp = np.arange(cls.shape[0], dtype=np.int64)
+    cjk = np.zeros(cls.shape[0], bool)
+    for lo, hi in ((0x3040, 0x30FF), (0x31F0, 0x31FF), (0x3400, 0x4DBF), (0x4E00, 0x9FFF), (0xF900, 0xFAFF),
+                   (0x20000, 0x3134F)):
+        cjk[lo:hi + 1] = True
+    word = ((cls & _CLS_WORD) != 0) | (cp == _UNDERSCORE)
+    inner = ((cls & _CLS_SPACE) == 0) & (cp != _SLASH) & (cp != _DASH) & ~cjk
+    return (cls | np.where(cjk, _TOK_CJK, 0) | np.where(word & ~cjk, _TOK_W, 0)
+            | np.where(inner, _TOK_X, 0)).astype(np.uint8)
+
+
 @njit(inline="always")
 def _is_w(c, cls):
     """``[^\\W{CJK}]``: a word character (``\\w``: letter, digit or '_') that is not CJK."""
-    return ((cls[c] & _CLS_WORD) != 0 or c == _UNDERSCORE) and not _is_cjk(c)
+    return (cls[c] & _TOK_W) != 0
 
 
 @njit(inline="always")
 def _is_x(c, cls):
     """``[^\\s{CJK}/-]``: what may sit inside a word between its word characters."""
-    return (cls[c] & _CLS_SPACE) == 0 and c != _SLASH and c != _DASH and not _is_cjk(c)
+    return (cls[c] & _TOK_X) != 0
 
 
 @njit(inline="always")
@@ -167,7 +184,8 @@ def span_ids(cp, starts, ends):
 
 @njit(cache=True)
 def word_spans(cp, cls):
-    """Word tokens of one document (the tokens of ``text._TOKEN.findall``) as code-point spans.
+    """Word tokens of one document (the tokens of ``text._TOKEN.findall``) as code-point spans; ``cls`` is
+    :func:`token_classes`.
 
     Returns (starts, ends, ids, flags): ``ids`` number the distinct tokens by first occurrence from 1 (as
     ``dict.fromkeys`` would); ``flags`` bit 1: the token starts with a word character (not a symbol token),
@@ -183,7 +201,7 @@ def word_spans(cp, cls):
         if (cls[c] & _CLS_SPACE) != 0:
             p += 1
             continue
-        if _is_cjk(c):
+        if (cls[c] & _TOK_CJK) != 0:
             e = p + 1
         else:
             e = _abbreviation(cp, n, p)
@@ -220,7 +238,7 @@ def word_spans(cp, cls):
         f = 0
         if (cls[c] & _CLS_WORD) != 0 or c == _UNDERSCORE:
             f |= 1
-        if e - s == 1 and _is_cjk(c):
+        if e - s == 1 and (cls[c] & _TOK_CJK) != 0:
             f |= 2
         for i in range(s, e):
             if (cls[cp[i]] & (_CLS_WORD | _CLS_DIGIT)) == _CLS_WORD:

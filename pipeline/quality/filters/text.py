@@ -61,7 +61,7 @@ def _load_kernels():
         from pipeline.quality.filters import kernels
     except ImportError:
         return None
-    return kernels, char_classes()
+    return kernels, kernels.token_classes(char_classes())
 
 
 _UNLOADED = object()
