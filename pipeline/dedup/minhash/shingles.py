@@ -22,11 +22,9 @@ signature.  ``auto`` picks ``char`` when CJK characters make up at least ``cjk_s
 
 from __future__ import annotations
 
-import functools
-import os
 import re
 
-import numpy as np
+from pipeline import charclass
 
 KIND_CODES = {"word": 0, "code": 1, "char": 2}
 
@@ -36,10 +34,9 @@ _WORD_TOKEN = re.compile(r"[^\W_]+")
 _CODE_TOKEN = re.compile(r"\w+|[^\w\s]")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af\uf900-\ufaff\U00020000-\U0002fa1f]")
 
-# Bits of the per-code-point class table used by the compiled engine.
-CLS_WORD = 1      # letter or digit: [^\W_]
-CLS_DIGIT = 2     # decimal digit: \d
-CLS_SPACE = 4     # whitespace: \s
+# Bits of the per-code-point class table used by the compiled engine (pipeline/charclass.py builds it).
+CLS_WORD, CLS_DIGIT, CLS_SPACE = charclass.CLS_WORD, charclass.CLS_DIGIT, charclass.CLS_SPACE
+char_classes = charclass.char_classes
 
 
 def normalize(text: str, lowercase: bool = True, numbers: bool = True) -> str:
@@ -85,41 +82,6 @@ def resolve_kind(text: str, kind: str, share: float) -> str:
     if kind != "auto":
         return kind
     return "char" if share > 0 and cjk_share(text) >= share else "word"
-
-
-@functools.lru_cache(maxsize=1)
-def char_classes() -> np.ndarray:
-    """uint8[0x110000]: CLS_* bits per code point, computed with the same ``re`` classes as the functions above.
-
-    Building it scans all 1.1M code points with ``re`` (~0.3 s), so the result is cached beside this module,
-    keyed by the Unicode database version ``re`` uses (a different Python rebuilds it).
-    """
-    import sys
-    import unicodedata
-    from pathlib import Path
-
-    cache = Path(__file__).resolve().parent / "__pycache__" / (
-        f"char_classes-{unicodedata.unidata_version}-py{sys.version_info[0]}{sys.version_info[1]}.npy")
-    try:
-        table = np.load(cache)
-        if table.shape == (0x110000,) and table.dtype == np.uint8:
-            return table
-    except (OSError, ValueError):
-        pass
-    table = np.zeros(0x110000, dtype=np.uint8)
-    everything = "".join(map(chr, range(0x110000)))
-    for pattern, bit in ((r"[^\W_]+", CLS_WORD), (r"\d+", CLS_DIGIT), (r"\s+", CLS_SPACE)):
-        for m in re.finditer(pattern, everything):
-            table[m.start():m.end()] |= bit
-    try:
-        cache.parent.mkdir(exist_ok=True)
-        tmp = cache.with_suffix(f".{os.getpid()}.tmp")
-        with open(tmp, "wb") as fh:
-            np.save(fh, table)
-        os.replace(tmp, cache)
-    except OSError:             # read-only install: rebuild per process
-        pass
-    return table
 
 
 def encode(text: str, lowercase: bool) -> bytes:

@@ -23,6 +23,7 @@ CITATION = re.compile(r"\[\d*]|\[edit]|\[citation needed]")
 END_PUNCTUATION = (".", "?", "!", '"', "'", "。", "！", "？", "」", "』", "”")
 POLICY_SUBSTRINGS = ("terms of use", "privacy policy", "cookie policy", "uses cookies", "use of cookies",
                      "use cookies")
+_POLICY = re.compile("|".join(map(re.escape, POLICY_SUBSTRINGS)))     # any of them, in one scan of the line
 
 
 def _line_words(line: str) -> list[str]:
@@ -50,11 +51,15 @@ class C4Quality(Filter):
             words = line.split()
             if p.max_word_length and words and max(map(len, words)) > p.max_word_length:
                 continue
-            if p.remove_citations:
-                line = CITATION.sub("", line)
+            if p.remove_citations and "[" in line:              # every citation marker starts with '['
+                cleaned = CITATION.sub("", line)
+                if cleaned != line:
+                    line = cleaned
+                    words = line.split()
             if p.filter_no_terminal_punct and (not line.endswith(END_PUNCTUATION) or line.endswith("...")):
                 continue
-            if len(_line_words(line)) < p.min_words_per_line:
+            n_words = len(_line_words(line)) if has_cjk(line) else len(words)    # _line_words without a split
+            if n_words < p.min_words_per_line:
                 continue
             low = line.lower()
             if lorem < 0 and "lorem ipsum" in low:
@@ -63,7 +68,7 @@ class C4Quality(Filter):
                 continue
             if curly < 0 and "{" in line:
                 curly = i
-            if p.filter_policy and any(s in low for s in POLICY_SUBSTRINGS):
+            if p.filter_policy and _POLICY.search(low):
                 continue
             sentences += count_sentences(line)
             kept.append(line)
@@ -105,7 +110,7 @@ class FineWebQuality(Filter):
             return {"n_lines": 0, "line_punct_ratio": 0.0, "short_line_ratio": 0.0, "char_dup_ratio": 0.0,
                     "new_line_ratio": 0.0}
         chars = len(text) - text.count("\n")
-        n_words = len(doc.words)
+        n_words = doc.n_words
         return {
             "n_lines": n,
             "line_punct_ratio": sum(ln[-1] in SENTENCE_TERMINALS for ln in lines) / n,

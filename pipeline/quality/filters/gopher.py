@@ -13,7 +13,7 @@ import re
 
 from pipeline.quality.filters.base import Drop, Filter, Scores
 from pipeline.quality.filters.params import GopherQualityParams, GopherRepetitionParams
-from pipeline.quality.filters.text import Doc, count_letter_words, symbol_mask
+from pipeline.quality.filters.text import Doc, compiled
 
 BULLETS = ("•", "-")
 
@@ -50,25 +50,32 @@ class GopherQuality(Filter):
         super().__init__(params)
         self._stop = frozenset(params.stop_words)
         self._cjk_stop = frozenset(params.cjk_stop_words)
+        self._longest_stop = max(map(len, self._stop | self._cjk_stop), default=0)
 
     def score(self, doc: Doc) -> Scores:
-        text, words = doc.text, doc.words
-        n_tokens = len(words)
-        # Per-word rules as array operations over the words' first characters and lengths (same counts as the
-        # plain loops: is_symbol_token, has_letter and the CJK flag per word).
-        content = ~symbol_mask(words, doc.first_codepoints)
+        text = doc.text
+        n_tokens = doc.n_words
+        # Per-word rules as array operations over the words' flags and lengths (same counts as the plain loops:
+        # is_symbol_token, has_letter and the CJK flag per word).
+        content = doc.content_mask
         latin = content & ~doc.cjk_mask
         n_latin = int(latin.sum())
-        n_alpha = count_letter_words(words, doc.first_codepoints, doc.word_lengths)
+        n_alpha = doc.n_letter_words
+        words = doc.distinct_words_upto(self._longest_stop)     # the stop-word rules count distinct words
         lines = doc.lines
         n_lines = len(lines)
+        if doc.spans is None:
+            bullets, ellipses = _bullet_lines(text, lines), _ellipsis_lines(text, lines)
+        else:
+            kernels, classes = compiled()
+            bullets, ellipses = kernels.line_marks(doc.codepoints, classes)
         return {
             "n_words": int(content.sum()),
             "avg_word_length": int(doc.word_lengths[latin].sum()) / n_latin if n_latin else 0.0,
             "hash_ratio": text.count("#") / n_tokens if n_tokens else 0.0,
             "ellipsis_ratio": (text.count("...") + text.count("…")) / n_tokens if n_tokens else 0.0,
-            "bullet_lines_ratio": _bullet_lines(text, lines) / n_lines if n_lines else 0.0,
-            "ellipsis_lines_ratio": _ellipsis_lines(text, lines) / n_lines if n_lines else 0.0,
+            "bullet_lines_ratio": bullets / n_lines if n_lines else 0.0,
+            "ellipsis_lines_ratio": ellipses / n_lines if n_lines else 0.0,
             "alpha_words_ratio": n_alpha / n_tokens if n_tokens else 0.0,
             "stop_words": len(self._stop.intersection(words)),
             "cjk_stop_words": len(self._cjk_stop.intersection(words)),
@@ -179,6 +186,16 @@ def ngram_chars(words: list[str], cjk_flags, lengths=None) -> dict[str, int]:
     return out
 
 
+def doc_ngram_chars(doc: Doc) -> dict[str, int]:
+    """:func:`ngram_chars` of a document's words: the compiled kernel when numba is there (same values)."""
+    if doc.spans is None:
+        return ngram_chars(doc.words, doc.cjk_mask, doc.word_lengths)
+    kernels = compiled()[0]
+    starts, ends, ids, _ = doc.spans
+    values = kernels.ngram_counts(ids, doc.word_lengths, doc.cjk_mask).tolist()
+    return dict(zip((*(f"top_{n}_gram" for n in TOP_NS), *(f"dup_{n}_gram" for n in DUP_NS)), values, strict=True))
+
+
 def _top_group(perm, same) -> tuple[int, int]:
     """(earliest position of the largest groups, their size) from a sort permutation and its equal-neighbour mask.
 
@@ -209,14 +226,18 @@ class GopherRepetition(Filter):
         s: Scores = {"n_chars": size}
         if not size:
             return s | {k: 0.0 for k in self.score_names[1:]}
-        paragraphs = _PARAGRAPH.split(text.strip())
-        n, chars = _duplicates(paragraphs)
-        s["dup_para_frac"], s["dup_para_char_frac"] = n / len(paragraphs), chars / size
-        lines = _LINES.split(text)
-        n, chars = _duplicates(lines)
-        s["dup_line_frac"], s["dup_line_char_frac"] = n / len(lines), chars / size
+        if doc.spans is None:
+            paragraphs = _PARAGRAPH.split(text.strip())
+            n_para, n, chars = len(paragraphs), *_duplicates(paragraphs)
+            lines = _LINES.split(text)
+            n_lines, n_line, line_chars = len(lines), *_duplicates(lines)
+        else:
+            kernels, classes = compiled()
+            n_para, n, chars, n_lines, n_line, line_chars = kernels.repetition_counts(doc.codepoints, classes)
+        s["dup_para_frac"], s["dup_para_char_frac"] = n / n_para, chars / size
+        s["dup_line_frac"], s["dup_line_char_frac"] = n_line / n_lines, line_chars / size
         # n-gram rules look at words only; CJK text contributes one word per character.
-        for key, chars in ngram_chars(doc.words, doc.cjk_mask, doc.word_lengths).items():
+        for key, chars in doc_ngram_chars(doc).items():
             s[key] = chars / size
         return s
 

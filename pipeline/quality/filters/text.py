@@ -53,6 +53,31 @@ _CJK_BOUNDS = ((0x3040, 0x30FF), (0x31F0, 0x31FF), (0x3400, 0x4DBF), (0x4E00, 0x
                (0x20000, 0x3134F))
 
 
+def _load_kernels():
+    """The compiled kernels (:mod:`pipeline.quality.filters.kernels`) and the character-class table they read, or
+    None where numba is not installed (the pure-Python functions of this module then do the work)."""
+    try:
+        from pipeline.charclass import char_classes
+        from pipeline.quality.filters import kernels
+    except ImportError:
+        return None
+    return kernels, kernels.token_classes(char_classes())
+
+
+_UNLOADED = object()
+#: (kernels module, class table), None without numba, or _UNLOADED before first use (importing numba costs ~0.2 s,
+#: which processes that never score a document should not pay); tests set it to None to run the reference path.
+KERNELS: Any = _UNLOADED
+
+
+def compiled() -> tuple[Any, Any] | None:
+    """(kernels module, class table) or None; loaded on first use."""
+    global KERNELS
+    if KERNELS is _UNLOADED:
+        KERNELS = _load_kernels()
+    return KERNELS
+
+
 def has_cjk(text: str) -> bool:
     return not text.isascii() and _CJK_CHAR.search(text) is not None
 
@@ -214,14 +239,33 @@ def approx_tokens(n_chars: int, n_cjk: int, chars_per_token: float) -> int:
     return n_cjk + math.ceil(max(n_chars - n_cjk, 0) / chars_per_token)
 
 
+def _first_occurrences(ids):
+    """Positions where a new id appears, for ids numbered by first occurrence from 1 (1, 2, 1, 3 → 0, 1, 3)."""
+    import numpy as np
+
+    if not len(ids):
+        return np.zeros(0, np.int64)
+    before = np.empty(len(ids), ids.dtype)
+    before[0] = 0
+    np.maximum.accumulate(ids[:-1], out=before[1:])
+    return np.flatnonzero(ids > before)
+
+
 class Doc:
     """One document and the measurements several filters share, each computed on first use.
 
     ``text`` can be replaced by a cleaning filter (C4 line cleaning); :meth:`set_text` drops the cached views so
     later filters in the chain see the cleaned text, as they do in datatrove.  Per-word measures are NumPy arrays
     (first character, length, CJK flag of every word), so rules count over them instead of looping in Python;
-    tests/test_filters_rules.py checks them against the per-word functions.
+    tests/test_filters_rules.py checks them against the per-word functions.  With numba installed the words are
+    found by the compiled :func:`pipeline.quality.filters.kernels.word_spans` as spans of the text (``spans``), and
+    the word strings are only built when a filter asks for them; tests/test_filters_kernels.py checks that both
+    paths give the same words and scores.
     """
+
+    _CACHED = ("words", "cjk_flags", "cjk_mask", "first_codepoints", "word_lengths", "lines", "n_cjk", "cjk_ratio",
+               "non_space_chars", "codepoints", "spans", "n_words", "distinct_words", "content_mask",
+               "n_letter_words")
 
     def __init__(self, text: str, doc_id: str = "", domain: str = "", meta: str | dict | None = None,
                  columns: dict[str, Any] | None = None):
@@ -234,28 +278,87 @@ class Doc:
     def set_text(self, text: str) -> None:
         if text != self.text:
             self.text = text
-            for name in ("words", "cjk_flags", "cjk_mask", "first_codepoints", "word_lengths", "lines", "n_cjk",
-                         "cjk_ratio", "non_space_chars"):
+            for name in self._CACHED:
                 self.__dict__.pop(name, None)
 
     @cached_property
+    def codepoints(self):
+        """uint32 array: the code points of the text (one per str index)."""
+        return _codepoints(self.text)
+
+    @cached_property
+    def spans(self):
+        """(starts, ends, ids, flags) of the words from the compiled kernel, or None without numba."""
+        if compiled() is None:
+            return None
+        kernels, classes = compiled()
+        return kernels.word_spans(self.codepoints, classes)
+
+    @cached_property
     def words(self) -> list[str]:
-        return split_words(self.text)
+        if self.spans is None:
+            return split_words(self.text)
+        starts, ends = self.spans[0].tolist(), self.spans[1].tolist()
+        return list(map(self.text.__getitem__, map(slice, starts, ends)))
+
+    @cached_property
+    def n_words(self) -> int:
+        """Number of word tokens (symbols included)."""
+        return len(self.words) if self.spans is None else len(self.spans[0])
+
+    @cached_property
+    def distinct_words(self) -> list[str]:
+        """The distinct words, in order of first occurrence."""
+        if self.spans is None:
+            return list(dict.fromkeys(self.words))
+        return self.distinct_words_upto(None)
+
+    def distinct_words_upto(self, longest: int | None) -> list[str]:
+        """The distinct words of at most ``longest`` characters (all with None), in order of first occurrence:
+        a stop-word list only needs the short ones, and building fewer strings is cheaper."""
+        if self.spans is None:
+            words = self.__dict__.get("distinct_words") or list(dict.fromkeys(self.words))
+            return words if longest is None else [w for w in words if len(w) <= longest]
+        starts, ends, ids, _ = self.spans
+        first = _first_occurrences(ids)
+        if longest is not None:
+            first = first[(ends[first] - starts[first]) <= longest]
+        return list(map(self.text.__getitem__, map(slice, starts[first].tolist(), ends[first].tolist())))
 
     @cached_property
     def first_codepoints(self):
         """uint32 array: the first character of every word."""
-        return first_codepoints(self.words)
+        if self.spans is None:
+            return first_codepoints(self.words)
+        return self.codepoints[self.spans[0]]
 
     @cached_property
     def word_lengths(self):
         """int64 array: the length of every word."""
-        return word_lengths(self.words)
+        if self.spans is None:
+            return word_lengths(self.words)
+        return self.spans[1] - self.spans[0]
 
     @cached_property
     def cjk_mask(self):
         """Boolean array: which words are a CJK character."""
-        return cjk_word_mask(self.words, self.first_codepoints, self.word_lengths)
+        if self.spans is None:
+            return cjk_word_mask(self.words, self.first_codepoints, self.word_lengths)
+        return (self.spans[3] & 2) != 0
+
+    @cached_property
+    def content_mask(self):
+        """Boolean array: which words are not symbol tokens (:func:`is_symbol_token`)."""
+        if self.spans is None:
+            return ~symbol_mask(self.words, self.first_codepoints)
+        return (self.spans[3] & 1) != 0
+
+    @cached_property
+    def n_letter_words(self) -> int:
+        """How many words hold a letter (:func:`has_letter`)."""
+        if self.spans is None:
+            return count_letter_words(self.words, self.first_codepoints, self.word_lengths)
+        return int(((self.spans[3] & 4) != 0).sum())
 
     @cached_property
     def cjk_flags(self) -> list[bool]:
@@ -267,7 +370,9 @@ class Doc:
 
     @cached_property
     def n_cjk(self) -> int:
-        return cjk_char_count(self.text)
+        if self.text.isascii() or compiled() is None:
+            return cjk_char_count(self.text)
+        return int(compiled()[0].cjk_count(self.codepoints))
 
     @cached_property
     def non_space_chars(self) -> int:
