@@ -101,6 +101,7 @@ def test_tensor_parallel_shards_are_merged_before_export(chain, tmp_path):
 
     from pipeline.export.run import export_stage
     from pipeline.io import read_json, sha256_file, write_json
+    from pipeline.train import commit
     from pipeline.train.parallel import split_axis, take_shard
 
     src = chain["stages"]["main"]
@@ -115,6 +116,8 @@ def test_tensor_parallel_shards_are_merged_before_export(chain, tmp_path):
         ms.save_checkpoint([{"name": k, "data": ms.Tensor(take_shard(v.asnumpy(), split_axis(k), 2, rank))}
                             for k, v in full.items()], str(path))
         (folder / "checkpoints" / (name + ".sha256")).write_text(f"{sha256_file(path)}  {name}\n")
+    commit.write_marker(str(tp_dir), summary["steps"], {"tensor_parallel": 2, "data_parallel": 1,
+                                                        "zero_shards": 1}, 2)     # what the trainer commits
     write_json(tp_dir / "summary.json", {**summary, "checkpoint": str(tp_dir / "checkpoints" / name),
                                          "tensor_parallel": 2})
     m_tp = export_stage(tp_dir, "hf", out=tmp_path / "tp")

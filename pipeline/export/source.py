@@ -37,11 +37,12 @@ class StageSource:
 def final_checkpoint(stage_dir: str | Path) -> dict:
     """The final committed checkpoint of a finished stage: ``{"step", "path", "shards", "tensor_parallel"}``.
 
-    The one lookup every export goes through. "Committed" here: the stage finished (``summary.json`` exists, written
-    after its last save) and every tensor-parallel rank's file of that step exists with its ``.sha256`` sidecar
-    (verified again when loaded).
+    The one lookup every export goes through: the stage finished (``summary.json``, written after its last save)
+    and its final step has a commit marker (``pipeline.train.commit``: every rank wrote and verified its file);
+    ``shards`` are the files of tensor-parallel ranks ``0..t-1`` of the first data-parallel replica, as the marker
+    lists them (each verified again against its sidecar when loaded).
     """
-    from pipeline.train.tp_merge import rank_out_dir
+    from pipeline.train import commit
 
     stage_dir = Path(stage_dir)
     summary_path = stage_dir / "summary.json"
@@ -49,17 +50,19 @@ def final_checkpoint(stage_dir: str | Path) -> dict:
         raise FileNotFoundError(f"{summary_path}: stage {stage_dir.name!r} has not finished (no summary.json); "
                                 f"export needs a finished stage")
     summary = read_json(summary_path)
-    ckpt = summary.get("checkpoint")
-    if not ckpt or not Path(ckpt).is_file():
-        raise FileNotFoundError(f"{summary_path}: its final checkpoint {ckpt!r} does not exist")
-    tp = int(summary.get("tensor_parallel") or 1)
-    name = Path(ckpt).name
-    shards = [ckpt] + [os.path.join(rank_out_dir(str(stage_dir), r), "checkpoints", name) for r in range(1, tp)]
+    step = int(summary["steps"])
+    marker_file = commit.marker_path(str(stage_dir), step)
+    if not os.path.isfile(marker_file):
+        raise FileNotFoundError(f"{marker_file}: the final step {step} of stage {stage_dir.name!r} has no commit "
+                                f"marker (not every rank wrote its checkpoint)")
+    marker = commit.read_marker(marker_file)
+    tp = int(marker["layout"].get("tensor_parallel") or 1)
+    shards = [commit.file_of(marker, r)[0] for r in range(tp)]
     for path in shards:
         if not Path(path).is_file() or not Path(path + ".sha256").is_file():
             raise FileNotFoundError(f"{path}: tensor-parallel shard of the final checkpoint (or its .sha256) is "
                                     f"missing")
-    return {"step": int(summary["steps"]), "path": ckpt, "shards": shards, "tensor_parallel": tp}
+    return {"step": step, "path": shards[0], "shards": shards, "tensor_parallel": tp}
 
 
 def stage_source(stage_dir: str | Path) -> StageSource:
