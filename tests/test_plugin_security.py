@@ -8,6 +8,7 @@ run folder) is refused; a corpus run folder is served only to the DAG run that c
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -26,6 +27,11 @@ def client(tmp_path, monkeypatch, airflow_db):
     from operators.plugin import app
 
     monkeypatch.setenv("MINDLOOM_CONFIG", str(tiny_config(tmp_path)))
+    # SimpleAuthManager reads its password file at start-up; `make test` exports the deployment's path
+    # (.airflow/passwords.json), which a clean clone does not have before `make airflow-init`
+    passwords = tmp_path / "passwords.json"
+    passwords.write_text(json.dumps({"admin": "admin"}))
+    monkeypatch.setenv("AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE", str(passwords))
     init_auth_manager()
     c = TestClient(app, follow_redirects=False)
     c.data = tmp_path / "data"

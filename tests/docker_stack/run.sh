@@ -18,7 +18,9 @@ say() { echo "== test-docker [$(( $(date +%s) - T0 )) s] $*"; }
 
 # -- tools: Debian's docker.io (its CLI does BuildKit builds without the buildx plugin), mmdebstrap, compose v1
 [ "$(id -u)" = 0 ] || skip "not root, so no private dockerd can run here"
-if ! [ -x /usr/bin/docker ] || ! command -v dockerd mmdebstrap docker-compose >/dev/null; then
+missing_tool=""          # `command -v a b c` succeeds when any one is found: check each
+for t in dockerd mmdebstrap docker-compose; do command -v "$t" >/dev/null || missing_tool="$missing_tool $t"; done
+if ! [ -x /usr/bin/docker ] || [ -n "$missing_tool" ]; then
   command -v apt-get >/dev/null || skip "docker.io/mmdebstrap missing and no apt-get to install them"
   say "installing docker.io mmdebstrap docker-compose (apt)"
   (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq docker.io mmdebstrap docker-compose) \
