@@ -215,6 +215,7 @@ class Lease:
         self._lost_at: float | None = None
         self._fh = None
         self._stop = threading.Event()
+        self._write_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
 
@@ -356,11 +357,14 @@ class Lease:
     # -- the heartbeat (rank 0) and watcher (ranks > 0) threads -----------------------------------------------
 
     def _write(self, final: bool = False, stop: str | None = None) -> None:
-        write_json(self.out_dir / LEASE, {
-            "job_id": self.job_id, "generation": self.generation, "beat": self.beat, "host": socket.gethostname(),
-            "pid": os.getpid(), "started_at": self.started_at, "written_at": time.time(), "step": self.step,
-            "released": final, "stop": stop, "stop_after": self.stop_after,
-            "cancel": self.cancel_reason if self.stop_after is not None else None})
+        # the training thread (stop_after) and the heartbeat thread both write: one at a time, each with the state
+        # as it is when it holds the lock, so a heartbeat built before a decision can never land after it
+        with self._write_lock:
+            write_json(self.out_dir / LEASE, {
+                "job_id": self.job_id, "generation": self.generation, "beat": self.beat,
+                "host": socket.gethostname(), "pid": os.getpid(), "started_at": self.started_at,
+                "written_at": time.time(), "step": self.step, "released": final, "stop": stop,
+                "stop_after": self.stop_after, "cancel": self.cancel_reason if self.stop_after is not None else None})
 
     def _poll_cancel(self) -> None:
         if not self.holder and self.generation is None:
