@@ -309,15 +309,25 @@ class Storage:
         return data
 
 
-class _Checked(io.RawIOBase):
+class _Wrapped(io.RawIOBase):
+    """A readable raw stream over ``self.inner`` that closes it with itself."""
+
+    def readable(self) -> bool:
+        return True
+
+    def close(self) -> None:
+        try:
+            self.inner.close()
+        finally:
+            super().close()
+
+
+class _Checked(_Wrapped):
     """Wraps a (decompressing) stream so truncation and corruption surface as :class:`ReadError`."""
 
     def __init__(self, inner, kind: str):
         self.inner = inner
         self.kind = kind
-
-    def readable(self) -> bool:
-        return True
 
     def readinto(self, buf) -> int:
         try:  # read1: return what one compressed block gives, so lines before a cut are not lost with it
@@ -332,21 +342,12 @@ class _Checked(io.RawIOBase):
         buf[:n] = data
         return n
 
-    def close(self) -> None:
-        try:
-            self.inner.close()
-        finally:
-            super().close()
 
-
-class _Limited(io.RawIOBase):
+class _Limited(_Wrapped):
     """At most ``n`` bytes of a stream (a byte range), then end of file."""
 
     def __init__(self, inner, n: int):
         self.inner, self.left = inner, n
-
-    def readable(self) -> bool:
-        return True
 
     def readinto(self, buf) -> int:
         if self.left <= 0:
@@ -356,12 +357,6 @@ class _Limited(io.RawIOBase):
         buf[:n] = data
         self.left -= n
         return n
-
-    def close(self) -> None:
-        try:
-            self.inner.close()
-        finally:
-            super().close()
 
 
 class _Seekable(_Checked):
