@@ -25,6 +25,7 @@ work.  Pipeline pools only ever run functions of ``pipeline.*`` modules, which w
 
 from __future__ import annotations
 
+import os
 import pickle
 import sys
 from collections.abc import Iterator
@@ -79,25 +80,48 @@ def main_hidden() -> Iterator[None]:
                 setattr(main, k, v)
 
 
-def _forkserver_of_this_process() -> None:
-    """Forget a forkserver inherited through ``fork`` (a Celery or LocalExecutor worker that had started one before
-    forking this task's process): multiprocessing would ``waitpid`` a process that is not our child and fail with
-    ``ChildProcessError``.  A server of our own that died is forgotten too; the next pool starts a fresh one."""
+def _forget_forkserver(inherited: bool = True) -> None:
+    """Forget the forkserver handle's server; the next pool starts this process's own.  ``inherited``: this is a
+    child made by ``fork``, whose handle is the parent's, and so is its lock, which another thread of the parent may
+    have held at the fork (it would never be released here): the lock is replaced, not taken."""
     import os
+    import threading
     from multiprocessing import forkserver
 
     fs = forkserver._forkserver        # multiprocessing's per-process server handle (private, stable since 3.4)
-    if fs._forkserver_pid is None:
-        return
-    try:
-        if not os.waitpid(fs._forkserver_pid, os.WNOHANG)[0]:
-            return                     # our own, alive
-    except ChildProcessError:
-        pass
+    if inherited:
+        fs._lock = threading.Lock()
     with fs._lock:
         if fs._forkserver_alive_fd is not None:
-            os.close(fs._forkserver_alive_fd)
+            try:
+                os.close(fs._forkserver_alive_fd)
+            except OSError:
+                pass
         fs._forkserver_address = fs._forkserver_alive_fd = fs._forkserver_pid = None
+
+
+def _forkserver_of_this_process() -> None:
+    """Forget a forkserver inherited through ``fork`` (a Celery or LocalExecutor worker that had started one before
+    forking this task's process, where this module was not imported before the fork): multiprocessing would
+    ``waitpid`` a process that is not our child and fail with ``ChildProcessError``.  A server of our own that died
+    is forgotten too; the next pool starts a fresh one."""
+    import os
+    from multiprocessing import forkserver
+
+    pid = forkserver._forkserver._forkserver_pid
+    if pid is None:
+        return
+    try:
+        if not os.waitpid(pid, os.WNOHANG)[0]:
+            return                     # our own, alive
+    except ChildProcessError:
+        _forget_forkserver(inherited=True)
+        return
+    _forget_forkserver(inherited=False)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_forkserver)
 
 
 def task_executor(workers: int, preload: str, initializer=None, initargs: tuple = ()):

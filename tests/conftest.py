@@ -118,6 +118,40 @@ def _missing_proofs(config) -> list[str]:
 def pytest_sessionfinish(session, exitstatus):
     if _missing_proofs(session.config) and exitstatus == 0:
         session.exitstatus = 1
+    _stop_leftover_children()
+
+
+def _stop_leftover_children() -> None:
+    """Name and stop the processes the tests left running (a hung worker, a pool worker): they would outlive the
+    session and keep whatever reads this run's output waiting."""
+    import sys
+
+    import psutil
+
+    own = ("multiprocessing.forkserver import main", "multiprocessing.resource_tracker import main")   # end with us
+    me = psutil.Process()
+
+    def command(p) -> str:
+        try:
+            return " ".join(p.cmdline())
+        except psutil.Error:
+            return ""
+
+    left = [p for p in me.children(recursive=True)
+            if not (p.ppid() == me.pid and any(o in command(p) for o in own))]
+    for p in left:
+        try:
+            print(f"conftest: a test left pid {p.pid} running ({command(p)[:160]}); stopping it",
+                  file=sys.stderr)
+            p.terminate()
+        except psutil.Error:
+            pass
+    _, alive = psutil.wait_procs(left, timeout=10)
+    for p in alive:
+        try:
+            p.kill()
+        except psutil.Error:
+            pass
 
 
 def stdlib_records(n: int, domain: str = "code") -> list[dict]:

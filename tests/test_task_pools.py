@@ -55,8 +55,11 @@ def test_a_batch_of_one_shard_runs_without_a_pool(tmp_path, monkeypatch):
 
 
 def _shared_pool_in_daemon(q) -> None:
+    import faulthandler
+
     from pipeline.profile import measured
 
+    faulthandler.dump_traceback_later(100, exit=True)     # a hang shows where, in the test's captured stderr
     try:
         with measured(None, "test", "daemon"):
             pool, _ = pools.task_executor(2, "pipeline.io")
@@ -73,6 +76,39 @@ def test_the_shared_forkserver_pool_runs_in_a_celery_prefork_process():
     p.start()
     got = q.get(timeout=120)
     p.join(30)
+    assert got == ("ok", [1, 2, 3])
+
+
+def test_a_child_forked_while_a_parent_thread_holds_the_forkserver_lock_starts_its_own_pool():
+    """The last CI on record hung here: a task process made by ``fork`` from a process with other threads inherits
+    multiprocessing's forkserver handle, lock included.  Held by another thread at the fork, that lock is never
+    released in the child, and its first pool waited forever."""
+    import multiprocessing
+    import threading
+    from multiprocessing import forkserver
+
+    parent_pool, _ = pools.task_executor(1, "pipeline.io")     # this process has a forkserver of its own
+    assert parent_pool.submit(abs, -1).result() == 1
+    held, release = threading.Event(), threading.Event()
+
+    def hold():
+        with forkserver._forkserver._lock:
+            held.set()
+            release.wait(60)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    try:
+        held.wait(10)
+        q = multiprocessing.get_context("fork").Queue()
+        p = multiprocessing.get_context("fork").Process(target=_shared_pool_in_daemon, args=(q,), daemon=True)
+        p.start()
+        got = q.get(timeout=90)
+        p.join(30)
+    finally:
+        release.set()
+        t.join()
+        parent_pool.shutdown()
     assert got == ("ok", [1, 2, 3])
 
 
