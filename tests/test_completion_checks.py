@@ -206,3 +206,27 @@ def test_training_start_checks_the_published_manifest_digest_and_sizes_only(tmp_
     (mr / "a.mindrecord").write_bytes(b"x" * 99)
     with pytest.raises(verify.ShardError, match="99 bytes, manifest says 100"):
         verify.verify(mr, full_read=False, hashes=False)
+
+
+def test_quality_markers_chain_their_inputs_recorded_digest(dedup_run, tmp_path, monkeypatch):
+    """A quality shard is complete for its settings *and* its input: an unchanged rerun reads only markers, a
+    rewritten exact-dedup shard (another recorded sha256) redoes it."""
+    from pipeline.quality.run import run_quality_shard
+
+    rdir, shards = dedup_run
+    run = tmp_path / "run"
+    shutil.copytree(rdir, run)
+    q = config_from_dict({}).quality
+    first = run_quality_shard(q, run, shards[0])
+    out = run / "quality" / f"{shards[0]}.parquet"
+    before = pio.read_marker(out)
+    with Counted(monkeypatch) as c:
+        assert run_quality_shard(q, run, shards[0]) == first
+    src = run / "exact_dedup" / f"{shards[0]}.parquet"
+    assert c.hashed == [] and c.read <= marker_bytes([src, out]) + 512, c.read
+    kept = {k: v for k, v in pio.read_marker(src).items() if k not in ("output", "bytes", "sha256")}
+    pio.write_marker(src, kept, sha256="0" * 64)                           # same bytes, another recorded input
+    run_quality_shard(q, run, shards[0])
+    after = pio.read_marker(out)
+    assert after["config"] != before["config"] and after["sha256"] == before["sha256"]   # redone, same result
+    assert before["sha256"] == pio.sha256_file(out)                       # the digest recorded while writing

@@ -27,8 +27,6 @@ corpus.
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import logging
 from collections.abc import Iterator
@@ -36,7 +34,18 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.ingest.run import worker_count
-from pipeline.io import completed, count_removed, new_stats, read_parquet, write_marker, write_parquet, write_stats
+from pipeline.io import (
+    completed,
+    config_digest,
+    count_removed,
+    new_stats,
+    read_parquet,
+    recorded_sha256,
+    settings,
+    write_marker,
+    write_parquet,
+    write_stats,
+)
 from pipeline.quality.config import QualityConfig
 from pipeline.quality.filters.audit import quality_report, render_quality_report, write_removed
 from pipeline.quality.filters.basic import LANG_COLUMNS
@@ -66,11 +75,10 @@ def scores_path(rdir: Path, shard: str) -> Path:
     return Path(rdir) / "quality" / "scores" / f"{shard}.parquet"
 
 
-def _digest(q: QualityConfig, input_stage: str) -> str:
-    settings = dataclasses.asdict(q)
-    settings.pop("workers")             # how many processes score does not change what they write
-    blob = json.dumps({"quality": settings, "input_stage": input_stage}, sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()
+def _digest(q: QualityConfig, input_stage: str, input_sha256: str) -> str:
+    """The marker's config digest: the settings (not ``workers``: how many processes score changes nothing they
+    write), the input stage and the sha256 the input's marker recorded (a rewritten input redoes the shard)."""
+    return config_digest("quality", settings(q, "workers"), input_stage, input_sha256)
 
 
 def _check_language_columns(chains: dict[str, Chain], table: Any, input_stage: str, shard: str) -> list[str]:
@@ -235,12 +243,12 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
     """Filter one shard with its domain's chain; returns the shard's stats (in = kept + removed by reason)."""
     rdir = Path(rdir)
     out = rdir / "quality" / f"{shard}.parquet"
-    digest = _digest(q, input_stage)
-    if (done := completed(out)) and done.get("quality_sha256") == digest:
-        return done["stats"]
     src = rdir / input_stage / f"{shard}.parquet"
     if not src.exists():
         raise QualityError(f"quality/{shard}: input {src} does not exist (input_stage={input_stage!r})")
+    digest = _digest(q, input_stage, recorded_sha256(src))
+    if done := completed(out, digest):
+        return done["stats"]
     table = read_parquet(src)
     n = table.num_rows
     domains = table.column("domain").to_pylist() if n else []
@@ -287,7 +295,7 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
     scores, kept = _tables(table, chains, rows, keep, texts)
     write_parquet(scores, scores_path(rdir, shard))
     write_removed(rdir, shard, removed, stats["removed"], q.audit_samples, q.audit_max_chars)
-    write_parquet(kept, out)
+    kept_sha256 = write_parquet(kept, out)
     stats = write_stats(rdir, "quality", shard, stats)
-    write_marker(out, {"stats": stats, "quality_sha256": digest})
+    write_marker(out, {"stats": stats}, config=digest, sha256=kept_sha256)
     return stats
