@@ -32,14 +32,16 @@ def chain_counts(tmp: Path, name: str, source: dict) -> dict:
                             "quality": load_config().to_dict()["quality"], "ingest": {"workers": 1}})
     out = {"ingest_in": 0, "documents": 0, "kept": 0, "ingest_removed": {}, "quality_removed": {}}
     for spec in plan_ingest(cfg):
-        st = run_ingest_shard(cfg, tmp / name / "run", spec)
-        qs = run_quality_shard(cfg.quality, tmp / name / "run", spec["shard"], input_stage="ingest")
+        st = run_ingest_shard(cfg, tmp / name / "run", spec)        # the plan shard's stats, summed over its parts
         out["ingest_in"] += st["in_docs"]
-        out["documents"] += qs["in_docs"]
-        out["kept"] += qs["kept_docs"]
-        for key, removed in (("ingest_removed", st["removed"]), ("quality_removed", qs["removed"])):
-            for reason, v in removed.items():
-                out[key][reason] = out[key].get(reason, 0) + v["docs"]
+        for reason, v in st["removed"].items():
+            out["ingest_removed"][reason] = out["ingest_removed"].get(reason, 0) + v["docs"]
+        for part in st["parts"]:         # a large dump writes several output shards (ingest.shard_bytes)
+            qs = run_quality_shard(cfg.quality, tmp / name / "run", part, input_stage="ingest")
+            out["documents"] += qs["in_docs"]
+            out["kept"] += qs["kept_docs"]
+            for reason, v in qs["removed"].items():
+                out["quality_removed"][reason] = out["quality_removed"].get(reason, 0) + v["docs"]
     out["kept_share"] = round(out["kept"] / max(1, out["documents"]), 4)
     return out
 
