@@ -32,7 +32,12 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 _MISSING = object()
-_SCOPES: list[dict] = []       # one {settings: executor} per running task (innermost last)
+_SCOPES: list[dict] = []       # one {settings: executor} per running task (innermost last), least recently used first
+_BUSY: dict[int, int] = {}     # id(pool) -> maps running on it (never evicted while one runs)
+#: Shared pools a task keeps alive between uses.  Each holds its workers (and what their last batch left) until the
+#: task ends, so settings that differ per shard would grow the task's memory with its shard count; the least
+#: recently used idle pool is shut down when a new one would exceed this.
+MAX_SHARED_POOLS = 2
 
 
 @contextmanager
@@ -144,11 +149,22 @@ def task_executor(workers: int, preload: str, initializer=None, initargs: tuple 
         return ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=initargs), True
     init = f"{initializer.__module__}.{initializer.__qualname__}" if initializer else ""
     key = (workers, init, pickle.dumps(initargs))
-    pool = _SCOPES[-1].get(key)
+    scope = _SCOPES[-1]
+    pool = scope.pop(key, None)            # re-inserted below: the dict's order is the use order
     if pool is None or getattr(pool, "_broken", False):
-        pool = _SCOPES[-1][key] = ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer,
-                                                      initargs=initargs)
+        _evict_idle(scope, MAX_SHARED_POOLS - 1)
+        pool = ProcessPoolExecutor(workers, mp_context=ctx, initializer=initializer, initargs=initargs)
+    scope[key] = pool
     return pool, False
+
+
+def _evict_idle(scope: dict, keep: int) -> None:
+    """Shut down the least recently used idle pools of ``scope`` until at most ``keep`` remain."""
+    for key in list(scope):
+        if len(scope) <= keep:
+            return
+        if not _BUSY.get(id(scope[key])):
+            scope.pop(key).shutdown(wait=True, cancel_futures=True)
 
 
 def _discard(pool) -> None:
@@ -169,6 +185,7 @@ def ordered_map(fn, batches, workers: int, preload: str, initializer, initargs: 
 
     pool, owned = task_executor(workers, preload, initializer, initargs)
     window: deque = deque()
+    _BUSY[id(pool)] = _BUSY.get(id(pool), 0) + 1
     try:
         for batch in batches:
             window.append(pool.submit(fn, batch))
@@ -181,5 +198,9 @@ def ordered_map(fn, batches, workers: int, preload: str, initializer, initargs: 
             _discard(pool)
         raise
     finally:
+        if _BUSY.get(id(pool), 0) <= 1:
+            _BUSY.pop(id(pool), None)
+        else:
+            _BUSY[id(pool)] -= 1
         if owned:
             pool.shutdown(wait=True, cancel_futures=True)
