@@ -67,15 +67,13 @@ import scale_corpus  # noqa: E402
 import scale_peer  # noqa: E402
 import scale_stats  # noqa: E402
 import scale_truth  # noqa: E402
-from common import REPO, RESULTS_DIR, SHARED_CORPORA, loglog_slope, machine  # noqa: E402
+from common import REPO, RESULTS_DIR, SHARED_CORPORA, machine  # noqa: E402
 from scale_report import markdown  # noqa: E402,F401  (report.py renders the topic through bench_scale)
+from scale_targets import TARGETS, targets  # noqa: E402,F401  (bench_scale.targets: tests, re-scoring)
 
 QUICK_GB = 0.03
 WORK = REPO / ".cache" / "bench-scale"
 SAMPLE_S = 0.2
-TARGETS = {"peak_rss_mb": 2048.0, "peak_move": 0.25, "chain_mb_per_cpu_s": 2.0, "cost_exponent": 1.05,
-           "tokenize_1_to_2": 1.8, "mindrecord_vs_filewriter": 0.8, "vs_datatrove": 2.0, "stage_exponent": 1.05,
-           "exact_recall": 1.0, "minhash_recall_gap": 0.02, "dag_over_cli": 1.10}
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -375,89 +373,6 @@ def side_benchmarks(first: dict, a: argparse.Namespace) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Targets
-
-
-def _t(name, value, target, op, met, note="") -> dict:
-    return {"name": name, "value": value, "target": target, "op": op, "met": met, "note": note}
-
-
-def _cmp(value, target, op):
-    if value is None:
-        return None
-    return value <= target if op == "<=" else value >= target
-
-
-def targets(runs: list[dict], side: dict | None, peer: dict | None) -> list[dict]:
-    """Issue #13's targets, each with its value and met (None: not measured in this invocation)."""
-    ok = [r for r in runs if r.get("rc") == 0]
-    small = min(ok, key=lambda r: r["size_gb"]) if ok else None
-    large = max(ok, key=lambda r: r["size_gb"]) if ok else None
-    big = [r for r in runs if r["size_gb"] >= 4]
-    out = [_t("run_4gb_completes", (1.0 if all(r.get("rc") == 0 for r in big) else 0.0) if big else None, 1.0, ">=",
-              (all(r.get("rc") == 0 for r in big)) if big else None,
-              "" if big else "no run of 4 GB or more in this invocation")]
-    peaks = [r["peak_task_rss_mb"] for r in ok if r.get("peak_task_rss_mb")]
-    out.append(_t("peak_task_rss_mb", max(peaks) if peaks else None, TARGETS["peak_rss_mb"], "<=",
-                  _cmp(max(peaks) if peaks else None, TARGETS["peak_rss_mb"], "<="),
-                  "largest task of every run; includes the Airflow CLI process (dags test runs tasks in-process)"))
-    two = small is not None and large is not None and large["size_gb"] > small["size_gb"]
-    move = (abs(large["peak_task_rss_mb"] / small["peak_task_rss_mb"] - 1) if two else None)
-    out.append(_t("peak_rss_move", None if move is None else round(move, 3), TARGETS["peak_move"], "<=",
-                  _cmp(move, TARGETS["peak_move"], "<="),
-                  f"{small['size_gb']:g} GB -> {large['size_gb']:g} GB" if two else "needs two sizes"))
-    thr = large["mb_per_cpu_s"] if large else None
-    out.append(_t("chain_mb_per_cpu_s", thr, TARGETS["chain_mb_per_cpu_s"], ">=",
-                  _cmp(thr, TARGETS["chain_mb_per_cpu_s"], ">="),
-                  f"{large['size_gb']:g} GB run, whole airflow dags test process tree" if large else ""))
-    exp = (loglog_slope([small["corpus_mb"], large["corpus_mb"]], [small["cpu_s"], large["cpu_s"]]) if two else None)
-    out.append(_t("cost_exponent", exp, TARGETS["cost_exponent"], "<=", _cmp(exp, TARGETS["cost_exponent"], "<="),
-                  "log(cpu_large/cpu_small)/log(size_large/size_small)" if two else "needs two sizes"))
-    tok = (side or {}).get("tokenize", {}).get("speedup")
-    out.append(_t("tokenize_1_to_2_processes", tok, TARGETS["tokenize_1_to_2"], ">=",
-                  _cmp(tok, TARGETS["tokenize_1_to_2"], ">="), "best of repeats each"))
-    mr = (side or {}).get("mindrecord", {}).get("ratio_vs_filewriter")
-    out.append(_t("mindrecord_vs_filewriter", mr, TARGETS["mindrecord_vs_filewriter"], ">=",
-                  _cmp(mr, TARGETS["mindrecord_vs_filewriter"], ">="),
-                  "write_shard MB/s ÷ FileWriter batched MB/s, same rows"))
-    ratio = None
-    ours = ((peer or {}).get("mindloom") or {}).get("mb_per_cpu_s")
-    if peer and peer.get("mb_per_cpu_s") and ours:
-        ratio = round(ours / peer["mb_per_cpu_s"], 3)
-    out.append(_t("vs_datatrove_mb_per_cpu_s", ratio, TARGETS["vs_datatrove"], ">=",
-                  _cmp(ratio, TARGETS["vs_datatrove"], ">="),
-                  "same corpus, same steps on both sides (scale_peer.py: shared chain, language ID on both); "
-                  "mindloom corpus ÷ datatrove"))
-    return out + dedup_and_stage_targets(ok, small, large, two)
-
-
-def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dict]:
-    """Issue #23's targets: per-stage exponents, dedup against the planted truth, DAG vs CLI CPU."""
-    out = []
-    rows = scale_stats.stage_exponents(small, large) if two else []
-    worst = max((r for r in rows if r["exponent"] is not None), key=lambda r: r["exponent"], default=None)
-    out.append(_t("worst_stage_exponent", worst["exponent"] if worst else None, TARGETS["stage_exponent"], "<=",
-                  _cmp(worst["exponent"] if worst else None, TARGETS["stage_exponent"], "<="),
-                  f"stage {worst['stage']} (median CPU of the repeats)" if worst else "needs two sizes"))
-    truths = [r["dedup_truth"] for r in ok if r.get("dedup_truth")]
-    rec = min((t["exact"]["recall"] for t in truths if t["exact"]["recall"] is not None), default=None)
-    out.append(_t("exact_dedup_recall", rec, TARGETS["exact_recall"], ">=", _cmp(rec, TARGETS["exact_recall"], ">="),
-                  "planted exact copies, smallest over the sizes; precision " + ", ".join(
-                      str(t["exact"]["precision"]) for t in truths)))
-    gaps = [t["minhash"]["predicted_at_or_above"] - t["minhash"]["recall_at_or_above"] for t in truths
-            if t["minhash"]["recall_at_or_above"] is not None]
-    gap = round(max(gaps), 4) if gaps else None
-    out.append(_t("minhash_recall_below_banding", gap, TARGETS["minhash_recall_gap"], "<=",
-                  _cmp(gap, TARGETS["minhash_recall_gap"], "<="),
-                  "predicted − measured recall of planted near pairs with J >= threshold; precision " + ", ".join(
-                      str(t["minhash"]["precision"]) for t in truths)))
-    over = large.get("dag_over_cli") if large else None
-    out.append(_t("dag_cpu_over_cli", over, TARGETS["dag_over_cli"], "<=", _cmp(over, TARGETS["dag_over_cli"], "<="),
-                  "airflow dags test CPU ÷ mindloom corpus CPU, same corpus and config" if over else
-                  "needs --cli"))
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,4", help="corpus sizes in GB (comma list)")

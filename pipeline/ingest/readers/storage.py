@@ -375,14 +375,14 @@ class _Seekable(_Checked):
         return self.inner.tell()
 
 
-class _ZstdStream(io.RawIOBase):
+class _ZstdStream(_Wrapped):
     """Zstandard frames one after another; python-zstandard's stream reader returns b"" on a cut frame, so we
     drive ``decompressobj`` ourselves and report a frame left open at end of input as ``truncated_file``."""
 
     def __init__(self, raw):
         import zstandard
 
-        self.raw = raw
+        self.inner = raw
         self.zstd = zstandard
         self.dctx = zstandard.ZstdDecompressor()
         self.dobj = self.dctx.decompressobj()
@@ -390,12 +390,9 @@ class _ZstdStream(io.RawIOBase):
         self.in_frame = False
         self.eof = False
 
-    def readable(self) -> bool:
-        return True
-
     def _fill(self) -> None:
         while not self.pending and not self.eof:
-            chunk = self.raw.read(1 << 20)
+            chunk = self.inner.read(1 << 20)
             if not chunk:
                 self.eof = True
                 if self.in_frame:
@@ -421,12 +418,6 @@ class _ZstdStream(io.RawIOBase):
         buf[:n] = self.pending[:n]
         self.pending = self.pending[n:]
         return n
-
-    def close(self) -> None:
-        try:
-            self.raw.close()
-        finally:
-            super().close()
 
 
 def iter_chunks(fh, size: int = 1 << 20) -> Iterator[bytes]:
