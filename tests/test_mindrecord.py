@@ -170,6 +170,31 @@ def test_verify_reads_every_shard_and_every_rank(run):
     assert {k: v["read"] for k, v in val["sets"].items()} == {k: v["samples"] for k, v in built["val"]["sets"].items()}
 
 
+def test_a_collection_is_read_in_one_child_and_a_damaged_set_is_named(run, tmp_path, monkeypatch):
+    """Every set of ``mindrecord_val`` (one per domain) is read by one reader process (one MindSpore start, not
+    one per domain: 7 starts cost 10 CPU-s of write_validation at any corpus size), and a silently wrong row in
+    the last set still names that set's file."""
+    from pipeline.sink import verify as verify_mod
+
+    rdir, _ = run
+    shutil.copytree(rdir / "mindrecord_val", tmp_path / "val")
+    calls = []
+    real = verify_mod._read_in_child
+    monkeypatch.setattr(verify_mod, "_read_in_child", lambda dirs, *a: calls.append(len(dirs)) or real(dirs, *a))
+    sets = read_json(tmp_path / "val" / "manifest.json")["sets"]
+    assert len(sets) >= 2
+    res = mindrecord.verify(tmp_path / "val", full_read=True)
+    assert calls == [len(sets)] and {k: v["read"] for k, v in res["sets"].items()} == {
+        k: v["samples"] for k, v in sets.items()}
+    last = tmp_path / "val" / sets[max(sets)]["dir"]
+    name = read_json(last / "manifest.json")["shards"][0]["file"]
+    _flip(last / name, (1 << 20) + 5000, 1)
+    _rebless(last, name)
+    with pytest.raises(ShardError, match=rf"{last / name}: decoded rows differ from what was written"):
+        mindrecord.verify(tmp_path / "val", full_read=True)
+    assert calls == [len(sets)] * 2
+
+
 @pytest.fixture
 def damaged(run, tmp_path):
     rdir, _ = run

@@ -61,30 +61,43 @@ def verify(mr_dir: str | Path, full_read: bool = True, num_shards: int | None = 
 
     Always: every data and ``.db`` file exists with the manifest's size, and (``hashes``, the default) sha256;
     ``hashes=False`` with ``full_read=False`` reads no data (the corpus' final step and training start), and with
-    ``num_shards`` checks the rank split from the manifest (:func:`rank_split`).  With ``full_read``: a child
-    process limited to ``mem_limit_mb`` of address space reads every shard through ``MindDataset`` and the row
-    counts, row lengths and content hash of the decoded rows must match; with ``num_shards`` it also reads the set
-    as that many data-parallel ranks (``num_shards``/``shard_id``) and checks that each rank gets
-    ``ceil(rows / ranks)`` rows and that together they cover every row (MindDataset evens out the ranks by
-    repeating the first rows; their number is reported as ``padding_rows``).  Raises :class:`ShardError` naming
-    the file.
+    ``num_shards`` checks the rank split from the manifest (:func:`rank_split`).  With ``full_read``: one child
+    process limited to ``mem_limit_mb`` of address space reads every shard (of every set of a collection: one
+    MindSpore start, not one per set) through ``MindDataset`` and the row counts, row lengths and content hash of
+    the decoded rows must match; with ``num_shards`` it also reads each set as that many data-parallel ranks
+    (``num_shards``/``shard_id``) and checks that each rank gets ``ceil(rows / ranks)`` rows and that together they
+    cover every row (MindDataset evens out the ranks by repeating the first rows; their number is reported as
+    ``padding_rows``).  Raises :class:`ShardError` naming the file.
     """
     mr_dir = Path(mr_dir)
+    manifest = _manifest(mr_dir)
+    collection = manifest.get("format") == "mindrecord-collection"
+    sets = ({name: mr_dir / s["dir"] for name, s in sorted(manifest["sets"].items())} if collection
+            else {None: mr_dir})
+    manifests = {name: (_manifest(d) if collection else manifest) for name, d in sets.items()}
+    results = {}
+    for name, d in sets.items():
+        _check_files(d, manifests[name], hashes)
+        results[name] = {"dir": str(d), "shards": len(manifests[name]["shards"]),
+                         "samples": manifests[name]["samples"], "read": 0}
+        if not full_read and num_shards:
+            results[name]["ranks"] = rank_split(manifests[name], num_shards, d)
+    if full_read:
+        reports = _read_in_child(list(sets.values()), num_shards or 0, mem_limit_mb or VERIFY_MEM_MB, timeout_s)
+        for (name, d), report in zip(sets.items(), reports, strict=True):
+            results[name].update(_compare(d, manifests[name], report, num_shards))
+    return {"dir": str(mr_dir), "sets": results} if collection else results[None]
+
+
+def _manifest(mr_dir: Path) -> dict:
     if not (mr_dir / MANIFEST).exists():
         raise ShardError(f"{mr_dir / MANIFEST}: manifest missing; the MindRecord set is incomplete")
-    manifest = read_json(mr_dir / MANIFEST)
-    if manifest.get("format") == "mindrecord-collection":
-        return {"dir": str(mr_dir), "sets": {name: verify(mr_dir / s["dir"], full_read, num_shards, mem_limit_mb,
-                                                          timeout_s, hashes)
-                                             for name, s in sorted(manifest["sets"].items())}}
-    _check_files(mr_dir, manifest, hashes)
-    result = {"dir": str(mr_dir), "shards": len(manifest["shards"]), "samples": manifest["samples"], "read": 0}
-    if not full_read:
-        if num_shards:
-            result["ranks"] = rank_split(manifest, num_shards, mr_dir)
-        return result
-    report = _read_in_child(mr_dir, num_shards or 0, mem_limit_mb or VERIFY_MEM_MB, timeout_s)
-    total_fp = 0
+    return read_json(mr_dir / MANIFEST)
+
+
+def _compare(mr_dir: Path, manifest: dict, report: dict, num_shards: int | None) -> dict:
+    """What the reader child decoded against the manifest: row counts, lengths, content hashes, rank split."""
+    total_fp, read = 0, 0
     for s, got in zip(manifest["shards"], report["shards"], strict=True):
         path = mr_dir / s["file"]
         if got["rows"] != s["samples"]:
@@ -94,8 +107,8 @@ def verify(mr_dir: str | Path, full_read: bool = True, num_shards: int | None = 
         if s.get("content_sha256") and got["content_sha256"] != s["content_sha256"]:
             raise ShardError(f"{path}: decoded rows differ from what was written (content sha256 mismatch)")
         total_fp = (total_fp + got["fingerprint"]) % 2**64
-        result["read"] += got["rows"]
-    result["reader_max_rss_mb"] = report["max_rss_mb"]
+        read += got["rows"]
+    out = {"read": read, "reader_max_rss_mb": report["max_rss_mb"]}
     if num_shards:
         per_rank = -(-manifest["samples"] // num_shards)
         padding = per_rank * num_shards - manifest["samples"]
@@ -108,12 +121,13 @@ def verify(mr_dir: str | Path, full_read: bool = True, num_shards: int | None = 
         if union_fp != (total_fp + sum(report["first_digests"][:padding])) % 2**64:
             raise ShardError(f"{mr_dir}: the {num_shards} ranks together do not read every row exactly once "
                              f"(plus {padding} padding rows)")
-        result["ranks"] = {"num_shards": num_shards, "rows_per_rank": per_rank, "padding_rows": padding}
-    return result
+        out["ranks"] = {"num_shards": num_shards, "rows_per_rank": per_rank, "padding_rows": padding}
+    return out
 
 
-def _read_in_child(mr_dir: Path, ranks: int, mem_limit_mb: int, timeout_s: float | None) -> dict:
-    """Run :func:`_reader_main` in a subprocess under RLIMIT_AS; turn any failure into a ShardError naming the file."""
+def _read_in_child(mr_dirs: list[Path], ranks: int, mem_limit_mb: int, timeout_s: float | None) -> list[dict]:
+    """Run :func:`_reader_main` over the sets in one subprocess under RLIMIT_AS; one report per set, in order.
+    Any failure becomes a ShardError naming the file."""
     import json
     import resource
     import signal
@@ -127,7 +141,7 @@ def _read_in_child(mr_dir: Path, ranks: int, mem_limit_mb: int, timeout_s: float
     repo = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "MALLOC_ARENA_MAX": "2", "GLOG_v": "3",
            "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "pipeline.sink.verify", "read", str(mr_dir), str(ranks)]
+    cmd = [sys.executable, "-m", "pipeline.sink.verify", "read", str(ranks), *map(str, mr_dirs)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env, timeout=timeout_s)
         out, err, rc = proc.stdout, proc.stderr, proc.returncode
@@ -140,8 +154,8 @@ def _read_in_child(mr_dir: Path, ranks: int, mem_limit_mb: int, timeout_s: float
                 events.append(json.loads(line))
             except ValueError:
                 pass
-    done = next((e for e in events if e["event"] == "done"), None)
-    if rc == 0 and done:
+    done = [e for e in events if e["event"] == "done"]
+    if rc == 0 and len(done) == len(mr_dirs):
         return done
     started = [e for e in events if e["event"] == "start"]
     err_event = next((e for e in events if e["event"] == "error"), None)
@@ -154,27 +168,22 @@ def _read_in_child(mr_dir: Path, ranks: int, mem_limit_mb: int, timeout_s: float
         reason = (f"reader exit {rc}: {tail[0][:300] if tail else 'no message'} "
                   f"(address-space limit {mem_limit_mb} MB)")
     if started:
-        raise ShardError(f"{mr_dir / started[-1]['file']}: unreadable through MindDataset ({reason})")
-    raise ShardError(f"{mr_dir}: MindDataset reader failed before reading any shard ({reason})")
+        raise ShardError(f"{Path(started[-1]['dir']) / started[-1]['file']}: unreadable through MindDataset "
+                         f"({reason})")
+    raise ShardError(f"{mr_dirs[0] if len(mr_dirs) == 1 else mr_dirs[0].parent}: MindDataset reader failed "
+                     f"before reading any shard ({reason})")
 
 
-def _reader_main(mr_dir: str, ranks: int) -> int:
-    """Child side of :func:`verify`: read every shard (then every rank) and print one JSON line per step."""
+def _reader_main(mr_dirs: list[str], ranks: int) -> int:
+    """Child side of :func:`verify`: read every shard (then every rank) of each set; one JSON line per step."""
     import json
     import resource
 
     def emit(obj):
         print(json.dumps(obj), flush=True)
 
-    mr_dir = Path(mr_dir)
-    manifest = read_json(mr_dir / MANIFEST)
-    fields = manifest.get("fields", [COLUMN])
-    has_dom, has_starts = DOMAIN_COLUMN in fields, STARTS_COLUMN in fields
-    row_length = manifest["row_length"]
-    files = [str(mr_dir / s["file"]) for s in manifest["shards"]]
-    first: list[int] = []
-
-    def read(d):
+    def read(d, fields, row_length, first):
+        has_dom, has_starts = DOMAIN_COLUMN in fields, STARTS_COLUMN in fields
         content, n, bad, fp = hashlib.sha256(), 0, 0, 0
         for row in d.create_tuple_iterator(output_numpy=True, num_epochs=1):
             ids = row[0]
@@ -193,28 +202,35 @@ def _reader_main(mr_dir: str, ranks: int) -> int:
     try:
         import mindspore.dataset as ds
 
-        shards, rank_results = [], []
-        for f in files:
-            emit({"event": "start", "file": Path(f).name})
-            shards.append(read(ds.MindDataset(f, columns_list=fields, shuffle=False, num_parallel_workers=1)))
-        collect = first.copy()
-        for r in range(ranks):
-            emit({"event": "start", "file": f"(rank {r} of {ranks} over all shards)"})
-            res = read(ds.MindDataset(files, columns_list=fields, shuffle=False, num_parallel_workers=1,
-                                      num_shards=ranks, shard_id=r))
-            rank_results.append({"rank": r, "rows": res["rows"], "fingerprint": res["fingerprint"]})
+        for mr_dir in map(Path, mr_dirs):
+            manifest = read_json(mr_dir / MANIFEST)
+            fields, row_length = manifest.get("fields", [COLUMN]), manifest["row_length"]
+            files = [str(mr_dir / s["file"]) for s in manifest["shards"]]
+            first: list[int] = []
+            shards, rank_results = [], []
+            for f in files:
+                emit({"event": "start", "dir": str(mr_dir), "file": Path(f).name})
+                shards.append(read(ds.MindDataset(f, columns_list=fields, shuffle=False, num_parallel_workers=1),
+                                   fields, row_length, first))
+            collect = first.copy()
+            for r in range(ranks):
+                emit({"event": "start", "dir": str(mr_dir), "file": f"(rank {r} of {ranks} over all shards)"})
+                res = read(ds.MindDataset(files, columns_list=fields, shuffle=False, num_parallel_workers=1,
+                                          num_shards=ranks, shard_id=r), fields, row_length, first)
+                rank_results.append({"rank": r, "rows": res["rows"], "fingerprint": res["fingerprint"]})
+            emit({"event": "done", "dir": str(mr_dir), "shards": shards, "ranks": rank_results,
+                  "first_digests": collect,
+                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024})
     except (RuntimeError, MemoryError, OSError, ValueError) as exc:
         msg = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         emit({"event": "error", "error": msg[:300]})
         return 3
-    emit({"event": "done", "shards": shards, "ranks": rank_results, "first_digests": collect,
-          "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024})
     return 0
 
 
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) != 4 or sys.argv[1] != "read":
-        sys.exit("usage: python -m pipeline.sink.verify read DIR RANKS")
-    sys.exit(_reader_main(sys.argv[2], int(sys.argv[3])))
+    if len(sys.argv) < 4 or sys.argv[1] != "read":
+        sys.exit("usage: python -m pipeline.sink.verify read RANKS DIR [DIR ...]")
+    sys.exit(_reader_main(sys.argv[3:], int(sys.argv[2])))
