@@ -128,7 +128,7 @@ def test_later_stages_run_over_the_output_shards_in_plan_batches(tmp_path):
     seen: list[str] = []
     out = batches.run_batch(lambda spec: seen.append(spec["shard"]) or {}, handle, expand=output_specs)
     assert seen == stats[0]["parts"] and out["shards"] == n
-    from pipeline.tasks.corpus import _run_of
+    from pipeline.tasks.run_state import run_of as _run_of
 
     assert _run_of([handle])[1] == stats[0]["parts"] + stats[1]["parts"]
 

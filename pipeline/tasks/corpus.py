@@ -1,7 +1,8 @@
 """The corpus chain as one call per task: what the ``corpus_build`` DAG and ``mindloom corpus`` both run.
 
 The order and shape of the chain is data (:mod:`pipeline.tasks.steps`); :func:`run_step` is the one entry point of
-every task, in Airflow and in :func:`run_all` alike.
+every task, in Airflow and in :func:`run_all` alike.  The sink's tasks live in :mod:`pipeline.tasks.sink_steps`
+and are looked up here like the others.
 
 A run lives in ``<data_root>/runs/<run id>/``.  :func:`prepare_run` freezes the resolved configuration there
 (``config.json``) so every later task of the run — possibly on another worker, possibly retried after someone
@@ -25,9 +26,18 @@ from pipeline.io import claim_run_dir, read_json, run_dir, write_json
 from pipeline.profile import measured
 from pipeline.quality import run as quality
 from pipeline.report.html import write_report
-from pipeline.sink import mindrecord, mixture, scatter, validation
-from pipeline.sink import shards as sink_files
+from pipeline.sink import mindrecord
 from pipeline.tasks import batches, steps
+from pipeline.tasks.run_state import load_run_config, profiled, run_of
+from pipeline.tasks.sink_steps import (  # noqa: F401  (run_step finds each step's function by name here)
+    finalize_mindrecord,
+    manifest_summary,
+    plan_mixture,
+    sink_file_batches,
+    sink_scatter_shard,
+    write_file_batch,
+    write_validation,
+)
 from pipeline.tokenizer import run as tokenizer
 
 log = logging.getLogger(__name__)
@@ -83,18 +93,6 @@ def _check_inputs_confined(cfg: MindloomConfig, config_path: str | None) -> list
     return roots
 
 
-def load_run_config(rdir: str | Path) -> MindloomConfig:
-    return config_from_dict(read_json(Path(rdir) / "config.json"))
-
-
-def _run_of(items: list[dict]) -> tuple[Path, list[str]]:
-    """The run folder and every output shard of ingest, in plan order, from batch handles or any item with
-    ``run_dir``: the plan shards from the compact shard index (not ``plan.json``), each expanded into the output
-    shards its ingest marker lists (a plan shard may have given several: ``pipeline.ingest.output``)."""
-    rdir = Path(items[0]["run_dir"])
-    return rdir, [p for s in batches.shard_names(rdir) for p in ingest_output.output_shards(rdir, s)]
-
-
 def plan_tasks(params: dict | MindloomConfig, run_id: str, config_path: str | None = None,
                dag_id: str | None = None) -> list[dict]:
     """The ``plan`` step: :func:`prepare_run` (the run folder claimed for ``dag_id``'s run), then ``parallelism``
@@ -123,22 +121,6 @@ def run_stage_batch(stage: str, batch: dict) -> dict:
     return {**out, **{k: prof[k] for k in ("wall_s", "cpu_s", "peak_rss_mb")}}      # what the task reports
 
 
-def _profiled(stage: str):
-    """Profile a task that takes the run's specs (or one band/partition spec) under ``profile/<stage>/``."""
-    import functools
-
-    def deco(fn):
-        @functools.wraps(fn)
-        def wrapper(first, *args, **kwargs):
-            ref = first[0] if isinstance(first, list) else first
-            unit = "all" if isinstance(first, list) else next(
-                (str(ref[k]) for k in ("band", "partition", "task") if k in ref), "all")
-            with measured(ref["run_dir"], stage, f"{unit}"):
-                return fn(first, *args, **kwargs)
-        return wrapper
-    return deco
-
-
 def ingest_shard(spec: dict) -> dict:
     return ingest.run_ingest_shard(load_run_config(spec["run_dir"]), Path(spec["run_dir"]), spec)
 
@@ -155,10 +137,10 @@ def exact_partitions(specs: list[dict]) -> list[dict]:
     return [{"run_dir": rdir, "partition": p} for p in range(load_run_config(rdir).dedup.exact_partitions)]
 
 
-@_profiled("exact_partition")
+@profiled("exact_partition")
 def exact_partition(item: dict) -> dict:
     """Exact dedup, step 2 (per hash partition): the first copy of each text in shard order survives."""
-    rdir, shards = _run_of([item])
+    rdir, shards = run_of([item])
     cfg = load_run_config(rdir)
     return exact_dedup.run_exact_partition(rdir, shards, item["partition"], cfg.dedup.exact_partitions,
                                            enabled=cfg.dedup.exact)
@@ -179,17 +161,17 @@ def minhash_signatures(spec: dict) -> dict:
                                         quality=cfg.quality)
 
 
-@_profiled("minhash_bands")
+@profiled("minhash_bands")
 def minhash_bands(specs: list[dict]) -> list[dict]:
     """Near dedup: record the stage-1 layout (checked by stage 4); return one spec per band for stage 2."""
     from pipeline.dedup import minhash
 
-    rdir, shards = _run_of(specs)
+    rdir, shards = run_of(specs)
     cfg = load_run_config(rdir)
     return minhash.build_manifest(rdir, shards, cfg.minhash, cfg.data_root, release=rdir.name)
 
 
-@_profiled("minhash_band")
+@profiled("minhash_band")
 def minhash_band(band_spec: dict) -> dict:
     """Near dedup, stage 2 (per band): sort and merge the band's bucket keys into candidate pairs."""
     from pipeline.dedup import minhash
@@ -198,12 +180,12 @@ def minhash_band(band_spec: dict) -> dict:
     return minhash.run_band(rdir, band_spec["band"], load_run_config(rdir).minhash)
 
 
-@_profiled("minhash_clusters")
+@profiled("minhash_clusters")
 def minhash_clusters(specs: list[dict]) -> dict:
     """Near dedup, stage 3: union-find over (checked) candidate pairs; survivors chosen by the configured rule."""
     from pipeline.dedup import minhash
 
-    rdir, _ = _run_of(specs)
+    rdir, _ = run_of(specs)
     return minhash.run_clusters(rdir, load_run_config(rdir).minhash)
 
 
@@ -214,11 +196,11 @@ def minhash_removal(spec: dict) -> dict:
     return minhash.run_removal_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash)
 
 
-@_profiled("minhash_report")
+@profiled("minhash_report")
 def minhash_report(specs: list[dict]) -> dict:
     from pipeline.dedup import minhash
 
-    rdir, _ = _run_of(specs)
+    rdir, _ = run_of(specs)
     return minhash.write_report(rdir, load_run_config(rdir).minhash)
 
 
@@ -227,9 +209,9 @@ def quality_shard(spec: dict) -> dict:
                                      input_stage="minhash")
 
 
-@_profiled("train_tokenizer")
+@profiled("train_tokenizer")
 def train_tokenizer(specs: list[dict]) -> dict:
-    rdir, shards = _run_of(specs)
+    rdir, shards = run_of(specs)
     cfg = load_run_config(rdir)
     return tokenizer.train_tokenizer(cfg.tokenizer, rdir, shards, cfg.seed, weights=cfg.mixture.weights)
 
@@ -237,135 +219,6 @@ def train_tokenizer(specs: list[dict]) -> dict:
 def tokenize_shard(spec: dict) -> dict:
     cfg = load_run_config(spec["run_dir"])
     return tokenizer.run_tokenize_shard(Path(spec["run_dir"]), spec["shard"], workers=cfg.tokenizer.encode_workers)
-
-
-@_profiled("plan_mixture")
-def plan_mixture(specs: list[dict]) -> dict:
-    """Held-out split and per-document copies for the target domain mixture; returns target vs achieved."""
-    rdir, shards = _run_of(specs)
-    cfg = load_run_config(rdir)
-    return mixture.plan_mixture(cfg.mixture, rdir, shards, cfg.seed)
-
-
-def _tokenizer_info(rdir: Path) -> dict:
-    return read_json(rdir / "tokenizer" / "spm.model.done")["info"]
-
-
-def _sink_final(rdir: Path) -> dict | None:
-    """The run's finished MindRecord set when it was written with the run's current config (a rerun skips the
-    sink; a Clear after a config change writes it again)."""
-    path = rdir / "mindrecord" / mindrecord.MANIFEST
-    if not path.exists():
-        return None
-    manifest = read_json(path)
-    return manifest if manifest.get("config_sha256") == load_run_config(rdir).digest() else None
-
-
-def sink_scatter_shard(spec: dict) -> dict:
-    """Sink step 1 (per shard): put the shard's training copies into the key-range buckets."""
-    rdir = Path(spec["run_dir"])
-    if _sink_final(rdir):
-        return {"shard": spec["shard"], "skipped": "the MindRecord set is final"}
-    layout = _sink_layout(rdir)
-    cfg = load_run_config(rdir)
-    return scatter.run_scatter_shard(rdir, spec["shard"], seed=cfg.seed, n_files=layout["n_files"],
-                                     domains=layout["domains"])
-
-
-def _sink_layout(rdir: Path) -> dict:
-    p = load_run_config(rdir).pack
-    return mindrecord.sink_layout(rdir, seq_len=p.seq_len, shard_mb=p.shard_mb, shard_num=p.shard_num,
-                                  add_bos=p.add_bos, remainder=p.remainder)
-
-
-def _write_args(rdir: Path) -> dict:
-    cfg = load_run_config(rdir)
-    tok = _tokenizer_info(rdir)
-    p = cfg.pack
-    pad = tok.get("pad_id", tokenizer.PAD_ID)
-    return dict(seq_len=p.seq_len, eos_id=tok.get("eos_id", tokenizer.EOS_ID),
-                bos_id=tok.get("bos_id", tokenizer.BOS_ID) if p.add_bos else None,
-                pad_id=mindrecord.FILE_PAD if pad is None or pad < 0 else pad, remainder=p.remainder,
-                domain_field=p.domain_field, boundaries=p.boundaries,
-                n_domains=len(_sink_layout(rdir)["domains"]))
-
-
-@_profiled("sink_files")
-def sink_file_batches(specs: list[dict]) -> list[dict]:
-    """The writer tasks: ``parallelism`` handles over the output files (after every shard is scattered)."""
-    rdir = Path(specs[0]["run_dir"])
-    return batches.plan_batches(rdir, _sink_layout(rdir)["n_files"], load_run_config(rdir).parallelism, "files")
-
-
-def write_file_batch(batch: dict) -> dict:
-    """Sink step 2 (per output file): pack and write the batch's MindRecord files (their rows of the corpus stream),
-    ``pack.write_workers`` at once; each writer verifies its own file."""
-    rdir = Path(batch["run_dir"])
-    if _sink_final(rdir):
-        return {"task": batch["task"], "of": batch["of"], "files": 0, "samples": 0,
-                "skipped": "the MindRecord set is final"}
-    _, shards = _run_of([batch])
-    n_files = _sink_layout(rdir)["n_files"]
-    files = list(range(batch["first"], batch["last"] + 1))
-    workers = batches.pool_size(load_run_config(rdir).pack.write_workers, len(files))
-    jobs = [(rdir, k, n_files, sorted(shards), _write_args(rdir)) for k in files]
-    with measured(rdir, "sink_write", batches.batch_unit(batch)) as prof:
-        if workers > 1:
-            from concurrent.futures import ProcessPoolExecutor
-            from multiprocessing import get_context
-
-            with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
-                entries = list(pool.map(mindrecord.write_file_job, jobs))
-        else:
-            entries = [mindrecord.write_file_job(j) for j in jobs]
-        prof.update(files=len(files), samples=sum(e["samples"] for e in entries), workers=workers)
-    return {"task": batch["task"], "of": batch["of"], "files": len(files),
-            "samples": sum(e["samples"] for e in entries)}
-
-
-@_profiled("sink_finalize")
-def finalize_mindrecord(specs: list[dict]) -> dict:
-    """Sink step 3: assemble the training MindRecord set from the writers' markers; return a summary.
-
-    Reads no MindRecord data: each writer verified its own file; this step checks the markers, the row deal and
-    the split over ``train.workers`` ranks (``mindloom verify`` re-reads everything on request).
-    """
-    rdir, shards = _run_of(specs)
-    cfg = load_run_config(rdir)
-    tok = _tokenizer_info(rdir)
-    layout = _sink_layout(rdir)
-    args = _write_args(rdir)
-    manifest = sink_files.finalize_set(
-        rdir, layout["n_files"], sorted(shards), seq_len=cfg.pack.seq_len, domains=layout["domains"],
-        domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries, num_shards=cfg.train.workers,
-        extra=mindrecord.set_extra(rdir, layout, seed=cfg.seed, vocab_size=tok["vocab_size"],
-                                   tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), mixture=True, **args))
-    return manifest_summary(rdir, manifest)
-
-
-@_profiled("write_validation")
-def write_validation(specs: list[dict]) -> dict:
-    """Write the held-out MindRecord sets, one per domain (``mindrecord_val/<domain>/``), verified as written."""
-    rdir, _ = _run_of(specs)
-    cfg = load_run_config(rdir)
-    tok = _tokenizer_info(rdir)
-    manifest = validation.write_validation(
-        rdir, seq_len=cfg.pack.seq_len, add_bos=cfg.pack.add_bos, eos_id=tok.get("eos_id", tokenizer.EOS_ID),
-        bos_id=tok.get("bos_id", tokenizer.BOS_ID), pad_id=tok.get("pad_id", tokenizer.PAD_ID),
-        vocab_size=tok["vocab_size"], tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(),
-        domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries)
-    return manifest
-
-
-def manifest_summary(rdir: Path, manifest: dict) -> dict:
-    return {"run_dir": str(rdir), "mindrecord_dir": str(rdir / "mindrecord"),
-            "manifest": str(rdir / "mindrecord" / mindrecord.MANIFEST), "samples": manifest["samples"],
-            "tokens": manifest["tokens"], "shards": len(manifest["shards"]), "seq_len": manifest["seq_len"],
-            "vocab_size": manifest["vocab_size"], "tokenizer": str(rdir / "tokenizer" / "spm.model"),
-            "tokens_per_domain": manifest["tokens_per_domain"], "tokenizer_sha256": manifest["tokenizer_sha256"],
-            "config_sha256": manifest["config_sha256"], "pad_id": manifest.get("pad_id"),
-            "val_mindrecord_dir": str(rdir / validation.VAL_DIR),
-            "mixture_report": str(rdir / "mixture" / "report.json")}
 
 
 def collect_stats(rdir: str | Path) -> dict:
@@ -387,7 +240,7 @@ def collect_stats(rdir: str | Path) -> dict:
     return out
 
 
-@_profiled("publish")
+@profiled("publish")
 def publish(specs: list[dict]) -> dict:
     """Record the finished corpus as the latest one (``<data_root>/corpus/LATEST.json``) and summarise it.
 
@@ -397,7 +250,7 @@ def publish(specs: list[dict]) -> dict:
     import hashlib
     import json
 
-    rdir, _ = _run_of(specs)
+    rdir, _ = run_of(specs)
     cfg = load_run_config(rdir)
     raw = (Path(rdir) / "mindrecord" / mindrecord.MANIFEST).read_bytes()     # one small read: parsed and hashed
     manifest = json.loads(raw)
