@@ -127,23 +127,22 @@ def _compare(mr_dir: Path, manifest: dict, report: dict, num_shards: int | None)
 
 def _read_in_child(mr_dirs: list[Path], ranks: int, mem_limit_mb: int, timeout_s: float | None) -> list[dict]:
     """Run :func:`_reader_main` over the sets in one subprocess under RLIMIT_AS; one report per set, in order.
-    Any failure becomes a ShardError naming the file."""
+    Any failure becomes a ShardError naming the file.
+
+    The child sets its own limit before it imports MindSpore: a ``preexec_fn`` would make Python fork the caller
+    (often 1 GB or more of Airflow and libraries) instead of vfork-and-exec, and until the exec the forked child
+    counts the caller's whole resident memory again (the 0.1 s profile sampler saw a 1.1 GB task as 2.16 GB)."""
     import json
-    import resource
     import signal
     import subprocess
     import sys
 
-    def limit():
-        lim = mem_limit_mb << 20
-        resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
-
     repo = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "MALLOC_ARENA_MAX": "2", "GLOG_v": "3",
            "PYTHONPATH": os.pathsep.join(filter(None, [repo, os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "pipeline.sink.verify", "read", str(ranks), *map(str, mr_dirs)]
+    cmd = [sys.executable, "-m", "pipeline.sink.verify", "read", str(mem_limit_mb), str(ranks), *map(str, mr_dirs)]
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, preexec_fn=limit, env=env, timeout=timeout_s)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=timeout_s)
         out, err, rc = proc.stdout, proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         out, err, rc = (exc.stdout or b"").decode(errors="replace"), "", f"timeout after {timeout_s} s"
@@ -174,10 +173,14 @@ def _read_in_child(mr_dirs: list[Path], ranks: int, mem_limit_mb: int, timeout_s
                      f"before reading any shard ({reason})")
 
 
-def _reader_main(mr_dirs: list[str], ranks: int) -> int:
-    """Child side of :func:`verify`: read every shard (then every rank) of each set; one JSON line per step."""
+def _reader_main(mr_dirs: list[str], ranks: int, mem_limit_mb: int) -> int:
+    """Child side of :func:`verify`: limit this process's address space, then read every shard (then every rank)
+    of each set; one JSON line per step."""
     import json
     import resource
+
+    lim = mem_limit_mb << 20
+    resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
 
     def emit(obj):
         print(json.dumps(obj), flush=True)
@@ -231,6 +234,6 @@ def _reader_main(mr_dirs: list[str], ranks: int) -> int:
 if __name__ == "__main__":
     import sys
 
-    if len(sys.argv) < 4 or sys.argv[1] != "read":
-        sys.exit("usage: python -m pipeline.sink.verify read RANKS DIR [DIR ...]")
-    sys.exit(_reader_main(sys.argv[3:], int(sys.argv[2])))
+    if len(sys.argv) < 5 or sys.argv[1] != "read":
+        sys.exit("usage: python -m pipeline.sink.verify read MEM_LIMIT_MB RANKS DIR [DIR ...]")
+    sys.exit(_reader_main(sys.argv[4:], int(sys.argv[3]), int(sys.argv[2])))
