@@ -167,6 +167,38 @@ def test_jaccard_check_rejects_lsh_false_positives(tmp_path):
     assert rep["removed"][REASON_NEAR_DUP] == 1
 
 
+def test_the_jaccard_check_holds_one_chunk_of_shingle_sets_not_the_store(tmp_path):
+    """The exact check reads the on-disk shingle store chunk by chunk: with a budget smaller than any pair, every
+    pair is its own chunk, the most held at once is one pair's two sets, and every similarity equals the whole-store
+    answer and the Jaccard of the stored sets computed here pair by pair."""
+    from pipeline.dedup.minhash.layout import read_manifest
+    from pipeline.dedup.minhash.verify import ShingleStore
+
+    rdir = tmp_path / "runs" / "r1"
+    shards, texts = slices_run(rdir)
+    cfg = MinhashConfig()
+    for s in shards:
+        run_signatures_shard(rdir, s, cfg)
+    build_manifest(rdir, shards, cfg, tmp_path)
+    manifest = read_manifest(rdir, cfg.digest())
+    gids = np.arange(manifest["docs"], dtype=np.uint64)
+    store = ShingleStore(rdir, manifest, cfg, gids, tmp_path / "store.u64")
+    a, b = (x.astype(np.uint64).ravel() for x in np.triu_indices(len(gids), 1))
+    whole = store.jaccard(a, b, chunk_bytes=1 << 40)
+    assert store.max_chunk_bytes == store.total * 8        # one chunk: every document's set
+    store.max_chunk_bytes = 0
+    one_pair_each = store.jaccard(a, b, chunk_bytes=1)
+    sizes = np.diff(store.offsets) * 8
+    assert store.max_chunk_bytes == max(sizes[i] + sizes[j] for i, j in zip(a, b, strict=True))
+    assert np.array_equal(whole, one_pair_each)
+    values, offs = np.fromfile(store.path, np.uint64), store.offsets
+    sets = [values[offs[i]:offs[i + 1]] for i in range(len(gids))]
+    direct = [len(np.intersect1d(sets[i], sets[j])) / len(np.union1d(sets[i], sets[j])) for i, j in zip(a, b, strict=True)]
+    assert np.allclose(whole, direct, atol=1e-12)
+    assert (whole > 0.9).sum() >= 3            # the near-duplicate families are there to be found
+    store.close()
+
+
 def test_stage4_refuses_changed_input(tmp_path):
     rdir = tmp_path / "runs" / "r1"
     shards, texts = slices_run(rdir)
