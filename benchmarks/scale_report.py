@@ -64,7 +64,7 @@ def markdown(res: dict) -> list[str]:
         out += table(list(m["mb_per_s"]), [list(m["mb_per_s"].values())])
     peer = res.get("datatrove") or {}
     if peer.get("detail"):
-        out += ["", f"datatrove 0.10.1 on the {res['runs'][0]['size_gb']:g} GB corpus: {peer['wall_s']} s, "
+        out += ["", f"datatrove 0.10.1 on the {peer.get('corpus_mb', res['runs'][0]['corpus_mb']):g} MB corpus: {peer['wall_s']} s, "
                 f"{peer['cpu_s']} CPU-s, {peer.get('mb_per_cpu_s')} MB/CPU-s, peak tree RSS {peer['peak_rss_mb']} MB "
                 f"({peer['detail']['tasks']} tasks, {peer['detail']['workers']} workers).", ""]
         out += table(["datatrove stage", "Wall s", "CPU s"],
