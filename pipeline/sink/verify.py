@@ -82,7 +82,7 @@ def verify(mr_dir: str | Path, full_read: bool = True, num_shards: int | None = 
                          "samples": manifests[name]["samples"], "read": 0}
         if not full_read and num_shards:
             results[name]["ranks"] = rank_split(manifests[name], num_shards, d)
-    if full_read:
+    if full_read and sets:          # an empty collection (no held-out documents) has nothing to read
         reports = _read_in_child(list(sets.values()), num_shards or 0, mem_limit_mb or VERIFY_MEM_MB, timeout_s)
         for (name, d), report in zip(sets.items(), reports, strict=True):
             results[name].update(_compare(d, manifests[name], report, num_shards))
