@@ -74,6 +74,16 @@ def slices_run(rdir: Path) -> tuple[list[str], dict]:
     return [s1, s2], texts
 
 
+def stage1_run(rdir: Path, work: Path) -> tuple[list[str], dict, MinhashConfig, list[dict]]:
+    """:func:`slices_run` with MinHash stage 1 done (signatures of every shard, the manifest): shards, texts,
+    config and the band specs."""
+    shards, texts = slices_run(rdir)
+    cfg = MinhashConfig()
+    for s in shards:
+        run_signatures_shard(rdir, s, cfg)
+    return shards, texts, cfg, build_manifest(rdir, shards, cfg, work)
+
+
 def removed(rdir: Path, shards: list[str]) -> dict[str, dict]:
     out = {}
     for s in shards:
@@ -175,11 +185,7 @@ def test_the_jaccard_check_holds_one_chunk_of_shingle_sets_not_the_store(tmp_pat
     from pipeline.dedup.minhash.verify import ShingleStore
 
     rdir = tmp_path / "runs" / "r1"
-    shards, texts = slices_run(rdir)
-    cfg = MinhashConfig()
-    for s in shards:
-        run_signatures_shard(rdir, s, cfg)
-    build_manifest(rdir, shards, cfg, tmp_path)
+    shards, _, cfg, _ = stage1_run(rdir, tmp_path)
     manifest = read_manifest(rdir, cfg.digest())
     gids = np.arange(manifest["docs"], dtype=np.uint64)
     store = ShingleStore(rdir, manifest, cfg, gids, tmp_path / "store.u64")
@@ -221,11 +227,7 @@ def test_stage4_refuses_changed_input(tmp_path):
 
 def test_partitioned_bands_and_clusters_equal_in_memory(tmp_path, monkeypatch):
     rdir = tmp_path / "runs" / "r1"
-    shards, _ = slices_run(rdir)
-    cfg = MinhashConfig()
-    for s in shards:
-        run_signatures_shard(rdir, s, cfg)
-    build_manifest(rdir, shards, cfg, tmp_path)
+    shards, _, cfg, _ = stage1_run(rdir, tmp_path)
     whole = {}
     for b in range(cfg.bands):
         run_band(rdir, b, cfg)
