@@ -165,7 +165,8 @@ def worker(cfg_path: str, run_id: str, out_path: str) -> None:
     collect_stats = corpus.collect_stats
     # not wrapped: run_all and run_step (every task), and the per-shard functions, which run inside run_stage_batch
     # (timed by stage) and must stay picklable by name for its pool
-    skip = {"run_all", "run_step", *(f.__name__ for f in corpus.SHARD_STAGES.values())}
+    skip = {"run_all", "run_step",
+            *(f.__name__ for f in (*corpus.SHARD_STAGES.values(), *corpus.BATCH_STAGES.values()))}
     for name, fn in inspect.getmembers(corpus, inspect.isfunction):     # the chain's steps, wherever defined
         if fn.__module__ in (corpus.__name__, "pipeline.tasks.sink_steps") and name not in skip:
             setattr(corpus, name, timed(name, fn))

@@ -1,6 +1,6 @@
 """Completion checks read markers, never data (#23): a fan-in task that checks every input reads kilobytes.
 
-Exact dedup's partition step checks every shard's hash file, its dedup step every partition file, and a sink
+Exact dedup's partition step checks every batch's hash file, its dedup step every partition file, and a sink
 writer every shard's scatter file.  They used to sha256 each whole input (the tokenized corpus once per writer);
 now a check is a stat and a small JSON read.  Measured with the kernel's count of bytes this process read
 (``/proc/self/io`` ``rchar``) and by counting calls of the one hashing function.
@@ -22,6 +22,7 @@ from pipeline.dedup import exact
 from pipeline.ingest.run import plan_ingest, run_ingest_shard
 
 N_PARTITIONS = 3
+N_BATCHES = 2
 
 
 def rchar() -> int:
@@ -70,18 +71,17 @@ def dedup_run(tmp_path_factory):
     for s in specs:
         run_ingest_shard(cfg, rdir, s)
     shards = [s["shard"] for s in specs]
-    exact.build_exact_index(rdir, shards, n_partitions=N_PARTITIONS)
-    for s in shards:
-        exact.run_exact_dedup_shard(rdir, s, N_PARTITIONS)
+    exact.build_exact_index(rdir, shards, n_partitions=N_PARTITIONS, n_batches=N_BATCHES)
+    exact.drop_exact_duplicates(rdir, shards, N_PARTITIONS, n_batches=N_BATCHES)
     return rdir, shards
 
 
-def test_exact_partition_checks_every_shard_by_its_marker(dedup_run, monkeypatch):
+def test_exact_partition_checks_every_batch_by_its_marker(dedup_run, monkeypatch):
     rdir, shards = dedup_run
-    inputs = [exact._hash_path(rdir, s) for s in shards]
+    inputs = [exact._hash_path(rdir, b, N_BATCHES) for b in range(N_BATCHES)]
     out = exact._partition_path(rdir, 1, N_PARTITIONS)
     with Counted(monkeypatch) as c:
-        info = exact.run_exact_partition(rdir, shards, 1, N_PARTITIONS)
+        info = exact.run_exact_partition(rdir, N_BATCHES, 1, N_PARTITIONS)
     assert info["partition"] == 1 and c.hashed == []
     data = sum(p.stat().st_size for p in inputs)
     # what the check reads is the markers (plus this very /proc read), not the inputs' data
@@ -90,14 +90,28 @@ def test_exact_partition_checks_every_shard_by_its_marker(dedup_run, monkeypatch
 
 
 def test_exact_dedup_checks_every_partition_by_its_marker(dedup_run, monkeypatch):
+    """A complete batch's gather reads the partitions' markers and its shards' markers, no partition data."""
     rdir, shards = dedup_run
     inputs = [exact._partition_path(rdir, p, N_PARTITIONS) for p in range(N_PARTITIONS)]
-    ingest = rdir / "ingest" / f"{shards[0]}.parquet"
-    out = rdir / "exact_dedup" / f"{shards[0]}.parquet"
+    group = shards[:len(shards) // N_BATCHES]
+    ingest = [rdir / "ingest" / f"{s}.parquet" for s in group]
+    outs = [rdir / "exact_dedup" / f"{s}.parquet" for s in group]
+    import pyarrow.parquet as pq
+
+    opened: list[str] = []
+    real = pq.read_table
+    monkeypatch.setattr(pq, "read_table", lambda path, *a, **kw: opened.append(str(path)) or real(path, *a, **kw))
     with Counted(monkeypatch) as c:
-        exact.run_exact_dedup_shard(rdir, shards[0], N_PARTITIONS)
-    assert c.hashed == []
-    assert c.read <= marker_bytes([*inputs, ingest, out]) + 512, c.read
+        specs = exact.attach_drops(rdir, 0, N_BATCHES, [{"shard": s} for s in group], N_PARTITIONS)
+        exact.run_exact_dedup_shard(rdir, group[0], N_PARTITIONS, specs[0]["exact_drops"])
+    assert c.hashed == [] and opened == []
+    (rdir / "exact_dedup" / f"{group[0]}.parquet.done").rename(rdir / "held.done")     # one shard not complete:
+    try:                                                                              # the gather reads the data
+        exact.attach_drops(rdir, 0, N_BATCHES, [{"shard": s} for s in group], N_PARTITIONS)
+    finally:
+        (rdir / "held.done").rename(rdir / "exact_dedup" / f"{group[0]}.parquet.done")
+    assert sorted(opened) == [str(p) for p in inputs]
+    assert c.read <= marker_bytes([*inputs, *inputs, *ingest, *ingest, *outs, *outs]) + 512, c.read
 
 
 def test_a_changed_input_redoes_the_step_without_hashing_anything_twice(dedup_run, tmp_path, monkeypatch):
@@ -105,11 +119,12 @@ def test_a_changed_input_redoes_the_step_without_hashing_anything_twice(dedup_ru
     rdir, shards = dedup_run
     run = tmp_path / "run"
     shutil.copytree(rdir, run)
-    path = exact._hash_path(run, shards[0])
+    path = exact._hash_path(run, 0, N_BATCHES)
     before = pio.read_marker(exact._partition_path(run, 0, N_PARTITIONS))
-    pio.write_marker(path, {"info": {}}, config="other", sha256="0" * 64)     # same bytes, another recorded input
+    info = pio.read_marker(path)["info"]
+    pio.write_marker(path, {"info": info}, config="other", sha256="0" * 64)   # same bytes, another recorded input
     with Counted(monkeypatch) as c:
-        exact.run_exact_partition(run, shards, 0, N_PARTITIONS)
+        exact.run_exact_partition(run, N_BATCHES, 0, N_PARTITIONS)
     after = pio.read_marker(exact._partition_path(run, 0, N_PARTITIONS))
     assert after["config"] != before["config"] and after["sha256"] == before["sha256"]      # redone, same result
     assert c.hashed == []          # the rewritten output's digest was computed while writing it

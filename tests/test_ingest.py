@@ -106,8 +106,7 @@ def test_every_shard_accounts_for_every_document(tmp_path):
     # and the next stage keeps the books balanced too
     shards = [s["shard"] for s in specs]
     exact_dedup.build_exact_index(rdir, shards, n_partitions=4)
-    for shard in shards:
-        st = exact_dedup.run_exact_dedup_shard(rdir, shard, n_partitions=4)
+    for st in exact_dedup.drop_exact_duplicates(rdir, shards, n_partitions=4):
         assert st["in_docs"] == st["kept_docs"] + sum(v["docs"] for v in st["removed"].values())
 
 

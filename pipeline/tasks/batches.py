@@ -135,5 +135,19 @@ def run_batch(fn: Callable[[dict], dict], batch: dict, workers: int = 1,
                 pool.shutdown()
     else:
         done = [fn(spec) for spec in specs]
+    return _counts(batch, plan, len(done))
+
+
+def run_whole_batch(fn: Callable[[dict, list[dict]], object], batch: dict,
+                    expand: Callable[[list[dict]], list[dict]]) -> dict:
+    """Run a stage that makes one output for the whole batch: ``fn(batch, specs)`` in this process (the same
+    counts as :func:`run_batch`)."""
+    plan = batch_specs(batch)
+    specs = expand(plan)
+    fn(batch, specs)
+    return _counts(batch, plan, len(specs))
+
+
+def _counts(batch: dict, plan: list[dict], shards: int) -> dict:
     return {"task": batch["task"], "of": batch["of"], "first": batch["first"], "last": batch["last"],
-            "shards": len(done), "input_bytes": sum(s.get("bytes", 0) for s in plan)}
+            "shards": shards, "input_bytes": sum(s.get("bytes", 0) for s in plan)}

@@ -110,46 +110,63 @@ def run_stage_batch(stage: str, batch: dict) -> dict:
     """One mapped task of a per-shard stage: ``stage`` over the batch's shards (profiled under ``profile/``).
 
     Stages that handle a shard in one process run the batch in a pool of ``task_workers`` processes; the others
-    (ingest, quality, tokenize) parallelise inside a shard with their own ``workers`` settings.
+    (ingest, quality, tokenize) parallelise inside a shard with their own ``workers`` settings.  A stage in
+    :data:`BATCH_STAGES` handles the whole batch in one call (one output per batch).
     """
     cfg = load_run_config(batch["run_dir"])
     workers = batches.pool_size(cfg.task_workers, batch["last"] - batch["first"] + 1) if stage in POOLED else 1
     with measured(batch["run_dir"], stage, batches.batch_unit(batch)) as prof:
-        out = batches.run_batch(SHARD_STAGES[stage], batch, workers,
-                                None if stage == "ingest" else ingest_output.output_specs)
+        if stage in BATCH_STAGES:
+            out = batches.run_whole_batch(BATCH_STAGES[stage], batch, ingest_output.output_specs)
+        else:
+            out = batches.run_batch(SHARD_STAGES[stage], batch, workers, _expander(stage, batch, cfg))
         prof.update(shards=out["shards"], input_bytes=out["input_bytes"], workers=workers)
     return {**out, **{k: prof[k] for k in ("wall_s", "cpu_s", "peak_rss_mb")}}      # what the task reports
+
+
+def _expander(stage: str, batch: dict, cfg: MindloomConfig):
+    """Plan specs -> the specs a stage runs over: ingest's own; after ingest one per output shard; exact dedup's
+    drop step adds each shard's duplicate rows, gathered once for the batch."""
+    if stage == "ingest":
+        return None
+    if stage == "exact_dedup":
+        return lambda plan: exact_dedup.attach_drops(Path(batch["run_dir"]), batch["task"], batch["of"],
+                                                     ingest_output.output_specs(plan), cfg.dedup.exact_partitions)
+    return ingest_output.output_specs
 
 
 def ingest_shard(spec: dict) -> dict:
     return ingest.run_ingest_shard(load_run_config(spec["run_dir"]), Path(spec["run_dir"]), spec)
 
 
-def exact_hash_shard(spec: dict) -> dict:
-    """Exact dedup, step 1 (per shard): hash the shard's texts into ``dedup.exact_partitions`` partitions."""
-    cfg = load_run_config(spec["run_dir"])
-    return exact_dedup.run_exact_hash_shard(Path(spec["run_dir"]), spec["shard"], cfg.dedup.exact_partitions)
+def exact_hash_batch(batch: dict, specs: list[dict]) -> dict:
+    """Exact dedup, step 1 (per batch): hash the batch's shards into ``dedup.exact_partitions`` partitions, one file."""
+    cfg = load_run_config(batch["run_dir"])
+    return exact_dedup.run_exact_hash_batch(Path(batch["run_dir"]), batch["task"], batch["of"],
+                                            [s["shard"] for s in specs], cfg.dedup.exact_partitions)
 
 
 def exact_partitions(specs: list[dict]) -> list[dict]:
-    """The hash partitions step 2 is mapped over: ``{run_dir, partition}`` each."""
+    """The hash partitions step 2 is mapped over: ``{run_dir, partition, batches}`` each (from the batch handles,
+    never the shard list)."""
     rdir = specs[0]["run_dir"]
-    return [{"run_dir": rdir, "partition": p} for p in range(load_run_config(rdir).dedup.exact_partitions)]
+    return [{"run_dir": rdir, "partition": p, "batches": specs[0]["of"]}
+            for p in range(load_run_config(rdir).dedup.exact_partitions)]
 
 
 @profiled("exact_partition")
 def exact_partition(item: dict) -> dict:
-    """Exact dedup, step 2 (per hash partition): the first copy of each text in shard order survives."""
-    rdir, shards = run_of([item])
-    cfg = load_run_config(rdir)
-    return exact_dedup.run_exact_partition(rdir, shards, item["partition"], cfg.dedup.exact_partitions,
-                                           enabled=cfg.dedup.exact)
+    """Exact dedup, step 2 (per hash partition): the first copy of each text in plan order survives."""
+    cfg = load_run_config(item["run_dir"])
+    return exact_dedup.run_exact_partition(Path(item["run_dir"]), item["batches"], item["partition"],
+                                           cfg.dedup.exact_partitions, enabled=cfg.dedup.exact)
 
 
 def exact_dedup_shard(spec: dict) -> dict:
-    """Exact dedup, step 3 (per shard): drop the duplicates found by the partitions."""
+    """Exact dedup, step 3 (per shard): drop the duplicate rows its batch gathered from the partitions."""
     cfg = load_run_config(spec["run_dir"])
-    return exact_dedup.run_exact_dedup_shard(Path(spec["run_dir"]), spec["shard"], cfg.dedup.exact_partitions)
+    return exact_dedup.run_exact_dedup_shard(Path(spec["run_dir"]), spec["shard"], cfg.dedup.exact_partitions,
+                                             spec["exact_drops"])
 
 
 def minhash_signatures(spec: dict) -> dict:
@@ -273,12 +290,15 @@ def publish(specs: list[dict]) -> dict:
 
 
 #: The per-shard stages, by the name the DAG's batch tasks use.
-SHARD_STAGES = {"ingest": ingest_shard, "exact_hash": exact_hash_shard, "exact_dedup": exact_dedup_shard,
+SHARD_STAGES = {"ingest": ingest_shard, "exact_dedup": exact_dedup_shard,
                 "minhash_signatures": minhash_signatures, "minhash_removal": minhash_removal,
                 "quality": quality_shard, "tokenize": tokenize_shard, "sink_scatter": sink_scatter_shard}
 
+#: Stages whose batch task makes one output for the whole batch: ``fn(batch handle, output shard specs)``.
+BATCH_STAGES = {"exact_hash": exact_hash_batch}
+
 #: Stages that handle one shard in one process: their batch tasks run a pool of ``task_workers`` processes.
-POOLED = {"exact_hash", "exact_dedup", "minhash_signatures", "minhash_removal", "sink_scatter"}
+POOLED = {"exact_dedup", "minhash_signatures", "minhash_removal", "sink_scatter"}
 
 
 def latest_corpus(data_root: str | Path) -> dict:
