@@ -110,3 +110,37 @@ def test_whole_gensim_excerpt_through_the_encyclopedia_chain(tmp_path):
     docs_cut, removed_cut, _, _ = ingest(cut.parent, cut)
     assert removed_cut["truncated_file"] == 1 and 0 < len(docs_cut) < len(docs)
     assert [d["doc_id"] for d in docs_cut] == [d["doc_id"] for d in docs[:len(docs_cut)]]
+
+
+def test_wikitext_in_jsonl_reads_as_the_dump_reader_does(tmp_path):
+    """A dump exported to JSONL (gensim's, HF's raw wikitext) with ``markup: wikitext``: the same prose as the
+    MediaWiki reader for the same pages, and the redirect counted; without the option the markup stays."""
+    import xml.etree.ElementTree as ET
+
+    ns = {"mw": "http://www.mediawiki.org/xml/export-0.10/"}
+    pages = [(p.findtext("mw:title", namespaces=ns), p.findtext("mw:revision/mw:text", namespaces=ns))
+             for p in ET.parse(SAMPLE).getroot().findall("mw:page", ns) if p.findtext("mw:ns", namespaces=ns) == "0"]
+    wanted = ["ANOVA", "Affirming the consequent", "Algorithms (journal)", "Abstract (law)"]
+    records = [{"title": t, "text": x} for t, x in pages if t in wanted]
+    assert [r["title"] for r in records] == wanted
+    src = tmp_path / "wiki.jsonl"
+    src.write_text("".join(json.dumps(r) + "\n" for r in records))
+
+    def read(markup: str | None) -> tuple[list[str], dict]:
+        opts = {"keep_fields": ["title"], **({"markup": markup} if markup else {})}
+        cfg = config_from_dict({"data_root": str(tmp_path / f"data-{markup}"), "ingest": {"workers": 1},
+                                "sources": [{"domain": "encyclopedia", "reader": "jsonl", "paths": [str(src)],
+                                             "options": opts}]})
+        rdir = tmp_path / f"data-{markup}" / "run"
+        stats = [run_ingest_shard(cfg, rdir, s) for s in plan_ingest(cfg)]
+        texts = [r["text"] for s in stats for r in pq.read_table(rdir / "ingest" / f"{s['shard']}.parquet").to_pylist()]
+        return texts, {k: v["docs"] for st in stats for k, v in st["removed"].items()}
+
+    converted, removed = read("wikitext")
+    from_dump = [d["text"] for d in ingest(tmp_path / "dump", dump(tmp_path))[0]]      # "<title>\n\n<prose>"
+    assert converted == [t.split("\n\n", 1)[1] for t in from_dump] and removed == {"wiki_redirect": 1}
+    raw, removed = read(None)
+    assert removed == {} and len(raw) == 4 and any("{{" in t for t in raw)
+    with pytest.raises(ConfigError, match=r"source 'encyclopedia' \(jsonl\) options\.markup: must be one of"):
+        config_from_dict({"sources": [{"domain": "encyclopedia", "reader": "jsonl", "paths": [str(src)],
+                                       "options": {"markup": "html"}}]})

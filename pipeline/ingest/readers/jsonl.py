@@ -25,6 +25,7 @@ import itertools
 import json
 import logging
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -34,12 +35,19 @@ from pipeline.ingest.readers.storage import compression_of
 
 log = logging.getLogger(__name__)
 
+#: values of the ``markup`` option of JSONL and Parquet sources
+MARKUPS = ("text", "wikitext")
+_REDIRECT = re.compile(r"\s*#redirect\s*:?\s*\[\[([^\]|#]*)", re.I)
+
 
 @dataclass
 class JsonlOptions:
     source_field: str = _f("source", desc="Field whose string value overrides the source name in the output.")
     meta_field: str = _f("meta", desc="Field holding an object merged into the output meta (empty: none).")
     keep_fields: list[str] = _f(factory=list, desc="Other top-level fields copied into meta.")
+    markup: str = _f("text", choices=MARKUPS, desc="What the text field holds: plain 'text', or MediaWiki "
+                     "'wikitext' (a dump exported to JSONL), converted to prose as the mediawiki reader does; "
+                     "redirects are skipped as wiki_redirect.")
 
 
 class JsonlReader(Reader):
@@ -230,6 +238,14 @@ def doc_from_record(rec: dict, text_field: str, id_field: str, opts) -> ParsedDo
     text = rec[text_field]
     if not isinstance(text, str):
         return Rejection("wrong_text_type", f"field {text_field!r} is {'null' if text is None else type(text).__name__}, not a string")
+    if opts.markup == "wikitext":
+        if m := _REDIRECT.match(text):
+            return Rejection("wiki_redirect", f"redirects to {m.group(1).strip()!r}", policy=True)
+        from pipeline.ingest.readers.wikitext import wikitext_to_text
+
+        text = wikitext_to_text(text)
+        if not text:
+            return Rejection("empty_text", "no prose left after removing the wikitext markup")
     meta: dict = {}
     if opts.meta_field and isinstance(rec.get(opts.meta_field), dict):
         meta.update(rec[opts.meta_field])

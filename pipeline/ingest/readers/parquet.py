@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from pipeline.configkit import _f
 from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection
-from pipeline.ingest.readers.jsonl import doc_from_record
+from pipeline.ingest.readers.jsonl import MARKUPS, doc_from_record
 
 
 @dataclass
@@ -22,6 +22,9 @@ class ParquetOptions:
     source_field: str = _f("", desc="Column whose string value overrides the source name (empty: none).")
     meta_field: str = _f("", desc="Column holding a struct or JSON string merged into meta (empty: none).")
     batch_rows: int = _f(1024, desc="Rows decoded at a time.", ge=1)
+    markup: str = _f("text", choices=MARKUPS, desc="What the text column holds: plain 'text', or MediaWiki "
+                     "'wikitext', converted to prose as the mediawiki reader does; redirects are skipped as "
+                     "wiki_redirect.")
 
 
 class ParquetReader(Reader):
@@ -104,3 +107,7 @@ class _AsJsonl:
     @property
     def keep_fields(self) -> list[str]:
         return self.opts.columns
+
+    @property
+    def markup(self) -> str:
+        return self.opts.markup
