@@ -409,8 +409,15 @@ def main(argv: list[str] | None = None) -> int:
     res = {"command": "benchmarks/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": machine(), "sizes_gb": sizes, "quick": a.quick, "seed": a.seed, "seq_len": a.seq_len,
            "parallelism": a.parallelism, "target_values": TARGETS, "runs": []}
-    for size in sizes:
-        res["runs"].append(scale_stats.combine([run_size(size, a) for _ in range(max(1, a.runs))]))
+    repeats: dict[float, list[dict]] = {size: [] for size in sizes}
+    for _ in range(max(1, a.runs)):          # interleaved (1, 4, 1, 4, ...): drift over hours does not map onto size
+        for size in sizes:
+            before = scale_stats.yardstick()
+            run = run_size(size, a)
+            run["yardstick"] = [before, scale_stats.yardstick()]
+            run["yardstick_cpu_s"] = round(sum(run["yardstick"]) / 2, 3)
+            repeats[size].append(run)
+    res["runs"] = [scale_stats.combine(repeats[size]) for size in sizes]
     if len(res["runs"]) > 1:
         res["stage_exponents"] = scale_stats.stage_exponents(res["runs"][0], res["runs"][-1])
     first = res["runs"][0]

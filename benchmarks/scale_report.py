@@ -49,9 +49,14 @@ def markdown(res: dict) -> list[str]:
                 f"{d} {k:,} / {n:,}" for d, (n, k) in r["quality_by_domain"].items()) + "."]
     if res.get("stage_exponents"):
         out += ["", "CPU-seconds per stage between the smallest and the largest size (medians of the repeats):", ""]
-        out += table(["Stage", "CPU s small", "CPU s large", "Growth", "Exponent"],
-                     [[x["stage"], x["cpu_small"], x["cpu_large"], x["growth"], x["exponent"]]
-                      for x in res["stage_exponents"]])
+        out += table(["Stage", "CPU s small", "CPU s large", "Growth", "Exponent", "Per yardstick"],
+                     [[x["stage"], x["cpu_small"], x["cpu_large"], x["growth"], x["exponent"],
+                       x.get("exponent_per_yardstick", "–")] for x in res["stage_exponents"]])
+        sticks = [(r["size_gb"], (r.get("spread") or {}).get("yardstick_cpu_s")) for r in res["runs"]]
+        if all(v for _, v in sticks):
+            out += ["", "Yardstick (a fixed workload timed before and after each run, `scale_stats.yardstick`; "
+                    "higher is a slower machine): " + ", ".join(f"{g:g} GB {v['median']} CPU-s" for g, v in sticks)
+                    + "."]
     side = res.get("side") or {}
     if side.get("tokenize"):
         t = side["tokenize"]

@@ -3,6 +3,12 @@
 Why: one run on a shared 2-core machine moves by 10-20 % with the load, so issue #23 asks for every figure from at
 least three runs (median, min, max), and for the cost exponent of each stage, not only of the whole chain (the
 chain's 0.99 hid four stages between 1.15 and 1.32).
+
+This machine's CPU also drifts by more than that between hours: the same 1 GB corpus through the same stages cost
+388, 448 and 696 CPU-seconds on three runs (2026-11-30 to 12-02), every stage slower by about the same factor.  So
+each run also records a yardstick (:func:`yardstick`: a fixed mix of Python, regex, zlib and numpy work, timed in
+the bench's own process right before and after the run), and the exponents are also given per yardstick: the
+CPU-seconds of each size divided by its yardstick.  The targets stay on the raw figures.
 """
 
 from __future__ import annotations
@@ -10,7 +16,34 @@ from __future__ import annotations
 import statistics
 
 SPREAD_KEYS = ("wall_s", "cpu_s", "mb_per_cpu_s", "peak_tree_rss_mb", "peak_task_rss_mb", "cli_cpu_s",
-               "dag_over_cli")
+               "dag_over_cli", "yardstick_cpu_s")
+
+
+def yardstick(rounds: int = 10) -> float:
+    """CPU-seconds of this process for a fixed, deterministic workload shaped like the chain's (0.33 s a round
+    here): word counting with a regex and a dict, zlib, sha1, JSON and a numpy sort over 2.4 MB of text."""
+    import hashlib
+    import json
+    import re
+    import time
+    import zlib
+
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    vocab = ["".join(chr(97 + c) for c in rng.integers(0, 26, int(n))) for n in rng.integers(2, 10, 5000)]
+    text = " ".join(vocab[i] for i in rng.integers(0, len(vocab), 400_000))
+    t0 = time.process_time()
+    for _ in range(rounds):
+        counts: dict[str, int] = {}
+        for tok in re.findall(r"\w+", text):
+            counts[tok] = counts.get(tok, 0) + 1
+        raw = text.encode()
+        zlib.compress(raw, 6)
+        hashlib.sha1(raw).hexdigest()
+        json.loads(json.dumps([{"w": w, "n": n} for w, n in counts.items()]))
+        np.sort(np.frombuffer(raw, np.uint8).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15))
+    return round(time.process_time() - t0, 3)
 
 
 def spread(values: list[float]) -> dict | None:
@@ -46,6 +79,16 @@ def stage_exponents(small: dict, large: dict) -> list[dict]:
     for stage in [s for s in b if s in a]:
         ca, cb = a[stage]["median"], b[stage]["median"]
         exp = round(math.log(cb / ca) / math.log(ratio), 3) if ca > 0 and cb > 0 and ratio > 1 else None
-        rows.append({"stage": stage, "cpu_small": ca, "cpu_large": cb, "growth": round(cb / ca, 2) if ca else None,
-                     "exponent": exp})
+        row = {"stage": stage, "cpu_small": ca, "cpu_large": cb, "growth": round(cb / ca, 2) if ca else None,
+               "exponent": exp}
+        if (drift := yardstick_ratio(small, large)) and exp is not None:
+            row["exponent_per_yardstick"] = round(math.log(cb / ca / drift) / math.log(ratio), 3)
+        rows.append(row)
     return rows
+
+
+def yardstick_ratio(small: dict, large: dict) -> float | None:
+    """How much slower the machine was during the large run than during the small one (median yardsticks)."""
+    ya = ((small.get("spread") or {}).get("yardstick_cpu_s") or {}).get("median")
+    yb = ((large.get("spread") or {}).get("yardstick_cpu_s") or {}).get("median")
+    return yb / ya if ya and yb else None

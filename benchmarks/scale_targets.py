@@ -46,7 +46,8 @@ def targets(runs: list[dict], side: dict | None, peer: dict | None) -> list[dict
                   f"{large['size_gb']:g} GB run, whole airflow dags test process tree" if large else ""))
     exp = (loglog_slope([small["corpus_mb"], large["corpus_mb"]], [small["cpu_s"], large["cpu_s"]]) if two else None)
     out.append(_t("cost_exponent", exp, TARGETS["cost_exponent"], "<=", _cmp(exp, TARGETS["cost_exponent"], "<="),
-                  "log(cpu_large/cpu_small)/log(size_large/size_small)" if two else "needs two sizes"))
+                  ("log(cpu_large/cpu_small)/log(size_large/size_small)" + _per_yardstick(small, large, exp))
+                  if two else "needs two sizes"))
     tok = (side or {}).get("tokenize", {}).get("speedup")
     out.append(_t("tokenize_1_to_2_processes", tok, TARGETS["tokenize_1_to_2"], ">=",
                   _cmp(tok, TARGETS["tokenize_1_to_2"], ">="), "best of repeats each"))
@@ -65,6 +66,18 @@ def targets(runs: list[dict], side: dict | None, peer: dict | None) -> list[dict
     return out + dedup_and_stage_targets(ok, small, large, two)
 
 
+def _per_yardstick(small: dict, large: dict, exp: float | None) -> str:
+    """The exponent with each size's CPU divided by the machine's yardstick during its runs (scale_stats)."""
+    import math
+
+    drift = scale_stats.yardstick_ratio(small, large)
+    if not drift or exp is None:
+        return ""
+    ratio = large["corpus_mb"] / small["corpus_mb"]
+    per = math.log(large["cpu_s"] / small["cpu_s"] / drift) / math.log(ratio)
+    return f"; per yardstick {per:.3f} (the machine was {drift:.2f}x as slow during the large run)"
+
+
 def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dict]:
     """Issue #23's targets: per-stage exponents, dedup against the planted truth, DAG vs CLI CPU."""
     out = []
@@ -72,7 +85,9 @@ def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dic
     worst = max((r for r in rows if r["exponent"] is not None), key=lambda r: r["exponent"], default=None)
     out.append(_t("worst_stage_exponent", worst["exponent"] if worst else None, TARGETS["stage_exponent"], "<=",
                   _cmp(worst["exponent"] if worst else None, TARGETS["stage_exponent"], "<="),
-                  f"stage {worst['stage']} (median CPU of the repeats)" if worst else "needs two sizes"))
+                  (f"stage {worst['stage']} (median CPU of the repeats)" + (
+                      f"; per yardstick {worst['exponent_per_yardstick']}" if "exponent_per_yardstick" in worst
+                      else "")) if worst else "needs two sizes"))
     truths = [r["dedup_truth"] for r in ok if r.get("dedup_truth")]
     rec = min((t["exact"]["recall"] for t in truths if t["exact"]["recall"] is not None), default=None)
     out.append(_t("exact_dedup_recall", rec, TARGETS["exact_recall"], ">=", _cmp(rec, TARGETS["exact_recall"], ">="),

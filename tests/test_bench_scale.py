@@ -137,6 +137,25 @@ def test_repeats_give_median_and_spread_and_per_stage_exponents():
     assert rows == [{"stage": "ingest", "cpu_small": 11, "cpu_large": 44, "growth": 4.0, "exponent": 1.0}]
 
 
+def test_exponents_per_yardstick_take_out_the_machine_drift():
+    """A machine 1.5x as slow during the large run: raw exponent 1.292, per yardstick 1.0 (same work per MB)."""
+    import scale_stats
+
+    def run(mb, cpu, stick):
+        return {"rc": 0, "size_gb": mb / 1000, "corpus_mb": mb, "cpu_s": cpu, "yardstick_cpu_s": stick,
+                "peak_task_rss_mb": 900, "mb_per_cpu_s": mb / cpu, "stages": [{"stage": "ingest", "cpu_s": cpu}]}
+
+    small = scale_stats.combine([run(1000, 100, 3.0), run(1000, 100, 3.2)])
+    large = scale_stats.combine([run(4000, 600, 4.65), run(4000, 600, 4.65)])
+    assert scale_stats.yardstick_ratio(small, large) == pytest.approx(4.65 / 3.1)
+    (row,) = scale_stats.stage_exponents(small, large)
+    assert row["exponent"] == 1.292 and row["exponent_per_yardstick"] == 1.0
+    stick = scale_stats.yardstick(rounds=1)
+    assert 0 < stick < 5
+    (cost,) = [t for t in bench_scale.targets([small, large], None, None) if t["name"] == "cost_exponent"]
+    assert cost["value"] == 1.292 and "per yardstick 1.000 (the machine was 1.50x as slow" in cost["note"]
+
+
 def test_missing_source_fails_clearly(tmp_path, capsys):
     with pytest.raises(scale_corpus.SourceMissing, match="source corpora"):
         scale_corpus.load_pools(tmp_path / "absent")
