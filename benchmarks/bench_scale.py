@@ -96,10 +96,13 @@ class TreeTimeline(threading.Thread):
             procs = [root, *root.children(recursive=True)]
         except psutil.Error:
             return
+        from pipeline.profile import unexeced_children
+
         rss = 0
+        skip = unexeced_children([p.pid for p in procs])     # a child before exec reports its parent's memory
         for p in procs:
             try:
-                rss += p.memory_info().rss
+                rss += p.memory_info().rss if p.pid not in skip else 0
                 t = p.cpu_times()
                 self._cpu[(p.pid, p.create_time())] = t.user + t.system
             except psutil.Error:

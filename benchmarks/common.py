@@ -109,10 +109,14 @@ def _tree(pid: int) -> list:
 def tree_rss_mb(pid: int) -> float:
     import psutil
 
+    from pipeline.profile import unexeced_children
+
     total = 0
-    for p in _tree(pid):
+    procs = _tree(pid)
+    skip = unexeced_children([p.pid for p in procs])     # a child before exec reports its parent's memory
+    for p in procs:
         try:
-            total += p.memory_info().rss
+            total += p.memory_info().rss if p.pid not in skip else 0
         except psutil.Error:
             pass
     return total / 2**20
@@ -139,10 +143,14 @@ class PeakSampler:
     def _sample(self) -> None:
         import psutil
 
+        from pipeline.profile import unexeced_children
+
         total = 0
-        for p in _tree(self.pid):
+        procs = _tree(self.pid)
+        skip = unexeced_children([p.pid for p in procs])     # a child before exec reports its parent's memory
+        for p in procs:
             try:
-                total += p.memory_info().rss
+                total += p.memory_info().rss if p.pid not in skip else 0
                 t = p.cpu_times()
                 self._cpu[(p.pid, p.create_time())] = t.user + t.system
             except psutil.Error:
