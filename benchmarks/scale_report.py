@@ -86,6 +86,13 @@ def markdown(res: dict) -> list[str]:
         out += ["", f"mindloom on the same steps (`mindloom corpus`, shared chain): rc {m['rc']}, {m['wall_s']} s, "
                 f"{m['cpu_s']} CPU-s, {m.get('mb_per_cpu_s')} MB/CPU-s, peak tree RSS {m['peak_rss_mb']} MB; "
                 f"documents kept after quality {m.get('kept')}."]
+    if res.get("memory_rerun"):
+        m = res["memory_rerun"]
+        out += ["", f"Memory re-run at {m['size_gb']:g} GB with the corrected tree sampler (`{m['command']}`; "
+                f"{m['why']}): peak tree RSS {m['peak_tree_rss_mb']} MB, largest task {m['peak_task_rss_mb']} MB "
+                f"({m['largest_stage']}). Its CPU figures are not used. Peak RSS per stage, MB:", ""]
+        out += table(["Stage", "This re-run", "The chain run above"],
+                     [[k, v, m["before"].get(k)] for k, v in m["stages"].items()])
     out += ["", "Targets (computed from the figures above):", ""]
     out += table(["Target", "Value", "Goal", "Met", "Note"],
                  [[t["name"], t["value"], f"{t['op']} {t['target']}", {True: "yes", False: "**no**", None: "–"}[t["met"]],

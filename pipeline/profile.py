@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import gc
 import os
+import platform
 import threading
 import time
 from collections.abc import Iterator
@@ -57,30 +58,52 @@ def tree_rss(proc, cpu: dict | None = None) -> int:
     return total
 
 
-def _mm_signature(pid: int) -> tuple | None:
-    """(parent pid, virtual size, resident pages, stack start) from ``/proc/<pid>/stat``; None where unreadable.
+def _ppid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            return int(fh.read().rsplit(b")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def _same_address_space(a: int, b: int) -> bool:
+    """Whether processes ``a`` and ``b`` share one address space: ``kcmp(KCMP_VM)`` on Linux, exact and atomic.
 
     A child that a process starts (``subprocess``, a ``spawn`` pool's worker) runs in its parent's address space
-    (vfork) or in a copy of it (fork) until it calls exec, and meanwhile reports the parent's whole resident size:
-    a 1.2 GB process starting workers showed a 2.5 GB tree at a 2 ms sampling period (it made ``tokenize``
-    2,658 MB at 4 GB against 1,531 MB by the bench's own sampler).  Such a child has the same virtual size,
-    resident pages and stack start as its parent, and is not counted; once it execs, or touches a page, it is.
+    (vfork) until it calls exec, and reports the parent's whole resident size meanwhile: a 1.2 GB process starting
+    workers showed a 2.5 GB tree at a 2 ms sampling period, and ``tokenize`` read 2,658 MB at 4 GB against
+    1,531 MB by the bench's own sampler.  Where ``kcmp`` is missing, virtual size, resident pages and stack start
+    read from ``/proc`` are compared instead (the same for a shared address space, racing with its other threads).
     """
+    nr = _KCMP_NR.get(platform.machine())
+    if nr is not None:
+        import ctypes
+
+        got = ctypes.CDLL(None, use_errno=True).syscall(nr, a, b, 1, 0, 0)       # KCMP_VM = 1
+        if got >= 0:
+            return got == 0
+    sigs = [_mm_signature(pid) for pid in (a, b)]
+    return None not in sigs and sigs[0] == sigs[1]
+
+
+_KCMP_NR = {"x86_64": 312, "aarch64": 272}
+
+
+def _mm_signature(pid: int) -> tuple | None:
+    """(virtual size, resident pages, stack start) from ``/proc/<pid>/stat``; None where unreadable."""
     try:
         with open(f"/proc/{pid}/stat", "rb") as fh:
             fields = fh.read().rsplit(b")", 1)[1].split()
-        return int(fields[1]), int(fields[20]), int(fields[21]), int(fields[25])
+        return int(fields[20]), int(fields[21]), int(fields[25])
     except (OSError, IndexError, ValueError):
         return None
 
 
 def unexeced_children(pids: list[int]) -> set[int]:
-    """The processes among ``pids`` whose parent is also among them and that still run in (or in a fresh copy of)
-    the parent's address space: their resident size is the parent's, and a tree sum must skip them
-    (:func:`_mm_signature`)."""
-    sigs = {pid: _mm_signature(pid) for pid in pids}
-    return {pid for pid, sig in sigs.items()
-            if sig is not None and sigs.get(sig[0]) is not None and sig[1:] == sigs[sig[0]][1:]}
+    """The processes among ``pids`` whose parent is also among them and that still run in the parent's address
+    space: their resident size is the parent's, and a tree sum must skip them (:func:`_same_address_space`)."""
+    parents = {pid: _ppid(pid) for pid in pids}
+    return {pid for pid, ppid in parents.items() if ppid in parents and _same_address_space(pid, ppid)}
 
 
 def _descendants(proc) -> list:

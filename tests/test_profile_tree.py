@@ -17,11 +17,29 @@ from pipeline import profile
 
 
 def test_a_child_in_its_parents_address_space_is_skipped(monkeypatch):
-    sigs = {1: (0, 900, 50, 7), 2: (1, 900, 50, 7), 3: (1, 120, 9, 3), 4: (3, 120, 9, 3), 5: (1, 900, 51, 7)}
-    monkeypatch.setattr(profile, "_mm_signature", sigs.get)
-    # 2: its parent's mm (vfork); 4: likewise under 3; 5: resident pages of its own; 1: no parent in the tree
+    parent = {1: 0, 2: 1, 3: 1, 4: 3, 5: 1}
+    shared = {(2, 1), (4, 3)}                     # 2 and 4 run in their parent's address space (vfork)
+    monkeypatch.setattr(profile, "_ppid", parent.get)
+    monkeypatch.setattr(profile, "_same_address_space", lambda a, b: (a, b) in shared)
     assert profile.unexeced_children([1, 2, 3, 4, 5]) == {2, 4}
-    assert profile.unexeced_children([2, 4]) == set()
+    assert profile.unexeced_children([2, 4]) == set()          # no parent in the tree: counted
+
+
+def test_address_spaces_are_compared_exactly():
+    import os
+
+    pid = os.fork()
+    if pid == 0:
+        import time
+
+        time.sleep(2)
+        os._exit(0)
+    try:
+        assert profile._same_address_space(os.getpid(), os.getpid())
+        assert not profile._same_address_space(os.getpid(), pid)      # a fork has its own (copied) space
+    finally:
+        os.kill(pid, 9)
+        os.waitpid(pid, 0)
 
 
 def test_a_big_process_starting_children_is_counted_once():
