@@ -20,6 +20,7 @@ a lower bound within one sampling period.
 
 from __future__ import annotations
 
+import functools
 import gc
 import os
 import platform
@@ -75,11 +76,8 @@ def _same_address_space(a: int, b: int) -> bool:
     1,531 MB by the bench's own sampler.  Where ``kcmp`` is missing, virtual size, resident pages and stack start
     read from ``/proc`` are compared instead (the same for a shared address space, racing with its other threads).
     """
-    nr = _KCMP_NR.get(platform.machine())
-    if nr is not None:
-        import ctypes
-
-        got = ctypes.CDLL(None, use_errno=True).syscall(nr, a, b, 1, 0, 0)       # KCMP_VM = 1
+    if (syscall := _kcmp()) is not None:
+        got = syscall(_KCMP_NR[platform.machine()], a, b, 1, 0, 0)             # KCMP_VM = 1
         if got >= 0:
             return got == 0
     sigs = [_mm_signature(pid) for pid in (a, b)]
@@ -87,6 +85,19 @@ def _same_address_space(a: int, b: int) -> bool:
 
 
 _KCMP_NR = {"x86_64": 312, "aarch64": 272}
+
+
+@functools.cache
+def _kcmp():
+    """libc's ``syscall`` where the kcmp number of this machine is known (looked up once, not per sample)."""
+    import ctypes
+
+    if platform.machine() not in _KCMP_NR:
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return None
 
 
 def _mm_signature(pid: int) -> tuple | None:
