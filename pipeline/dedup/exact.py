@@ -313,7 +313,7 @@ def attach_drops(rdir: Path, batch: int, n_batches: int, specs: list[dict],
     drops = [{"partitions": parts, "rows": [], "ids": []} for _ in specs]
     if all(completed(rdir / "exact_dedup" / f"{s['shard']}.parquet", _shard_digest(rdir, s["shard"], n_partitions, parts))
            for s in specs):
-        return [{**s, "exact_drops": d} for s, d in zip(specs, drops)]
+        return [{**s, "exact_drops": d} for s, d in zip(specs, drops, strict=True)]
     for p in range(n_partitions):
         t = pq.read_table(_partition_path(rdir, p, n_partitions), columns=["ord", "row", "doc_id", "shard"],
                           filters=[("batch", "=", batch)])
@@ -326,7 +326,7 @@ def attach_drops(rdir: Path, batch: int, n_batches: int, specs: list[dict],
             sel = ords == k
             drops[k]["rows"] += rows[sel].tolist()
             drops[k]["ids"] += t.column("doc_id").filter(sel).to_pylist()
-    return [{**s, "exact_drops": d} for s, d in zip(specs, drops)]
+    return [{**s, "exact_drops": d} for s, d in zip(specs, drops, strict=True)]
 
 
 def run_exact_dedup_shard(rdir: Path, shard: str, n_partitions: int, drops: dict) -> dict:

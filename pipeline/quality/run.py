@@ -17,7 +17,10 @@ completion digest.
 
 ``reuse_scores=True`` takes the decisions from the stored scores instead of recomputing them (after checking they
 are still valid), so re-tuned thresholds are applied in a fraction of the time; the output is byte-identical to a
-full recompute with the same config.  Filters, parameters and sources: ``pipeline/quality/filters/``.
+full recompute with the same config.  ``prescored`` (the chain passes ``minhash/prescores/<shard>.parquet``) does
+the same with the rows MinHash stage 1 scored for its survivors (:mod:`pipeline.quality.prescored`), when they were
+made with these settings; the documents it lacks are scored here.  ``prescored_docs`` in the stats counts them.
+Filters, parameters and sources: ``pipeline/quality/filters/``.
 
 Memory: one shard at a time: its input table (text included, about the shard's text bytes), the kept rows and
 scores being built (about as much again), and per pool worker one batch of documents.  So about 2-3x the text of
@@ -59,6 +62,7 @@ from pipeline.quality.filters.chain import (
 )
 from pipeline.quality.filters.pii import PiiMasker
 from pipeline.quality.filters.text import Doc, approx_tokens, cjk_char_count
+from pipeline.quality.prescored import read_prescores
 
 log = logging.getLogger(__name__)
 
@@ -151,13 +155,13 @@ def _finish_kept(q: QualityConfig, doc: Doc, original: str, chain: Chain, reused
 _WORKER: dict = {}
 
 
-def _init_worker(q: QualityConfig, reused: bool) -> None:
+def _init_worker(q: QualityConfig) -> None:
     """A worker's state: the settings, never the shard, so the shards of a batch task share one pool (with the shard
     in its arguments every shard started a pool of its own that lived until the task ended: 29 shards, 58 idle
     workers, a 9.9 GB process tree in the 1 GB bench-scale run)."""
     masker = PiiMasker(q.pii.emails, q.pii.ips, q.pii.phones, q.pii.only_public_ips) if q.pii.enabled else None
     _WORKER.clear()
-    _WORKER.update(q=q, reused=reused, masker=masker, chains={})
+    _WORKER.update(q=q, masker=masker, chains={})
 
 
 def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: dict, stored: dict | None) -> tuple:
@@ -176,7 +180,7 @@ def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: 
     if drop:
         return row, drop, ntok, None, 0, ()
     counts: list = []
-    final = _finish_kept(q, doc, text, chain, w["reused"], w["masker"], counts)
+    final = _finish_kept(q, doc, text, chain, stored is not None, w["masker"], counts)
     kept_tok = ntok if final == text else approx_tokens(len(final), cjk_char_count(final), 4)
     return row, None, ntok, final, kept_tok, counts
 
@@ -242,7 +246,7 @@ def _tables(table: Any, chains: dict[str, Chain], rows: list[dict], keep: list[b
 
 
 def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str = "exact_dedup",
-                      reuse_scores: bool = False) -> dict:
+                      reuse_scores: bool = False, prescored: Path | None = None) -> dict:
     """Filter one shard with its domain's chain; returns the shard's stats (in = kept + removed by reason)."""
     rdir = Path(rdir)
     out = rdir / "quality" / f"{shard}.parquet"
@@ -260,18 +264,21 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
     stats.update(in_chars=0, kept_chars=0, in_tokens_est=0, kept_tokens_est=0, enabled=q.enabled,
                  input_stage=input_stage, chains={d: c.names() for d, c in chains.items()}, transforms={}, pii={},
                  warnings=_check_language_columns(chains, table, input_stage, shard))
-    stored = _load_scores(rdir, shard, table, chains) if reuse_scores else None
-    log.info("quality/%s: %d documents, %s", shard, n, "decisions from stored scores" if stored else "scoring")
     cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
             for c in ("doc_id", "text", "source", "meta", *LANG_COLUMNS)}
+    stored = (_load_scores(rdir, shard, table, chains) if reuse_scores
+              else read_prescores(prescored, q, chains, cols["doc_id"], domains))
+    stats["prescored_docs"] = 0 if reuse_scores else sum(r is not None for r in stored)
+    log.info("quality/%s: %d documents, %d decided from stored scores", shard, n,
+             n if reuse_scores else stats["prescored_docs"])
     present = [c for c in LANG_COLUMNS if c in table.column_names]
     nbytes_col = _utf8_lengths(table.column("text")) if n else []
     workers = worker_count(q.workers) if sum(nbytes_col) >= PARALLEL_MIN_BYTES else 1
     items = ((i, cols["text"][i], cols["doc_id"][i], domains[i], cols["meta"][i], {c: cols[c][i] for c in present},
-              stored[i] if stored is not None else None) for i in range(n))
+              stored[i]) for i in range(n))
 
     rows, keep, texts, removed = [], [], [], []
-    results = _results(items, nbytes_col, workers, (q, stored is not None), shard)
+    results = _results(items, nbytes_col, workers, (q,), shard)
     for i, (row, drop, ntok, final, kept_tok, counts) in enumerate(results):
         text, domain, doc_id = cols["text"][i], domains[i], cols["doc_id"][i]
         nbytes, nchars = nbytes_col[i], len(text)

@@ -222,8 +222,12 @@ def minhash_report(specs: list[dict]) -> dict:
 
 
 def quality_shard(spec: dict) -> dict:
-    return quality.run_quality_shard(load_run_config(spec["run_dir"]).quality, Path(spec["run_dir"]), spec["shard"],
-                                     input_stage="minhash")
+    """Quality (per shard), deciding from the rows MinHash stage 1 scored where it can."""
+    from pipeline.dedup.minhash.layout import prescores_path
+
+    rdir = Path(spec["run_dir"])
+    return quality.run_quality_shard(load_run_config(rdir).quality, rdir, spec["shard"], input_stage="minhash",
+                                     prescored=prescores_path(rdir, spec["shard"]))
 
 
 @profiled("train_tokenizer")

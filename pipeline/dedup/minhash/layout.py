@@ -42,6 +42,11 @@ def signature_path(rdir: Path, shard: str) -> Path:
     return stage_dir(rdir) / "signatures" / f"{shard}.parquet"
 
 
+def prescores_path(rdir: Path, shard: str) -> Path:
+    """Stage 1's quality score rows of a shard (:mod:`pipeline.quality.prescored`), read by the quality stage."""
+    return stage_dir(rdir) / "prescores" / f"{shard}.parquet"
+
+
 def manifest_path(rdir: Path) -> Path:
     return stage_dir(rdir) / "manifest.json"
 

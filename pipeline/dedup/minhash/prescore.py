@@ -10,14 +10,13 @@ stage; the decisions themselves stay in the quality stage) and stores two column
 * ``score``: the share of the chain's filters the document passes (1.0 for every kept document), so among
   dropped members the one closest to passing ranks first.
 
-The survivor criteria ``kept`` and ``score`` (:mod:`pipeline.dedup.minhash.survivors`) read them.
+The survivor criteria ``kept`` and ``score`` (:mod:`pipeline.dedup.minhash.survivors`) read them.  Every score row
+is also kept (``minhash/prescores/<shard>.parquet``, :mod:`pipeline.quality.prescored`), so the quality stage
+decides from it instead of scoring the same documents again.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import logging
 from typing import Any
 
@@ -30,31 +29,24 @@ LANG_COLUMNS = ("lang", "lang_score")
 EXTRA_COLUMNS = ("meta", *LANG_COLUMNS)
 
 
-def quality_digest(quality: Any) -> str:
-    """sha256 of the quality config (empty when none): stage 1 is stale when it changes.  ``workers`` is left out:
-    how many processes score the documents does not change a verdict."""
-    if quality is None:
-        return ""
-    settings = {k: v for k, v in dataclasses.asdict(quality).items() if k != "workers"}
-    return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
-
-
-def chain_verdicts(quality: Any, table: Any, domains: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """(keep int8, score float64) per row of ``table`` (columns doc_id, text and, when present, meta/lang)."""
+def chain_verdicts(quality: Any, table: Any, domains: list[str]) -> tuple[np.ndarray, np.ndarray, dict, list]:
+    """(keep int8, score float64, chains by domain, score row or None) per row of ``table`` (columns doc_id, text
+    and, when present, meta/lang)."""
     from pipeline.quality.filters.chain import Chain
     from pipeline.quality.filters.text import Doc
 
     n = table.num_rows
     keep = np.full(n, -1, np.int8)
     score = np.full(n, np.nan)
+    rows: list[dict | None] = [None] * n
+    chains: dict[str, Any] = {}
     if quality is None or not n:
-        return keep, score
+        return keep, score, {}, rows
     names = table.column_names
     texts = table.column("text").to_pylist()
     ids = table.column("doc_id").to_pylist()
     metas = table.column("meta").to_pylist() if "meta" in names else [None] * n
     langs = {c: table.column(c).to_pylist() for c in LANG_COLUMNS if c in names}
-    chains: dict[str, Any] = {}
     failed: set[str] = set()
     for i in range(n):
         domain = domains[i]
@@ -73,6 +65,7 @@ def chain_verdicts(quality: Any, table: Any, domains: list[str]) -> tuple[np.nda
                             type(exc).__name__, exc)
                 failed.add(domain)
             continue
+        rows[i] = row
         score[i] = sum(passed) / len(passed) if passed else 1.0
         keep[i] = 1 if all(passed) or not quality.enabled else 0
-    return keep, score
+    return keep, score, {d: c for d, c in chains.items() if c}, rows

@@ -30,7 +30,7 @@ import numpy as np
 
 import pipeline.dedup.minhash.shingles as sh
 from pipeline.dedup.minhash.config import MinhashConfig, check_config
-from pipeline.dedup.minhash.layout import MinhashError, band_column, input_path, signature_path
+from pipeline.dedup.minhash.layout import MinhashError, band_column, input_path, prescores_path, signature_path
 from pipeline.io import completed, recorded_sha256, write_marker, write_parquet
 
 log = logging.getLogger(__name__)
@@ -246,12 +246,14 @@ def run_signatures_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage
                          quality: Any = None) -> dict:
     """Signatures of one input shard → ``minhash/signatures/<shard>.parquet``; returns small stats.
 
-    With a :class:`~pipeline.config.QualityConfig`, the chain's verdicts go beside them (:mod:`.prescore`).
+    With a :class:`~pipeline.config.QualityConfig`, the chain's verdicts go beside them (:mod:`.prescore`), and its
+    score rows to ``minhash/prescores/<shard>.parquet`` for the quality stage.
     """
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from pipeline.dedup.minhash.prescore import EXTRA_COLUMNS, chain_verdicts, quality_digest
+    from pipeline.dedup.minhash.prescore import EXTRA_COLUMNS, chain_verdicts
+    from pipeline.quality.prescored import quality_digest, write_prescores
 
     cfg = check_config(cfg)
     if not cfg.enabled:
@@ -286,7 +288,10 @@ def run_signatures_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage
             res = engine.compute([texts[i] for i in idx], dom)
             sig[idx], count[idx], kind[idx] = res.sig, res.count, res.kind
     keys = band_keys(sig, cfg.bands, cfg.rows)
-    keep, chain_score = chain_verdicts(quality, table, domains)
+    keep, chain_score, chains, rows = chain_verdicts(quality, table, domains)
+    if chains:                          # the quality stage decides from these rows instead of scoring again
+        write_prescores(prescores_path(rdir, shard), quality, chains, table.column("doc_id").to_pylist(), domains,
+                        rows)
     score = (table.column(cfg.score_column).cast(pa.float64()).fill_null(float("nan"))
              if cfg.score_column and cfg.score_column in names else pa.array(chain_score))
     arrays = {"row": pa.array(np.arange(n, dtype=np.int32)), "doc_id": table.column("doc_id"),
