@@ -25,6 +25,8 @@ export AIRFLOW__API__HOST := 127.0.0.1
 export MINDLOOM_CONFIG ?= $(CURDIR)/configs/default.yaml
 export MINDLOOM_TRAIN_EXECUTOR :=
 export PYTHONUNBUFFERED := 1
+# fewer glibc malloc arenas: a process running many tasks keeps less of their freed heap (docker/airflow.env)
+export MALLOC_ARENA_MAX := 2
 
 .PHONY: setup demo test test-fast test-docker lint corpus airflow-init airflow system-deps screenshots clean
 

@@ -219,6 +219,7 @@ def airflow_env(home: Path, config: Path, allowed: Path) -> dict:
             "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home}/airflow.db",
             "AIRFLOW__CORE__EXECUTOR": "LocalExecutor", "MINDLOOM_CONFIG": str(config), "MINDLOOM_TRAIN_EXECUTOR": "",
             "MINDLOOM_ALLOWED_ROOTS": str(allowed), "PYTHONUNBUFFERED": "1",
+            "MALLOC_ARENA_MAX": "2",          # as the deployment sets it (docker/airflow.env, Makefile)
             "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}"}
 
 
