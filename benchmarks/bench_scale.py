@@ -329,8 +329,9 @@ def cli_path(cfg_path: Path, run: Path, env: dict, a: argparse.Namespace, corpus
 
     man = run_dir(data, "cli") / "mindrecord" / "manifest.json"
     cli_tokens = json.loads(man.read_text())["tokens"] if man.exists() else None
+    cli_stages = profile_rows(run_dir(data, "cli"), corpus_mb)       # per stage, to split the DAG's extra CPU
     shutil.rmtree(run_dir(data, "cli"), ignore_errors=True)
-    return {"cli_rc": m["rc"], "cli_wall_s": m["wall_s"], "cli_cpu_s": m["cpu_s"],
+    return {"cli_rc": m["rc"], "cli_wall_s": m["wall_s"], "cli_cpu_s": m["cpu_s"], "cli_stages": cli_stages,
             "cli_mb_per_cpu_s": round(corpus_mb / m["cpu_s"], 3) if m["cpu_s"] else None,
             "cli_tokens_equal": cli_tokens == tokens if tokens is not None else None}
 

@@ -44,6 +44,10 @@ def markdown(res: dict) -> list[str]:
             out += ["", f"The same corpus through `mindloom corpus`: {r['cli_cpu_s']} CPU-s "
                     f"({r.get('cli_mb_per_cpu_s')} MB/CPU-s); the DAG path costs {r.get('dag_over_cli')}× that; "
                     f"tokens equal: {r.get('cli_tokens_equal')}."]
+            if r.get("cli_stages") and r.get("stages_profile"):
+                out += ["", "Where the DAG path's extra CPU goes: each stage's CPU-seconds from `profile/` on both "
+                        "paths (the rest of the difference is Airflow's own work between and around the tasks):", ""]
+                out += table(["Stage", "DAG CPU s", "CLI CPU s", "DAG − CLI"], dag_vs_cli(r))
         if r.get("quality_by_domain"):
             out += ["", "Quality filter, kept / in by domain: " + ", ".join(
                 f"{d} {k:,} / {n:,}" for d, (n, k) in r["quality_by_domain"].items()) + "."]
@@ -99,4 +103,17 @@ def markdown(res: dict) -> list[str]:
                    t["note"]] for t in res.get("targets", [])])
     return out
 
+
+def dag_vs_cli(r: dict) -> list[list]:
+    """Per stage: DAG and CLI CPU-seconds (``profile/`` of each run) and the difference, then the stages' total and
+    what is outside them (the whole process tree's CPU minus the stages')."""
+    dag = {s["stage"]: s["cpu_s"] for s in r["stages_profile"]}
+    cli = {s["stage"]: s["cpu_s"] for s in r["cli_stages"]}
+    rows = [[k, round(dag.get(k, 0.0), 1), round(cli.get(k, 0.0), 1), round(dag.get(k, 0.0) - cli.get(k, 0.0), 1)]
+            for k in sorted(set(dag) | set(cli), key=lambda k: -abs(dag.get(k, 0.0) - cli.get(k, 0.0)))]
+    d, c = round(sum(dag.values()), 1), round(sum(cli.values()), 1)
+    rows.append(["all stages", d, c, round(d - c, 1)])
+    rows.append(["outside the stages", round(r["cpu_s"] - d, 1), round(r["cli_cpu_s"] - c, 1),
+                 round(r["cpu_s"] - d - (r["cli_cpu_s"] - c), 1)])
+    return rows
 
