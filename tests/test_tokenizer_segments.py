@@ -13,8 +13,8 @@ import pytest
 from conftest import prose_records, stdlib_records
 from test_tokenizer import SMALL, write_quality_shards
 
+from pipeline.tokenizer import encode, segments
 from pipeline.tokenizer import run as tokenizer
-from pipeline.tokenizer import segments
 from pipeline.tokenizer.segments import SegmentEncoder, splittable
 
 ZH = ["数据管道把文本变成模型：北京、忠诚，12345。", "机器 学习  与 数据", "第一行\n 第二行\t第三行 "]
@@ -121,7 +121,32 @@ def test_tokenize_shard_is_byte_identical_to_whole_encoding(model, tmp_path, mon
         shutil.copytree(rdir / "tokenizer", run / "tokenizer")
         if mode == "whole":
             monkeypatch.setattr(segments, "splittable", lambda proto: False)
-        tokenizer._WORKER.clear()
+        encode._WORKER.clear()
         digests[mode] = [hashlib.sha256((run / "tokenize" / f"{s}.parquet").read_bytes()).hexdigest()
                          for s in shards if tokenizer.run_tokenize_shard(run, s, workers=1)]
     assert len(digests["whole"]) == len(shards) and digests["segments"] == digests["whole"]
+
+
+def test_a_tasks_shards_share_one_encode_pool_and_match_one_process(model, tmp_path, monkeypatch):
+    import functools
+    import shutil
+
+    from pipeline import pools
+
+    _, _, rdir, shards = model
+    monkeypatch.setattr(tokenizer, "Encoder", functools.partial(encode.Encoder, chunk_chars=5_000))   # many chunks
+    digests = {}
+    for workers in (1, 2):
+        run = tmp_path / f"w{workers}"
+        shutil.copytree(rdir / "quality", run / "quality")
+        shutil.copytree(rdir / "tokenizer", run / "tokenizer")
+        with pools.task_pools():
+            for s in shards:
+                tokenizer.run_tokenize_shard(run, s, workers=workers, batch_chars=20_000)
+            scope = pools._SCOPES[-1]
+            assert len(scope) == (1 if workers == 2 else 0)        # one pool for every shard of the task
+            pids = {p.pid for pool in scope.values() for p in pool._processes.values()}
+            assert len(pids) == (1 if workers == 2 else 0)
+        digests[workers] = [hashlib.sha256((run / "tokenize" / f"{s}.parquet").read_bytes()).hexdigest()
+                            for s in shards]
+    assert digests[1] == digests[2]
