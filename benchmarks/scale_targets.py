@@ -12,6 +12,12 @@ TARGETS = {"peak_rss_mb": 2048.0, "peak_move": 0.25, "chain_mb_per_cpu_s": 2.0, 
            "exact_recall": 1.0, "minhash_recall_gap": 0.02, "dag_over_cli": 1.10}
 
 
+#: Stages under this many CPU-seconds at the large size are left out of the worst exponent (still listed in the
+#: stage table and named in the note): the profile samples a process's CPU every 0.2 s, so at a few centiseconds
+#: the ratio of two sizes is the sampling, not the stage.
+MIN_STAGE_CPU_S = 1.0
+
+
 def _t(name, value, target, op, met, note="") -> dict:
     return {"name": name, "value": value, "target": target, "op": op, "met": met, "note": note}
 
@@ -82,12 +88,16 @@ def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dic
     """Issue #23's targets: per-stage exponents, dedup against the planted truth, DAG vs CLI CPU."""
     out = []
     rows = scale_stats.stage_exponents(small, large) if two else []
-    worst = max((r for r in rows if r["exponent"] is not None), key=lambda r: r["exponent"], default=None)
+    tiny = [r for r in rows if r["exponent"] is not None and r["cpu_large"] < MIN_STAGE_CPU_S]
+    worst = max((r for r in rows if r["exponent"] is not None and r not in tiny), key=lambda r: r["exponent"],
+                default=None)
     out.append(_t("worst_stage_exponent", worst["exponent"] if worst else None, TARGETS["stage_exponent"], "<=",
                   _cmp(worst["exponent"] if worst else None, TARGETS["stage_exponent"], "<="),
                   (f"stage {worst['stage']} (median CPU of the repeats)" + (
                       f"; per yardstick {worst['exponent_per_yardstick']}" if "exponent_per_yardstick" in worst
-                      else "")) if worst else "needs two sizes"))
+                      else "") + "".join(
+                      f"; {r['stage']} {r['cpu_small']} → {r['cpu_large']} CPU-s (exponent {r['exponent']}) is "
+                      f"under the {MIN_STAGE_CPU_S:g} CPU-s floor" for r in tiny)) if worst else "needs two sizes"))
     truths = [r["dedup_truth"] for r in ok if r.get("dedup_truth")]
     rec = min((t["exact"]["recall"] for t in truths if t["exact"]["recall"] is not None), default=None)
     out.append(_t("exact_dedup_recall", rec, TARGETS["exact_recall"], ">=", _cmp(rec, TARGETS["exact_recall"], ">="),

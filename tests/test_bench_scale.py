@@ -198,8 +198,10 @@ def test_targets_are_computed_from_the_figures():
     assert t["exact_dedup_recall"]["value"] is None and t["dag_cpu_over_cli"]["met"] is None    # not measured
     # dedup truth, DAG vs CLI and per-stage exponents
     small, large = _run(1, cpu=400), _run(4, cpu=1700)
-    small["stage_cpu_spread"] = {"ingest": {"median": 100}, "exact_partition": {"median": 10}}
-    large["stage_cpu_spread"] = {"ingest": {"median": 400}, "exact_partition": {"median": 62}}
+    small["stage_cpu_spread"] = {"ingest": {"median": 100}, "exact_partition": {"median": 10},
+                                 "bands": {"median": 0.01}}
+    large["stage_cpu_spread"] = {"ingest": {"median": 400}, "exact_partition": {"median": 62},
+                                 "bands": {"median": 0.08}}     # exponent 1.5, but under the 1 CPU-s floor
     large["dag_over_cli"] = 1.2
     for r, rec, gap in ((small, 1.0, 0.01), (large, 0.999, 0.03)):
         r["dedup_truth"] = {"exact": {"recall": rec, "precision": 1.0},
@@ -208,6 +210,7 @@ def test_targets_are_computed_from_the_figures():
     d = {x["name"]: x for x in bench_scale.targets([small, large], None, None)}
     assert d["worst_stage_exponent"]["value"] == pytest.approx(1.316, abs=1e-3)
     assert d["worst_stage_exponent"]["met"] is False and "exact_partition" in d["worst_stage_exponent"]["note"]
+    assert "bands 0.01 → 0.08 CPU-s (exponent 1.5) is under the 1 CPU-s floor" in d["worst_stage_exponent"]["note"]
     assert d["exact_dedup_recall"]["value"] == 0.999 and d["exact_dedup_recall"]["met"] is False
     assert d["minhash_recall_below_banding"]["value"] == 0.03 and d["minhash_recall_below_banding"]["met"] is False
     assert d["dag_cpu_over_cli"]["value"] == 1.2 and d["dag_cpu_over_cli"]["met"] is False
