@@ -13,7 +13,9 @@ corpora the script stops with a message saying so.
 Each size runs ``--runs`` times (default 3; ``scale_stats.py``): the figures are the median run's, with the
 median, min and max of every headline figure, and each stage's CPU exponent between the smallest and largest size
 from the stages' median CPU.  After each DAG run the same config also runs through ``mindloom corpus``
-(``--no-cli`` skips it), for the DAG-vs-CLI CPU ratio.
+(``--no-cli`` skips it), for the DAG-vs-CLI CPU ratio.  Every run is also saved alone under
+``<work>/repeats/``; ``--add-runs`` combines such runs of an earlier invocation (same code, same corpora) with this
+one's, so three runs per size can span sessions (the result's ``added_runs`` says which).
 
 The chain: ``airflow dags test corpus_build`` in an isolated ``AIRFLOW_HOME`` (SQLite, under ``--work``), with
 ``MINDLOOM_CONFIG`` pointing at a YAML written here: ``configs/default.yaml`` (default quality chains, tokenizer,
@@ -391,6 +393,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tok-mb", type=float, default=64.0, help="MB of kept text for the tokenization / sink checks")
     ap.add_argument("--repeats", type=int, default=2, help="repeats of the tokenization / MindRecord side checks")
     ap.add_argument("--runs", type=int, default=3, help="runs of the chain per size (median and spread reported)")
+    ap.add_argument("--add-runs", action="append", type=Path, default=[],
+                    help="earlier single runs to combine with this invocation's (same code and corpora): a "
+                         "<work>/repeats/*.json file, or a results file whose runs each hold one repeat")
     ap.add_argument("--dup-exact", type=float, default=0.15, help="share of planted exact copies")
     ap.add_argument("--dup-near", type=float, default=0.15, help="share of planted near copies")
     ap.add_argument("--no-cli", dest="cli", action="store_false", help="skip the mindloom corpus comparison run")
@@ -414,14 +419,20 @@ def main(argv: list[str] | None = None) -> int:
     res = {"command": "benchmarks/bench_scale.py " + " ".join(argv if argv is not None else sys.argv[1:]),
            "machine": machine(), "sizes_gb": sizes, "quick": a.quick, "seed": a.seed, "seq_len": a.seq_len,
            "parallelism": a.parallelism, "target_values": TARGETS, "runs": []}
-    repeats: dict[float, list[dict]] = {size: [] for size in sizes}
-    for _ in range(max(1, a.runs)):          # interleaved (1, 4, 1, 4, ...): drift over hours does not map onto size
+    repeats = scale_stats.earlier_runs([(str(p), json.loads(p.read_text())) for p in a.add_runs], sizes)
+    if a.add_runs:
+        res["added_runs"] = {"files": [str(p) for p in a.add_runs],
+                             "per_size": {f"{size:g}": len(repeats[size]) for size in sizes}}
+    for i in range(max(1, a.runs)):          # interleaved (1, 4, 1, 4, ...): drift over hours does not map onto size
         for size in sizes:
             before = scale_stats.yardstick()
             run = run_size(size, a)
             run["yardstick"] = [before, scale_stats.yardstick()]
             run["yardstick_cpu_s"] = round(sum(run["yardstick"]) / 2, 3)
             repeats[size].append(run)
+            raw = a.work / "repeats" / f"{size:g}gb-{time.strftime('%Y%m%dT%H%M%S')}-{i}.json"
+            raw.parent.mkdir(parents=True, exist_ok=True)        # for --add-runs of a later invocation
+            raw.write_text(json.dumps(run, default=str) + "\n", encoding="utf-8")
     res["runs"] = [scale_stats.combine(repeats[size]) for size in sizes]
     if len(res["runs"]) > 1:
         res["stage_exponents"] = scale_stats.stage_exponents(res["runs"][0], res["runs"][-1])

@@ -92,3 +92,23 @@ def yardstick_ratio(small: dict, large: dict) -> float | None:
     ya = ((small.get("spread") or {}).get("yardstick_cpu_s") or {}).get("median")
     yb = ((large.get("spread") or {}).get("yardstick_cpu_s") or {}).get("median")
     return yb / ya if ya and yb else None
+
+
+COMBINED_KEYS = ("repeats", "rcs", "spread", "stage_cpu_spread")
+
+
+def earlier_runs(docs: list[tuple[str, dict]], sizes: list[float]) -> dict[float, list[dict]]:
+    """Single runs from earlier invocations (``--add-runs``), by size, to combine with this invocation's.
+
+    Why: one 1 + 4 GB pair takes about 40 minutes here, so three runs per size may span sessions.  Each document is
+    a raw run (``<work>/repeats/*.json``, written after every run) or a results file whose runs each hold one
+    repeat; a combined entry of several repeats is refused, since its other runs are no longer there."""
+    out: dict[float, list[dict]] = {size: [] for size in sizes}
+    for name, doc in docs:
+        for r in doc["runs"] if "runs" in doc else [doc]:
+            if r.get("repeats", 1) != 1:
+                raise ValueError(f"{name}: the {r.get('size_gb')} GB entry combines {r['repeats']} runs; "
+                                 "add the raw runs from <work>/repeats/ instead")
+            if r.get("size_gb") in out:
+                out[r["size_gb"]].append({k: v for k, v in r.items() if k not in COMBINED_KEYS})
+    return out

@@ -266,3 +266,25 @@ def test_shared_chain_config_is_a_valid_config_with_the_same_steps_for_every_dom
     assert [(c.domain, c.filters) for c in cfg.quality.chains] == [("*", ["gopher_repetition", "gopher_quality"])]
     assert cfg.minhash.shingle_kind == "word" and cfg.minhash.domain_shingles == []
     assert base["quality"]["chains"] != [c for c in cfg.to_dict()["quality"]["chains"]]       # base left as it was
+
+
+def test_earlier_runs_join_this_invocations_repeats():
+    """--add-runs: single runs (raw, or a results file of one repeat per size) join the combine; a combined entry
+    of several repeats is refused, naming the file."""
+    import scale_stats
+
+    def run(size, cpu):
+        return {"size_gb": size, "rc": 0, "cpu_s": cpu, "stages": [{"stage": "ingest", "cpu_s": cpu / 2}]}
+
+    one = scale_stats.combine([run(1.0, 100)])                  # what a --runs 1 results file holds per size
+    docs = [("old.json", {"runs": [one, scale_stats.combine([run(4.0, 400)])]}), ("raw.json", run(1.0, 90))]
+    got = scale_stats.earlier_runs(docs, [1.0, 4.0])
+    assert [r["cpu_s"] for r in got[1.0]] == [100, 90] and [r["cpu_s"] for r in got[4.0]] == [400]
+    assert not any(k in r for r in got[1.0] for k in scale_stats.COMBINED_KEYS)
+    merged = scale_stats.combine(got[1.0] + [run(1.0, 120)])
+    assert merged["repeats"] == 3 and merged["cpu_s"] == 100
+    assert merged["spread"]["cpu_s"] == {"median": 100, "min": 90, "max": 120, "n": 3}
+    assert merged["stage_cpu_spread"]["ingest"] == {"median": 50, "min": 45, "max": 60, "n": 3}
+    two = scale_stats.combine([run(1.0, 100), run(1.0, 110)])
+    with pytest.raises(ValueError, match="new.json: the 1.0 GB entry combines 2 runs"):
+        scale_stats.earlier_runs([("new.json", {"runs": [two]})], [1.0])
