@@ -51,7 +51,7 @@ def spread(values: list[float]) -> dict | None:
     if not vals:
         return None
     return {"median": round(statistics.median(vals), 3), "min": round(min(vals), 3), "max": round(max(vals), 3),
-            "n": len(vals)}
+            "n": len(vals), "values": [round(v, 3) for v in vals]}
 
 
 def combine(repeats: list[dict]) -> dict:

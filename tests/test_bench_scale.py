@@ -132,7 +132,8 @@ def test_repeats_give_median_and_spread_and_per_stage_exponents():
 
     small = scale_stats.combine([run(1000, 120, 10), run(1000, 100, 12), run(1000, 110, 11)])
     large = scale_stats.combine([run(4000, 400, 40), run(4000, 420, 64), run(4000, 450, 44)])
-    assert small["cpu_s"] == 110 and small["spread"]["cpu_s"] == {"median": 110, "min": 100, "max": 120, "n": 3}
+    assert small["cpu_s"] == 110 and small["spread"]["cpu_s"] == {"median": 110, "min": 100, "max": 120, "n": 3,
+                                                              "values": [120, 100, 110]}
     rows = scale_stats.stage_exponents(small, large)
     assert rows == [{"stage": "ingest", "cpu_small": 11, "cpu_large": 44, "growth": 4.0, "exponent": 1.0}]
 
@@ -283,8 +284,25 @@ def test_earlier_runs_join_this_invocations_repeats():
     assert not any(k in r for r in got[1.0] for k in scale_stats.COMBINED_KEYS)
     merged = scale_stats.combine(got[1.0] + [run(1.0, 120)])
     assert merged["repeats"] == 3 and merged["cpu_s"] == 100
-    assert merged["spread"]["cpu_s"] == {"median": 100, "min": 90, "max": 120, "n": 3}
-    assert merged["stage_cpu_spread"]["ingest"] == {"median": 50, "min": 45, "max": 60, "n": 3}
+    assert merged["spread"]["cpu_s"] == {"median": 100, "min": 90, "max": 120, "n": 3, "values": [100, 90, 120]}
+    assert merged["stage_cpu_spread"]["ingest"] == {"median": 50, "min": 45, "max": 60, "n": 3, "values": [50, 45, 60]}
     two = scale_stats.combine([run(1.0, 100), run(1.0, 110)])
     with pytest.raises(ValueError, match="new.json: the 1.0 GB entry combines 2 runs"):
         scale_stats.earlier_runs([("new.json", {"runs": [two]})], [1.0])
+
+
+def test_dag_over_cli_target_is_the_worst_sizes_median():
+    """DAG ÷ CLI is judged on each size's median over its runs (not the median-CPU run's own ratio), worst size."""
+    import scale_stats
+    from scale_targets import targets
+
+    def run(size, cpu, over):
+        return {"size_gb": size, "corpus_mb": size * 1000, "rc": 0, "cpu_s": cpu, "mb_per_cpu_s": size * 1000 / cpu,
+                "peak_task_rss_mb": 1000.0, "dag_over_cli": over, "stages": [{"stage": "ingest", "cpu_s": cpu}]}
+
+    small = scale_stats.combine([run(1.0, 300, 1.04), run(1.0, 310, 1.15), run(1.0, 320, 1.03)])
+    large = scale_stats.combine([run(4.0, 1100, 0.99), run(4.0, 1150, 1.02), run(4.0, 1200, 1.01)])
+    assert small["dag_over_cli"] == 1.15 and large["dag_over_cli"] == 1.02       # the median-CPU runs' own
+    (row,) = [t for t in targets([small, large], None, None) if t["name"] == "dag_cpu_over_cli"]
+    assert row["value"] == 1.04 and row["met"] is True
+    assert "1 GB 1.04 (1.03-1.15, 3 runs), 4 GB 1.01 (0.99-1.02, 3 runs)" in row["note"]
