@@ -54,6 +54,12 @@ def spread(values: list[float]) -> dict | None:
             "n": len(vals), "values": [round(v, 3) for v in vals]}
 
 
+def repeat_values(run: dict, key: str) -> list | None:
+    """A size's figure over its repeats (:func:`spread` keeps them), or None for a single run."""
+    sp = (run.get("spread") or {}).get(key) or {}
+    return sp.get("values") if sp.get("n", 1) > 1 else None
+
+
 def combine(repeats: list[dict]) -> dict:
     """One size's result from its repeats: the run with the median CPU (its stages, docs and truth as they are)
     plus ``spread`` of every headline figure over the repeats and the per-stage CPU medians."""

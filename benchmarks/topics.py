@@ -260,16 +260,11 @@ SCALE_UNITS = {"run_4gb_completes": "bool", "peak_task_rss_mb": "MB", "peak_rss_
 
 def scale_metrics(runs: list[dict]) -> list[dict]:
     """Issue #13's targets as bench_scale.py computed them (only those measured in its run), plus context."""
+    import scale_stats
+
     res = runs[-1].get("scale.json", {}) if runs else {}
     sizes = " + ".join(f"{r['size_gb']:g} GB" for r in res.get("runs", []))
-    big = max(res.get("runs", []), key=lambda r: r["size_gb"], default={})
-    over = {((r.get("spread") or {}).get("dag_over_cli") or {}).get("median"): r for r in res.get("runs", [])}
-    repeats = {"chain_mb_per_cpu_s": _values(big, "mb_per_cpu_s"),      # the target's runs where it has several
-               "dag_cpu_over_cli": None}
-    for t in res.get("targets", []):
-        if t["name"] == "dag_cpu_over_cli" and t["value"] in over:
-            repeats["dag_cpu_over_cli"] = _values(over[t["value"]], "dag_over_cli")
-    out = [metric("scale", t["name"], SCALE_UNITS.get(t["name"], ""), repeats.get(t["name"]) or [t["value"]],
+    out = [metric("scale", t["name"], SCALE_UNITS.get(t["name"], ""), t.get("values") or [t["value"]],
                   target=t["target"], op=t["op"], compared=f"corpus_build via airflow dags test, {sizes}",
                   note=t["note"])
            for t in res.get("targets", []) if t["value"] is not None]
@@ -280,15 +275,9 @@ def scale_metrics(runs: list[dict]) -> list[dict]:
     for r in res.get("runs", []):
         if r.get("mb_per_cpu_s"):
             out.append(metric("scale", f"chain_mb_per_cpu_s_{r['size_gb']:g}gb", "MB/CPU-s",
-                              _values(r, "mb_per_cpu_s") or [r["mb_per_cpu_s"]],
+                              scale_stats.repeat_values(r, "mb_per_cpu_s") or [r["mb_per_cpu_s"]],
                               compared=f"{r['corpus_mb']} MB generated corpus"))
     return out
-
-
-def _values(run: dict, key: str) -> list | None:
-    """A size's figure over its repeats (``scale_stats.spread`` keeps them), or None for a single run."""
-    sp = (run.get("spread") or {}).get(key) or {}
-    return sp.get("values") if sp.get("n", 1) > 1 else None
 
 
 def _bench(script: str, full: list[str], quick: list[str]):
