@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+import pipeline.dedup.minhash as minhash
 from pipeline.dedup.minhash import (
     REASON_NEAR_DUP,
     MinhashConfig,
@@ -116,6 +117,28 @@ def test_overlapping_slices_give_exact_clusters(tmp_path):
     ex = report["examples"]
     assert len(ex) == 2 and ex[0]["removed_count"] == 2 and ex[0]["differing_spans"]
     assert json.loads(report_path(rdir).read_text())["clusters"] == 2
+
+
+def test_report_reads_only_the_example_rows(tmp_path, monkeypatch):
+    """The report's examples come from stage 3's selection: it opens no decisions file and reads two rows per
+    example, so its cost is one small JSON per shard whatever the number of removed documents."""
+    import pipeline.dedup.minhash.report as report_mod
+
+    rdir = tmp_path / "runs" / "r1"
+    shards, texts = slices_run(rdir)
+    report = run_minhash(rdir, shards, MinhashConfig(), tmp_path)
+    chosen = read_json(rdir / "minhash" / "clusters" / "summary.json")["examples"]
+    assert [(c["removed_count"], len(c["removed"])) for c in chosen] == [(2, 2), (1, 1)]
+    for s in shards:
+        decisions_path(rdir, s).unlink()
+    calls = []
+    real = report_mod.read_rows
+    monkeypatch.setattr(report_mod, "read_rows", lambda path, rows, cols: calls.append(len(rows)) or
+                        real(path, rows, cols))
+    again = minhash.write_report(rdir, MinhashConfig())
+    assert again == report and sum(calls) == 4 and len(calls) <= len(shards)
+    ex = again["examples"][0]
+    assert ex["differing_spans"] and texts[ex["kept"]] and ex["compared"] == ex["removed"][0]
 
 
 def test_rerun_is_byte_identical_and_skips(tmp_path):

@@ -47,6 +47,7 @@ from pipeline.dedup.minhash.layout import (
     read_manifest,
     stage_dir,
 )
+from pipeline.dedup.minhash.report import select_examples
 from pipeline.dedup.minhash.verify import ShingleStore, estimated_jaccard, is_index
 from pipeline.io import completed, read_json, write_json, write_marker, write_parquet
 
@@ -156,7 +157,9 @@ def run_clusters(rdir: Path, cfg: MinhashConfig) -> dict:
     manifest = read_manifest(rdir, cfg.digest())
     summary_file = clusters_summary_path(rdir)
     if (done := completed(summary_file)) and done.get("config") == cfg.digest():
-        return read_json(summary_file)
+        summary = read_json(summary_file)
+        if "examples" in summary:          # a summary from before the report's selection moved here is redone
+            return summary
     index = DedupIndex.from_manifest(manifest)
     band_stats = []
     for band in range(cfg.bands):
@@ -261,7 +264,7 @@ def run_clusters(rdir: Path, cfg: MinhashConfig) -> dict:
         "removed": {reason: int(pc.sum(pc.equal(decisions.column("reason"), reason)).as_py() or 0)
                     for reason in (REASON_NEAR_DUP, REASON_PREVIOUS)},
         "bands": band_stats, "index_releases": index.releases, "threshold": cfg.threshold,
-        "jaccard_check": cfg.jaccard_check})
+        "jaccard_check": cfg.jaccard_check, "examples": select_examples(decisions, cfg.report_examples)})
     write_json(summary_file, stats)
     write_marker(summary_file, {"config": cfg.digest()})
     log.info("minhash clusters: %d clusters, %d removed, %d false positives dropped, peak RSS %.0f MB",
@@ -278,6 +281,6 @@ def _write_decisions(rdir: Path, manifest: dict, decided) -> None:
     for s, entry in enumerate(manifest["shards"]):
         sel = np.flatnonzero(shard_idx == s)
         sel = sel[np.argsort(rows[sel], kind="stable")]
-        part = decided.take(pa.array(sel, pa.int64())).drop_columns(["gid"])
+        part = decided.take(pa.array(sel, pa.int64())).drop_columns(["gid", "kept_gid"])
         part = part.add_column(0, "row", pa.array(rows[sel].astype(np.int32)))
         write_parquet(part, decisions_path(rdir, entry["shard"]))

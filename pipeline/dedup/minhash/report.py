@@ -4,6 +4,10 @@ A reviewer should be able to see *why* documents went: per domain and reason the
 (from the stage-4 stats), the cluster-size histogram, how many LSH candidates the Jaccard check rejected, the
 S-curve of the configured bands × rows, and a few example clusters with the spans where a removed document
 differs from the one that was kept (word-level diff, context included).
+
+Cost: one small stats JSON per shard, plus two rows per example.  Stage 3 chooses the example clusters while
+its decisions are in memory (:func:`select_examples`, stored in the clusters summary with the global ids of the
+rows to compare), so this task opens no decisions file and reads no doc-id column.
 """
 
 from __future__ import annotations
@@ -14,7 +18,15 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.dedup.minhash.config import MinhashConfig, check_config, curve_threshold, s_curve
-from pipeline.dedup.minhash.layout import clusters_summary_path, decisions_path, input_path, read_manifest, report_path
+from pipeline.dedup.minhash.layout import (
+    clusters_summary_path,
+    gid_to_shard,
+    input_path,
+    read_manifest,
+    read_rows,
+    report_path,
+)
+from pipeline.dedup.minhash.verify import is_index
 from pipeline.io import read_json, write_json
 
 _MAX_WORDS = 4000
@@ -35,30 +47,47 @@ def differing_spans(kept: str, removed: str, limit: int = 5) -> list[dict]:
     return spans
 
 
-def _texts(rdir: Path, manifest: dict, doc_ids: set[str]) -> dict[str, str]:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+def select_examples(decided, limit: int) -> list[dict]:
+    """The ``limit`` largest clusters (ties: smallest cluster id), from stage 3's decisions while they are in memory.
 
-    found: dict[str, str] = {}
-    want = pa.array(sorted(doc_ids), pa.string())
-    for entry in manifest["shards"]:
-        path = input_path(rdir, manifest["input_stage"], entry["shard"])
-        ids = pq.read_table(path, columns=["doc_id"]).column(0).cast(pa.string())
-        rows = np.flatnonzero(pc.is_in(ids, value_set=want).to_numpy(zero_copy_only=False))
-        if len(rows):
-            t = pq.read_table(path, columns=["doc_id", "text"]).take(rows)
-            found.update(zip(t.column(0).to_pylist(), t.column(1).to_pylist(), strict=True))
-        if len(found) == len(doc_ids):
-            break
+    Each keeps its first 20 removed doc ids (ascending global id, i.e. shard then row), the count, and the global
+    ids of the survivor and of the first removed member, so the report reads exactly two rows per example.
+    """
+    if limit == 0 or decided.num_rows == 0:
+        return []
+    cluster = decided.column("cluster").to_numpy()
+    ids, counts = np.unique(cluster, return_counts=True)
+    chosen = ids[np.lexsort((ids, -counts))][:limit]
+    gid = decided.column("gid").to_numpy()
+    order = np.argsort(gid, kind="stable")
+    out = []
+    for c in chosen:
+        rows = order[cluster[order] == c]
+        first = int(rows[0])
+        sim = decided.column("similarity")[first].as_py()
+        out.append({"cluster": int(c), "kept": decided.column("kept_doc_id")[first].as_py(),
+                    "kept_gid": int(decided.column("kept_gid")[first].as_py()),
+                    "removed": decided.column("doc_id").take(rows[:20]).to_pylist(),
+                    "removed_gid": int(gid[first]), "removed_count": len(rows),
+                    "reason": decided.column("reason")[first].as_py(),
+                    "similarity": None if sim is None or np.isnan(sim) else round(float(sim), 4)})
+    return out
+
+
+def _texts(rdir: Path, manifest: dict, gids: list[int]) -> dict[int, str]:
+    """Texts of current-run global ids: only the row groups that hold them, one file open per shard."""
+    shard_idx, rows = gid_to_shard(manifest, np.asarray(gids, np.uint64))
+    found: dict[int, str] = {}
+    for s in np.unique(shard_idx):
+        sel = np.flatnonzero(shard_idx == s)
+        path = input_path(rdir, manifest["input_stage"], manifest["shards"][int(s)]["shard"])
+        texts = read_rows(path, rows[sel], ["text"]).column(0).to_pylist()
+        found.update({int(gids[i]): t for i, t in zip(sel, texts, strict=True)})
     return found
 
 
 def write_report(rdir: Path, cfg: MinhashConfig) -> dict:
     """Write ``minhash/report.json`` (after stage 4) and return it."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
     cfg = check_config(cfg)
     rdir = Path(rdir)
     if not cfg.enabled:
@@ -81,9 +110,7 @@ def write_report(rdir: Path, cfg: MinhashConfig) -> dict:
             r = d["removed"].setdefault(reason, {"docs": 0, "bytes": 0})
             r["docs"] += v["docs"]
             r["bytes"] += v["bytes"]
-    decided = pa.concat_tables([pq.read_table(decisions_path(rdir, e["shard"]))
-                                for e in manifest["shards"]]) if manifest["shards"] else None
-    examples = _examples(rdir, manifest, decided, cfg.report_examples) if decided is not None else []
+    examples = _examples(rdir, manifest, summary["examples"])
     report = {
         "config": {"bands": cfg.bands, "rows": cfg.rows, "num_perm": cfg.num_perm, "seed": cfg.seed,
                    "scheme": cfg.scheme, "threshold": cfg.threshold, "jaccard_check": cfg.jaccard_check,
@@ -104,33 +131,18 @@ def write_report(rdir: Path, cfg: MinhashConfig) -> dict:
     return report
 
 
-def _examples(rdir: Path, manifest: dict, decided, limit: int) -> list[dict]:
-    """The ``limit`` largest clusters (ties: smallest cluster id) with one removed member diffed."""
-    if limit == 0 or decided.num_rows == 0:
-        return []
-    cluster = decided.column("cluster").to_numpy()
-    ids, counts = np.unique(cluster, return_counts=True)
-    chosen = ids[np.lexsort((ids, -counts))][:limit]
-    rows = {int(c): [] for c in chosen}
-    for did, c, kept, reason, sim in zip(decided.column("doc_id").to_pylist(), cluster.tolist(),
-                                         decided.column("kept_doc_id").to_pylist(),
-                                         decided.column("reason").to_pylist(),
-                                         decided.column("similarity").to_pylist(), strict=True):
-        if c in rows:
-            rows[c].append((did, kept, reason, sim))
-    need = {r[0][0] for r in rows.values()} | {r[0][1] for r in rows.values()}
-    texts = _texts(rdir, manifest, need)
+def _examples(rdir: Path, manifest: dict, chosen: list[dict]) -> list[dict]:
+    """Stage 3's chosen clusters, each with its first removed member diffed against the survivor."""
+    gids = np.unique(np.array([g for ex in chosen for g in (ex["kept_gid"], ex["removed_gid"])], np.uint64))
+    texts = _texts(rdir, manifest, gids[~is_index(gids)].tolist())
     out = []
-    for c in chosen:
-        members = rows[int(c)]
-        did, kept, reason, sim = members[0]
-        ex = {"cluster": int(c), "kept": kept, "removed": [m[0] for m in members][:20],
-              "removed_count": len(members), "reason": reason,
-              "similarity": None if sim is None or np.isnan(sim) else round(float(sim), 4)}
-        if kept in texts and did in texts:
-            ex["compared"] = did
-            ex["differing_spans"] = differing_spans(texts[kept], texts[did])
+    for ex in chosen:
+        item = {k: ex[k] for k in ("cluster", "kept", "removed", "removed_count", "reason", "similarity")}
+        kept, did = texts.get(ex["kept_gid"]), texts.get(ex["removed_gid"])
+        if kept is not None and did is not None:
+            item["compared"] = ex["removed"][0]
+            item["differing_spans"] = differing_spans(kept, did)
         else:
-            ex["note"] = "kept document belongs to an earlier release; its text is not re-read"
-        out.append(ex)
+            item["note"] = "kept document belongs to an earlier release; its text is not re-read"
+        out.append(item)
     return out

@@ -82,12 +82,16 @@ def rank_keys(fields, gids: np.ndarray, order: list[str], source_priority: list[
 
 def decide(rdir: Path, manifest: dict, cfg: MinhashConfig, index: DedupIndex, members: np.ndarray,
            root: np.ndarray, best_sim: np.ndarray):
-    """Removed current documents: Arrow table (gid, doc_id, cluster, kept_doc_id, reason, similarity)."""
+    """Removed current documents: Arrow table (gid, doc_id, cluster, kept_doc_id, kept_gid, reason, similarity).
+
+    ``kept_gid`` is the survivor's global id: a current row, or an earlier release's index node (``is_index``).
+    """
     import pyarrow as pa
     import pyarrow.compute as pc
 
     schema = pa.schema([("gid", pa.uint64()), ("doc_id", pa.string()), ("cluster", pa.uint64()),
-                        ("kept_doc_id", pa.string()), ("reason", pa.string()), ("similarity", pa.float32())])
+                        ("kept_doc_id", pa.string()), ("kept_gid", pa.uint64()), ("reason", pa.string()),
+                        ("similarity", pa.float32())])
     old = is_index(members)
     cur = np.flatnonzero(~old)
     if not len(cur):
@@ -122,9 +126,13 @@ def decide(rdir: Path, manifest: dict, cfg: MinhashConfig, index: DedupIndex, me
     doc_ids = fields.column("doc_id")
     kept_near = doc_ids.take(pa.array(winner[cinv[gone]]))
     kept_prev = pa.array([keeper_ids[at[c]] if has_old[c] else "" for c in cinv[gone]], pa.string())
+    kept_gid = gids[winner[cinv[gone]]]
+    if len(keeper_nodes):
+        kept_gid = np.where(prev[gone], keeper_nodes[at[cinv[gone]]], kept_gid)
     return pa.table({
         "gid": pa.array(gids[gone], pa.uint64()), "doc_id": doc_ids.take(pa.array(gone)),
         "cluster": pa.array(gids[first_member[cinv[gone]]], pa.uint64()),
         "kept_doc_id": pc.if_else(pa.array(prev[gone]), kept_prev, kept_near),
+        "kept_gid": pa.array(kept_gid, pa.uint64()),
         "reason": pa.array(np.where(prev[gone], REASON_PREVIOUS, REASON_NEAR_DUP).tolist(), pa.string()),
         "similarity": pa.array(best_sim[cur][gone].astype(np.float32))}, schema=schema)
