@@ -53,9 +53,11 @@ def markdown(res: dict) -> list[str]:
                 f"{d} {k:,} / {n:,}" for d, (n, k) in r["quality_by_domain"].items()) + "."]
     if res.get("stage_exponents"):
         out += ["", "CPU-seconds per stage between the smallest and the largest size (medians of the repeats):", ""]
-        out += table(["Stage", "CPU s small", "CPU s large", "Growth", "Exponent", "Per yardstick"],
+        out += table(["Stage", "CPU s small", "CPU s large", "Growth", "Exponent", "Per yardstick",
+                      "Each pair of runs"],
                      [[x["stage"], x["cpu_small"], x["cpu_large"], x["growth"], x["exponent"],
-                       x.get("exponent_per_yardstick", "–")] for x in res["stage_exponents"]])
+                       x.get("exponent_per_yardstick", "–"), ", ".join(map(str, x.get("values") or [])) or "–"]
+                      for x in res["stage_exponents"]])
         sticks = [(r["size_gb"], (r.get("spread") or {}).get("yardstick_cpu_s")) for r in res["runs"]]
         if all(v for _, v in sticks):
             out += ["", "Yardstick (a fixed workload timed before and after each run, `scale_stats.yardstick`; "

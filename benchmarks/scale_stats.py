@@ -46,12 +46,12 @@ def yardstick(rounds: int = 10) -> float:
     return round(time.process_time() - t0, 3)
 
 
-def spread(values: list[float]) -> dict | None:
+def spread(values: list[float], digits: int = 3) -> dict | None:
     vals = [v for v in values if v is not None]
     if not vals:
         return None
-    return {"median": round(statistics.median(vals), 3), "min": round(min(vals), 3), "max": round(max(vals), 3),
-            "n": len(vals), "values": [round(v, 3) for v in vals]}
+    return {"median": round(statistics.median(vals), digits), "min": round(min(vals), digits),
+            "max": round(max(vals), digits), "n": len(vals), "values": [round(v, digits) for v in vals]}
 
 
 def repeat_values(run: dict, key: str) -> list | None:
@@ -67,6 +67,10 @@ def combine(repeats: list[dict]) -> dict:
     rep = sorted(ok, key=lambda r: r.get("cpu_s") or 0)[(len(ok) - 1) // 2]
     out = {**rep, "repeats": len(repeats), "rcs": [r.get("rc") for r in repeats]}
     out["spread"] = {k: spread([r.get(k) for r in ok]) for k in SPREAD_KEYS if any(r.get(k) is not None for r in ok)}
+    truth = [truth_figures(r.get("dedup_truth")) for r in ok]
+    for k in TRUTH_KEYS:
+        if all(t.get(k) is not None for t in truth):
+            out["spread"][k] = spread([t[k] for t in truth], digits=6)    # a recall of 0.99995 is not 1.0
     stages: dict[str, list[float]] = {}
     for r in ok:
         for s in r.get("stages", []):
@@ -75,8 +79,34 @@ def combine(repeats: list[dict]) -> dict:
     return out
 
 
+TRUTH_KEYS = ("exact_recall", "minhash_recall_gap")
+
+
+def truth_figures(truth: dict | None) -> dict:
+    """A run's dedup scores against the planted truth: exact recall, and how far MinHash recall fell under what the
+    banding predicts (positive: under)."""
+    if not truth:
+        return {}
+    m = truth.get("minhash") or {}
+    gap = (round(m["predicted_at_or_above"] - m["recall_at_or_above"], 4)
+           if m.get("recall_at_or_above") is not None else None)
+    return {"exact_recall": (truth.get("exact") or {}).get("recall"), "minhash_recall_gap": gap}
+
+
+def pair_exponents(small_values: list | None, large_values: list | None, ratio: float) -> list[float] | None:
+    """The exponent of each interleaved (small, large) pair of runs: the spread behind an exponent of medians."""
+    import math
+
+    if not small_values or not large_values or len(small_values) != len(large_values) or len(small_values) < 2:
+        return None
+    if ratio <= 1 or min(small_values) <= 0 or min(large_values) <= 0:
+        return None
+    return [round(math.log(b / a) / math.log(ratio), 3) for a, b in zip(small_values, large_values, strict=True)]
+
+
 def stage_exponents(small: dict, large: dict) -> list[dict]:
-    """Per stage: median CPU-s at both sizes and ``log(cpu_large/cpu_small) / log(mb_large/mb_small)``."""
+    """Per stage: median CPU-s at both sizes and ``log(cpu_large/cpu_small) / log(mb_large/mb_small)``, and (with
+    repeats) each interleaved pair's own exponent as ``values``."""
     import math
 
     a, b = small.get("stage_cpu_spread") or {}, large.get("stage_cpu_spread") or {}
@@ -89,6 +119,8 @@ def stage_exponents(small: dict, large: dict) -> list[dict]:
                "exponent": exp}
         if (drift := yardstick_ratio(small, large)) and exp is not None:
             row["exponent_per_yardstick"] = round(math.log(cb / ca / drift) / math.log(ratio), 3)
+        if pairs := pair_exponents(a[stage].get("values"), b[stage].get("values"), ratio):
+            row["values"] = pairs
         rows.append(row)
     return rows
 

@@ -40,11 +40,13 @@ def targets(runs: list[dict], side: dict | None, peer: dict | None) -> list[dict
               (all(r.get("rc") == 0 for r in big)) if big else None,
               "" if big else "no run of 4 GB or more in this invocation")]
     peaks = [r["peak_task_rss_mb"] for r in ok if r.get("peak_task_rss_mb")]
+    peaks += [v for r in ok for v in scale_stats.repeat_values(r, "peak_task_rss_mb") or []]
     out.append(_t("peak_task_rss_mb", max(peaks) if peaks else None, TARGETS["peak_rss_mb"], "<=",
                   _cmp(max(peaks) if peaks else None, TARGETS["peak_rss_mb"], "<="),
                   "largest task of every run; includes the Airflow CLI process (dags test runs tasks in-process)"
                   + "".join(f"; {r['size_gb']:g} GB median {_median(r, 'peak_task_rss_mb')}" for r in ok
-                            if (r.get("spread") or {}).get("peak_task_rss_mb", {}).get("n", 1) > 1)))
+                            if (r.get("spread") or {}).get("peak_task_rss_mb", {}).get("n", 1) > 1),
+                  values=per_pair(ok, "peak_task_rss_mb", max)))
     two = small is not None and large is not None and large["size_gb"] > small["size_gb"]
     move = (abs(large["peak_task_rss_mb"] / small["peak_task_rss_mb"] - 1) if two else None)
     out.append(_t("peak_rss_move", None if move is None else round(move, 3), TARGETS["peak_move"], "<=",
@@ -57,9 +59,13 @@ def targets(runs: list[dict], side: dict | None, peer: dict | None) -> list[dict
                   + _range((large.get("spread") or {}).get("mb_per_cpu_s")) if large else "",
                   values=scale_stats.repeat_values(large, "mb_per_cpu_s") if large else None))
     exp = (loglog_slope([small["corpus_mb"], large["corpus_mb"]], [small["cpu_s"], large["cpu_s"]]) if two else None)
+    pairs = (scale_stats.pair_exponents(scale_stats.repeat_values(small, "cpu_s"),
+                                        scale_stats.repeat_values(large, "cpu_s"),
+                                        large["corpus_mb"] / small["corpus_mb"]) if two else None)
     out.append(_t("cost_exponent", exp, TARGETS["cost_exponent"], "<=", _cmp(exp, TARGETS["cost_exponent"], "<="),
-                  ("log(cpu_large/cpu_small)/log(size_large/size_small)" + _per_yardstick(small, large, exp))
-                  if two else "needs two sizes"))
+                  ("log(cpu_large/cpu_small)/log(size_large/size_small)" + _per_yardstick(small, large, exp)
+                   + (f"; each interleaved pair of runs: {', '.join(map(str, pairs))}" if pairs else ""))
+                  if two else "needs two sizes", values=pairs))
     tok = (side or {}).get("tokenize", {}).get("speedup")
     out.append(_t("tokenize_1_to_2_processes", tok, TARGETS["tokenize_1_to_2"], ">=",
                   _cmp(tok, TARGETS["tokenize_1_to_2"], ">="), "best of repeats each"))
@@ -103,19 +109,23 @@ def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dic
                       f"; per yardstick {worst['exponent_per_yardstick']}" if "exponent_per_yardstick" in worst
                       else "") + "".join(
                       f"; {r['stage']} {r['cpu_small']} → {r['cpu_large']} CPU-s (exponent {r['exponent']}) is "
-                      f"under the {MIN_STAGE_CPU_S:g} CPU-s floor" for r in tiny)) if worst else "needs two sizes"))
+                      f"under the {MIN_STAGE_CPU_S:g} CPU-s floor" for r in tiny)
+                      + (f"; each interleaved pair of runs: {', '.join(map(str, worst['values']))}"
+                         if worst.get("values") else "")) if worst else "needs two sizes",
+                  values=worst.get("values") if worst else None))
     truths = [r["dedup_truth"] for r in ok if r.get("dedup_truth")]
     rec = min((t["exact"]["recall"] for t in truths if t["exact"]["recall"] is not None), default=None)
     out.append(_t("exact_dedup_recall", rec, TARGETS["exact_recall"], ">=", _cmp(rec, TARGETS["exact_recall"], ">="),
                   "planted exact copies, smallest over the sizes; precision " + ", ".join(
-                      str(t["exact"]["precision"]) for t in truths)))
+                      str(t["exact"]["precision"]) for t in truths), values=per_pair(ok, "exact_recall", min)))
     gaps = [t["minhash"]["predicted_at_or_above"] - t["minhash"]["recall_at_or_above"] for t in truths
             if t["minhash"]["recall_at_or_above"] is not None]
     gap = round(max(gaps), 4) if gaps else None
     out.append(_t("minhash_recall_below_banding", gap, TARGETS["minhash_recall_gap"], "<=",
                   _cmp(gap, TARGETS["minhash_recall_gap"], "<="),
                   "predicted − measured recall of planted near pairs with J >= threshold; precision " + ", ".join(
-                      str(t["minhash"]["precision"]) for t in truths)))
+                      str(t["minhash"]["precision"]) for t in truths),
+                  values=per_pair(ok, "minhash_recall_gap", max)))
     per_size = [(r["size_gb"], _median(r, "dag_over_cli"), (r.get("spread") or {}).get("dag_over_cli"))
                 for r in ok if _median(r, "dag_over_cli")]
     worst = max(per_size, key=lambda p: p[1], default=None)
@@ -125,6 +135,15 @@ def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dic
                   + ", ".join(f"{size:g} GB {m}" + _range(sp) for size, m, sp in per_size) if over else
                   "needs --cli", values=worst[2].get("values") if worst and worst[2] and worst[2]["n"] > 1 else None))
     return out
+
+
+def per_pair(runs: list[dict], key: str, pick) -> list | None:
+    """``pick`` (max, min) over the sizes of each interleaved run: the repeats behind a figure that is the worst
+    size's (None unless every size has the same number of repeats, two or more)."""
+    vals = [scale_stats.repeat_values(r, key) for r in runs]
+    if not vals or any(v is None for v in vals) or len({len(v) for v in vals}) != 1:
+        return None
+    return [pick(group) for group in zip(*vals, strict=True)]
 
 
 def _median(run: dict, key: str):

@@ -135,7 +135,9 @@ def test_repeats_give_median_and_spread_and_per_stage_exponents():
     assert small["cpu_s"] == 110 and small["spread"]["cpu_s"] == {"median": 110, "min": 100, "max": 120, "n": 3,
                                                               "values": [120, 100, 110]}
     rows = scale_stats.stage_exponents(small, large)
-    assert rows == [{"stage": "ingest", "cpu_small": 11, "cpu_large": 44, "growth": 4.0, "exponent": 1.0}]
+    # the exponent of the medians, and each interleaved pair's own (10 → 40, 12 → 64, 11 → 44)
+    assert rows == [{"stage": "ingest", "cpu_small": 11, "cpu_large": 44, "growth": 4.0, "exponent": 1.0,
+                     "values": [1.0, 1.208, 1.0]}]
 
 
 def test_exponents_per_yardstick_take_out_the_machine_drift():
@@ -306,3 +308,33 @@ def test_dag_over_cli_target_is_the_worst_sizes_median():
     (row,) = [t for t in targets([small, large], None, None) if t["name"] == "dag_cpu_over_cli"]
     assert row["value"] == 1.04 and row["met"] is True
     assert "1 GB 1.04 (1.03-1.15, 3 runs), 4 GB 1.01 (0.99-1.02, 3 runs)" in row["note"]
+
+
+def test_every_target_of_repeated_runs_carries_its_repeats():
+    """With three runs per size, each target keeps the three figures behind it: exponents per interleaved pair,
+    the largest task and the dedup scores per pair (the worst size of each), so the README shows their spread."""
+    import scale_stats
+    from scale_targets import targets
+
+    def run(size, cpu, peak, recall, gap):
+        return {"size_gb": size, "corpus_mb": size * 1000, "rc": 0, "cpu_s": cpu, "mb_per_cpu_s": size * 1000 / cpu,
+                "peak_task_rss_mb": peak, "stages": [{"stage": "ingest", "cpu_s": cpu / 2}],
+                "dedup_truth": {"exact": {"recall": recall, "precision": 1.0},
+                                "minhash": {"recall_at_or_above": 0.95, "predicted_at_or_above": 0.95 + gap,
+                                            "precision": 1.0}}}
+
+    small = scale_stats.combine([run(1.0, 300, 1700, 1.0, 0.01), run(1.0, 320, 2040, 1.0, 0.012),
+                                 run(1.0, 310, 1750, 0.999, 0.01)])
+    large = scale_stats.combine([run(4.0, 1200, 1800, 1.0, 0.0135), run(4.0, 1280, 1760, 1.0, 0.0135),
+                                 run(4.0, 1300, 1755, 1.0, 0.0135)])
+    t = {x["name"]: x for x in targets([small, large], None, None)}
+    assert t["peak_task_rss_mb"]["value"] == 2040 and t["peak_task_rss_mb"]["values"] == [1800, 2040, 1755]
+    assert t["cost_exponent"]["values"] == [1.0, 1.0, 1.034]
+    assert t["worst_stage_exponent"]["values"] == [1.0, 1.0, 1.034]
+    assert t["exact_dedup_recall"]["value"] == 0.999 and t["exact_dedup_recall"]["values"] == [1.0, 1.0, 0.999]
+    assert t["minhash_recall_below_banding"]["values"] == [0.0135, 0.0135, 0.0135]
+    assert "each interleaved pair of runs: 1.0, 1.0, 1.034" in t["cost_exponent"]["note"]
+    # a single run per size has no repeats to show
+    one = {x["name"]: x for x in targets([scale_stats.combine([run(1.0, 300, 1700, 1.0, 0.01)]),
+                                           scale_stats.combine([run(4.0, 1200, 1800, 1.0, 0.01)])], None, None)}
+    assert all("values" not in x for x in one.values())
