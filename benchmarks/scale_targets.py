@@ -111,7 +111,7 @@ def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dic
                       f"; {r['stage']} {r['cpu_small']} → {r['cpu_large']} CPU-s (exponent {r['exponent']}) is "
                       f"under the {MIN_STAGE_CPU_S:g} CPU-s floor" for r in tiny)
                       + (f"; each interleaved pair of runs: {', '.join(map(str, worst['values']))}"
-                         if worst.get("values") else "")) if worst else "needs two sizes",
+                         if worst.get("values") else "") + _worst_in_a_pair(rows, tiny)) if worst else "needs two sizes",
                   values=worst.get("values") if worst else None))
     truths = [r["dedup_truth"] for r in ok if r.get("dedup_truth")]
     rec = min((t["exact"]["recall"] for t in truths if t["exact"]["recall"] is not None), default=None)
@@ -135,6 +135,15 @@ def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dic
                   + ", ".join(f"{size:g} GB {m}" + _range(sp) for size, m, sp in per_size) if over else
                   "needs --cli", values=worst[2].get("values") if worst and worst[2] and worst[2]["n"] > 1 else None))
     return out
+
+
+def _worst_in_a_pair(rows: list[dict], tiny: list[dict]) -> str:
+    """The highest exponent any stage (over the floor) reached in a single pair of runs: the median hides it."""
+    pairs = [(v, r["stage"]) for r in rows if r not in tiny for v in r.get("values") or []]
+    if not pairs:
+        return ""
+    v, stage = max(pairs)
+    return f"; the highest in any one pair: {stage} {v}"
 
 
 def per_pair(runs: list[dict], key: str, pick) -> list | None:

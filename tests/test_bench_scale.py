@@ -334,6 +334,7 @@ def test_every_target_of_repeated_runs_carries_its_repeats():
     assert t["exact_dedup_recall"]["value"] == 0.999 and t["exact_dedup_recall"]["values"] == [1.0, 1.0, 0.999]
     assert t["minhash_recall_below_banding"]["values"] == [0.0135, 0.0135, 0.0135]
     assert "each interleaved pair of runs: 1.0, 1.0, 1.034" in t["cost_exponent"]["note"]
+    assert "the highest in any one pair: ingest 1.034" in t["worst_stage_exponent"]["note"]
     # a single run per size has no repeats to show
     one = {x["name"]: x for x in targets([scale_stats.combine([run(1.0, 300, 1700, 1.0, 0.01)]),
                                            scale_stats.combine([run(4.0, 1200, 1800, 1.0, 0.01)])], None, None)}
