@@ -177,7 +177,8 @@ def render(results: dict) -> str:
              "topic one after the other, regenerates this page), the data ablation with `make ablation`, a smoke run "
              "with `.venv/bin/python benchmarks/run_all.py --quick`, and only this page with "
              "`.venv/bin/python benchmarks/run_all.py --report-only`. Ratios are mindloom ÷ peer (> 1: mindloom "
-             "faster); min – max are over repeats; *Met* compares the median with the target.", "",
+             "faster); min – max are over repeats; *Met* compares the median with the target (the worst run where "
+             "every run must meet it: peak memory, dedup recall).", "",
              "## Machine", "",
              f"Read at the start of the last invocation of `run_all.py` (topics: "
              f"{', '.join(results.get('last_invocation') or ['?'])}); the load average before every script run is in "

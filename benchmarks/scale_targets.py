@@ -18,9 +18,15 @@ TARGETS = {"peak_rss_mb": 2048.0, "peak_move": 0.25, "chain_mb_per_cpu_s": 2.0, 
 MIN_STAGE_CPU_S = 1.0
 
 
+#: Targets every run must meet: their value is the worst run's, and results.json judges them on the worst run.
+WORST_RUN = ("peak_task_rss_mb", "exact_dedup_recall", "minhash_recall_below_banding")
+
+
 def _t(name, value, target, op, met, note="", values=None) -> dict:
-    """One target; ``values``: the repeats behind ``value`` where it is a median of several runs."""
+    """One target; ``values``: the repeats behind ``value`` (a median of them, or the worst for ``WORST_RUN``)."""
     out = {"name": name, "value": value, "target": target, "op": op, "met": met, "note": note}
+    if name in WORST_RUN:
+        out["judge"] = "worst"
     return {**out, "values": values} if values else out
 
 

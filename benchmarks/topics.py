@@ -266,7 +266,7 @@ def scale_metrics(runs: list[dict]) -> list[dict]:
     sizes = " + ".join(f"{r['size_gb']:g} GB" for r in res.get("runs", []))
     out = [metric("scale", t["name"], SCALE_UNITS.get(t["name"], ""), t.get("values") or [t["value"]],
                   target=t["target"], op=t["op"], compared=f"corpus_build via airflow dags test, {sizes}",
-                  note=t["note"])
+                  note=t["note"], worst=t.get("judge") == "worst")
            for t in res.get("targets", []) if t["value"] is not None]
     mr = res.get("side", {}).get("mindrecord", {})
     if mr.get("ratio_vs_tofile") is not None:

@@ -335,6 +335,16 @@ def test_every_target_of_repeated_runs_carries_its_repeats():
     assert t["minhash_recall_below_banding"]["values"] == [0.0135, 0.0135, 0.0135]
     assert "each interleaved pair of runs: 1.0, 1.0, 1.034" in t["cost_exponent"]["note"]
     assert "the highest in any one pair: ingest 1.034" in t["worst_stage_exponent"]["note"]
+    assert t["peak_task_rss_mb"]["judge"] == "worst" and "judge" not in t["cost_exponent"]
+    import topics
+    m = {x["name"]: x for x in topics.scale_metrics([{"scale.json": {"runs": [small, large],
+                                                                      "targets": list(t.values())}}])}
+    # the median run is under a 1,800 MB ceiling, one run is not: a ceiling every run must meet is missed
+    from common import metric
+    assert metric("scale", "x", "MB", [1800, 2040, 1755], target=1800, op="<=")["met"] is True
+    assert metric("scale", "x", "MB", [1800, 2040, 1755], target=1800, op="<=", worst=True)["met"] is False
+    assert m["scale.peak_task_rss_mb"]["judged"] == "worst run" and m["scale.peak_task_rss_mb"]["max"] == 2040
+    assert m["scale.exact_dedup_recall"]["met"] is False and m["scale.exact_dedup_recall"]["min"] == 0.999
     # a single run per size has no repeats to show
     one = {x["name"]: x for x in targets([scale_stats.combine([run(1.0, 300, 1700, 1.0, 0.01)]),
                                            scale_stats.combine([run(4.0, 1200, 1800, 1.0, 0.01)])], None, None)}
