@@ -59,10 +59,11 @@ def select_examples(decided, limit: int) -> list[dict]:
     ids, counts = np.unique(cluster, return_counts=True)
     chosen = ids[np.lexsort((ids, -counts))][:limit]
     gid = decided.column("gid").to_numpy()
-    order = np.argsort(gid, kind="stable")
+    sel = np.flatnonzero(np.isin(cluster, chosen))      # one pass over the removed docs, not one per example
+    sel = sel[np.argsort(gid[sel], kind="stable")]       # members by global id: shard, then row
     out = []
     for c in chosen:
-        rows = order[cluster[order] == c]
+        rows = sel[cluster[sel] == c]
         first = int(rows[0])
         sim = decided.column("similarity")[first].as_py()
         out.append({"cluster": int(c), "kept": decided.column("kept_doc_id")[first].as_py(),
