@@ -143,3 +143,84 @@ def test_optimizer_alone_matches_torch_adamw_on_identical_gradients():
     assert np.abs(b - tb.detach().numpy()).max() < 1e-6
     old_w, _ = run(lambda g: ms.nn.AdamWeightDecay(g, Tensor(lrs), beta1=0.9, beta2=0.95, eps=1e-8))
     assert np.abs(old_w - tw.detach().numpy()).max() > 1e-3  # the optimizer this replaces: no bias correction
+
+
+def test_first_continue_update_equals_the_uninterrupted_optimizers_next_update(tmp_path):
+    """A ``continue`` stage restarts the LR schedule, not Adam's bias correction: after 3 updates, a checkpoint,
+    and a new stage whose first LR equals the uninterrupted run's 4th, the 4th update is the same within 1e-6.
+    Resetting Adam's step count (as ``global_step`` is) would divide the warm moments by ``1 - beta^1`` again."""
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
+
+    from pipeline.train import checkpoint as ckpt
+    from pipeline.train.adamw import AdamW
+    from pipeline.train.data import DataPosition
+    from pipeline.train.parallel import rank_layout
+    from pipeline.train.resume import _continue
+
+    ms.set_context(mode=ms.GRAPH_MODE)
+    rng = np.random.default_rng(1)
+    w0, b0 = rng.normal(size=(6, 5)).astype(np.float32), rng.normal(size=(5,)).astype(np.float32)
+    grads = [(Tensor(rng.normal(size=w0.shape).astype(np.float32)), Tensor(rng.normal(size=b0.shape)
+                                                                          .astype(np.float32))) for _ in range(4)]
+    lrs = np.array([1e-3, 2e-3, 3e-3, 2.5e-3, 2e-3], np.float32)
+
+    def make(table):
+        w, b = Parameter(Tensor(w0.copy()), name="w"), Parameter(Tensor(b0.copy()), name="b")
+        opt = AdamW([{"params": [w], "weight_decay": 0.1}, {"params": [b], "weight_decay": 0.0}], Tensor(table),
+                    beta1=0.9, beta2=0.95, eps=1e-8)
+        return opt, w, b
+
+    uninterrupted, uw, ub = make(lrs)
+    for g in grads[:3]:
+        uninterrupted(g)
+    path = str(tmp_path / "step3.ckpt")
+    ms.save_checkpoint(uninterrupted, path)
+    before = uw.asnumpy().copy()
+    uninterrupted(grads[3])
+    want_w, want_b = uw.asnumpy(), ub.asnumpy()
+
+    stage, sw, sb = make(lrs[3:])  # the new stage's own schedule starts at the LR of update 4
+    job = types.SimpleNamespace(micro_batch=1, grad_accum=1)
+    meta = {"data_epoch": 0, "data_sample": 3, "data_consumed": 3, "global_batch": 1, "seq_len": 8, "micro_batch": 1,
+            "grad_accum": 1, "world_size": 1}
+    start, pos, _ = _continue(job, stage, None, rank_layout(0, 1, 1), 8, path, ms.load_checkpoint(path), meta)
+    assert (start, pos) == (0, DataPosition.from_meta(meta))
+    assert int(stage.global_step.asnumpy()[0]) == 0 and int(stage.adam_step.asnumpy()[0]) == 3
+    stage(grads[3])
+    assert np.abs(sw.asnumpy() - want_w).max() < 1e-6
+    assert np.abs(sb.asnumpy() - want_b).max() < 1e-6
+    assert float(stage.get_lr().asnumpy()) == pytest.approx(float(lrs[4]))  # schedule index advanced to 1
+
+    # the defect this guards against: a stage that restarts Adam's count moves the weights about 2.2x as far
+    wrong, ww, _ = make(lrs[3:])
+    ckpt.restore_full(wrong, ms.load_checkpoint(path))
+    wrong.global_step.set_data(Tensor(np.zeros((1,), np.int32)))
+    wrong.adam_step.set_data(Tensor(np.zeros((1,), np.int32)))
+    wrong(grads[3])
+    ratio = np.abs(ww.asnumpy() - before).mean() / np.abs(want_w - before).mean()
+    assert ratio > 1.5, ratio
+
+
+def test_a_checkpoint_from_before_adam_step_resumes_with_its_global_step(tmp_path):
+    import mindspore as ms
+    from mindspore import Parameter, Tensor
+
+    from pipeline.train import checkpoint as ckpt
+    from pipeline.train.adamw import AdamW
+
+    w = Parameter(Tensor(np.ones((2, 2), np.float32)), name="w")
+    opt = AdamW([{"params": [w], "weight_decay": 0.0}], Tensor(np.full(8, 1e-3, np.float32)))
+    opt.global_step.set_data(Tensor(np.array([5], np.int32)))
+    pd = {k: v for k, v in ms.load_checkpoint(_saved(ms, opt, tmp_path)).items() if k != "adam_step"}
+    fresh = AdamW([{"params": [Parameter(Tensor(np.ones((2, 2), np.float32)), name="w")], "weight_decay": 0.0}],
+                  Tensor(np.full(8, 1e-3, np.float32)))
+    ckpt.restore_full(fresh, pd)
+    assert int(fresh.adam_step.asnumpy()[0]) == 5 and int(fresh.global_step.asnumpy()[0]) == 5
+    assert "adam_step" not in ckpt.weights_only(ms.load_checkpoint(_saved(ms, opt, tmp_path)))
+
+
+def _saved(ms, opt, tmp_path) -> str:
+    path = str(tmp_path / "opt.ckpt")
+    ms.save_checkpoint(opt, path)
+    return path

@@ -90,7 +90,12 @@ def test_agree_falls_back_on_every_rank_and_never_past_a_layout_refusal(monkeypa
     other = {"bad": {6}, "refuse": set()}
     seen = []
 
-    def fake_sum(values, world):
+    calls = []
+
+    def fake_sum(values, world):  # per candidate: the step check (2 calls, the other rank agrees), then the flags
+        calls.append(values)
+        if len(calls) % 3:
+            return [v * world for v in values] if len(calls) % 3 == 1 else [0]
         step = seen[-1]
         return [values[0] + (step in other["bad"]), values[1] + (step in other["refuse"])]
 
@@ -112,6 +117,75 @@ def test_agree_falls_back_on_every_rank_and_never_past_a_layout_refusal(monkeypa
         commit.agree([{"step": 4}], load, 2, "init_from", last_word=True)
     with pytest.raises(ValueError, match="init_from: 1 other rank"):
         commit.agree([{"step": 6}], load, 2, "init_from", last_word=True)
+
+
+def _ranks_at(steps_of_others: list[int], monkeypatch):
+    """Fake AllReduce: this rank's values plus the other ranks' (which consider ``steps_of_others`` and agree
+    with themselves only when their step is the mean)."""
+    def fake_sum(values, world):
+        if len(values) == 2 and fake_sum.phase == 0:  # the step check: hi, lo halves of every rank's step
+            fake_sum.phase, fake_sum.mine = 1, values
+            others = [divmod(s, 4096) for s in steps_of_others]
+            fake_sum.total = [values[0] + sum(h for h, _ in others), values[1] + sum(lo for _, lo in others)]
+            return fake_sum.total
+        if fake_sum.phase == 1:  # the mismatch count
+            fake_sum.phase = 2
+            return [values[0] + sum(1 for h, lo in (divmod(s, 4096) for s in steps_of_others)
+                                    if [world * h, world * lo] != fake_sum.total)]
+        fake_sum.phase = 0  # the load flags: the other ranks loaded fine
+        return list(values)
+
+    fake_sum.phase = 0
+    monkeypatch.setattr(commit, "world_sum", fake_sum)
+
+
+@pytest.mark.parametrize("mine, others", [(6, [4]), (4, [2, 6]), (4096 + 6, [6])])
+def test_ranks_that_pick_different_steps_are_refused(monkeypatch, mine, others):
+    # (4, [2, 6]): this rank's own sum looks right (4 is the mean), the others' mismatch refuses it too
+    _ranks_at(others, monkeypatch)
+    with pytest.raises(commit.StepDisagreement, match=rf"this rank: step {mine}, mean over the "
+                                                      rf"{len(others) + 1} ranks"):
+        commit.agree([{"step": mine, "marker": "/s/checkpoints/m.json"}], lambda c: "state",
+                     len(others) + 1, "checkpoint")
+    _ranks_at([mine] * len(others), monkeypatch)
+    assert commit.agree([{"step": mine}], lambda c: "state", len(others) + 1, "checkpoint") == ({"step": mine},
+                                                                                                "state")
+
+
+def test_no_verifying_marker_is_an_error_naming_every_marker(tmp_path, monkeypatch):
+    from pipeline.train import resume
+    from pipeline.train.parallel import rank_layout
+
+    for step in (2, 4):
+        _fake_step(tmp_path / "s", step, 1)
+        with open(commit.rank_file(str(tmp_path / "s"), 0, step), "ab") as f:
+            f.write(b"rot")  # both committed files no longer match their markers
+    job = _job(tmp_path)
+    with pytest.raises(ValueError) as e:
+        resume.restore(job, None, None, None, rank_layout(0, 1, 1), 0, SEQ)
+    msg = str(e.value)
+    assert "none of the 2 committed steps verifies on every rank" in msg and "\n" not in msg
+    for step in (2, 4):
+        assert f"step_{step:08d}.commit.json: ValueError: checkpoint " in msg
+    with open(commit.marker_path(str(tmp_path / "s"), 4), "w") as f:
+        f.write("{")  # an unreadable marker is named too, never skipped into a fresh start
+    os.remove(commit.marker_path(str(tmp_path / "s"), 2))
+    with pytest.raises(ValueError, match=r"commit marker\(s\) \[.*step_00000004\.commit\.json'\] are all "
+                                         r"malformed"):
+        resume.restore(job, None, None, None, rank_layout(0, 1, 1), 0, SEQ)
+
+
+def test_prune_after_a_fallback_resume_keeps_the_steps_it_writes(tmp_path):
+    """Steps 2, 4, 6 committed; 6 was unusable, so the run resumed from 4 and now commits 5: with keep=1 the old
+    code counted 6 as newest and deleted 5. Nothing newer than the step just committed is touched either."""
+    out = tmp_path / "s"
+    for step in (2, 4, 6, 5):
+        _fake_step(out, step, 1)
+    commit.prune(str(out), str(out), keep=1, rank=0, newest=5)
+    assert commit.committed_steps(str(out)) == [6, 5]
+    assert sorted(os.listdir(out / "checkpoints")) == [
+        "step_00000005.ckpt", "step_00000005.ckpt.sha256", "step_00000005.commit.json",
+        "step_00000006.ckpt", "step_00000006.ckpt.sha256", "step_00000006.commit.json"]
 
 
 def test_check_layout_refuses_in_one_line_naming_file_and_field():
@@ -146,7 +220,7 @@ def test_loads_with_a_mismatched_layout_are_refused_in_one_line(tmp_path, monkey
     from pipeline.train import resume
     from pipeline.train.parallel import rank_layout
 
-    monkeypatch.setattr(commit, "world_sum", lambda values, world: list(values))  # one rank's view
+    monkeypatch.setattr(commit, "world_sum", lambda values, world: [v * world for v in values])  # all alike
     meta = {1: {"tp_rank": 0}} if case == "copied_rank0_file" else None
     _fake_step(tmp_path / "prev", 4, 2, metas=meta)
     marker = commit.marker_path(str(tmp_path / "prev"), 4)

@@ -6,7 +6,7 @@ updates differ from AdamW by up to ~2x. ``mint.optim.AdamW`` has no CPU kernel a
 checkpoints rely on (``global_step``, the per-step LR table, ``adam_m.*``/``adam_v.*`` moments). This class keeps
 that interface and computes exactly ``torch.optim.AdamW``::
 
-    t = step + 1;  p *= 1 - lr * wd
+    t = adam_step + 1;  p *= 1 - lr * wd
     m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2
     p -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps)
 
@@ -21,6 +21,11 @@ TP). ``GradReduceScatter`` hands it the DP mean of its block of the 16-bit gradi
 cast to 16 bit and all-gathered back into the parameter (16-bit gather: half the bytes of ZeRO-1's fp32 one). The
 master weights start as the 16-bit weights (as in Megatron) on the first step, and whenever a load left them unset
 (``master_synced`` = 0: a weights-only ``init_from``), so they can never be stale.
+
+Two step counters: ``global_step`` indexes the LR table (a ``continue`` stage resets it to run its own schedule) and
+``adam_step`` counts the updates the moments have seen, which is what bias correction needs. A ``continue`` stage
+keeps ``adam_step``: resetting it would divide warm moments by ``1 - beta^1`` again and scale the stage's first
+update by about ``sqrt(1 - b2) / (1 - b1)`` (2.2x at b2 = 0.95).
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ class AdamW(nn.Optimizer):
         self.zero = zero
         self.moments1 = ParameterTuple([self._state("adam_m", p, b) for p, b in zip(params, self._blocks, strict=True)])
         self.moments2 = ParameterTuple([self._state("adam_v", p, b) for p, b in zip(params, self._blocks, strict=True)])
+        self.adam_step = Parameter(Tensor(np.zeros((1,), np.int32)), name="adam_step", requires_grad=False)
         self._master = bool(master)
         if self._master:
             self.masters = ParameterTuple([self._state("master", p, b) for p, b in zip(params, self._blocks,
@@ -119,7 +125,8 @@ class AdamW(nn.Optimizer):
     def construct(self, gradients):
         lr = self.get_lr()
         self.assignadd(self.global_step, self.global_step_increase_tensor)
-        t = self.global_step.astype(ms.float32)
+        self.assignadd(self.adam_step, self.global_step_increase_tensor)
+        t = self.adam_step.astype(ms.float32)
         bc1 = 1.0 - ops.pow(self._b1, t)
         bc2_sqrt = ops.sqrt(1.0 - ops.pow(self._b2, t))
         step_size = lr / bc1

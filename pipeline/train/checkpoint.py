@@ -152,9 +152,12 @@ def load_file(path: str, need_sidecar: bool = True) -> tuple[dict, dict]:
 
 
 def restore_full(opt, pd: dict) -> None:
-    """Load weights + optimizer state (moments, ``global_step``); every optimizer parameter except the LR table
-    must be present."""
+    """Load weights + optimizer state (moments, ``global_step``, ``adam_step``); every optimizer parameter except
+    the LR table must be present. A file from before ``adam_step`` existed counted Adam's updates in
+    ``global_step``, so that value is taken."""
     pd = {k: v for k, v in pd.items() if k not in SKIP_ON_LOAD}
+    if "adam_step" not in pd and "global_step" in pd and hasattr(opt, "adam_step"):
+        pd["adam_step"] = ms.Parameter(ms.Tensor(pd["global_step"].asnumpy()), name="adam_step")
     own = opt.parameters_dict()
     for name in SKIP_ON_LOAD:  # keep the job's own value (and avoid MindSpore's "... are not loaded" warning)
         if name in own:
@@ -193,8 +196,8 @@ def check_layout(path: str, meta: dict, want: dict) -> None:
             raise LayoutMismatch(f"checkpoint {path}: written with {k}={have}, this rank expects {k}={want[k]}")
 
 
-_NOT_WEIGHTS = ("adam_m.", "adam_v.", "accum.")
-_OPT_SCALARS = ("global_step", "learning_rate", "beta1_power", "beta2_power")
+_NOT_WEIGHTS = ("adam_m.", "adam_v.", "accum.", "master.")
+_OPT_SCALARS = ("global_step", "adam_step", "learning_rate", "beta1_power", "beta2_power", "master_synced")
 
 
 def weights_only(pd: dict) -> dict:

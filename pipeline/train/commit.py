@@ -124,15 +124,46 @@ def barrier(ok: bool, world: int, what: str) -> None:
         raise RuntimeError(f"{what}: only {n} of {world} ranks succeeded; not committed (see the ranks' logs)")
 
 
+class StepDisagreement(RuntimeError):
+    """Ranks would resume from different steps (each read another set of markers): refused on every rank."""
+
+
+def _same_candidate(c, world: int, what: str) -> None:
+    """Every rank is looking at the same step: one AllReduce of the step (in two exact float32 halves), each rank
+    compares the sum with ``world`` times its own, then one more AllReduce so a rank whose own sum looked right
+    (a step between the others') refuses too. No-op for candidates without a step (an ``init_from`` path)."""
+    step = c.get("step") if isinstance(c, dict) else None
+    if step is None or world <= 1:
+        return
+    hi, lo = divmod(int(step), 4096)
+    sum_hi, sum_lo = world_sum([hi, lo], world)
+    mine = 0 if (sum_hi, sum_lo) == (world * hi, world * lo) else 1
+    n = world_sum([mine], world)[0]
+    if n:
+        mean = (sum_hi * 4096 + sum_lo) / world
+        raise StepDisagreement(f"{what}: the ranks did not choose the same step (this rank: step {step}, mean over "
+                               f"the {world} ranks: {mean:g}; {n} rank(s) differ): their views of "
+                               f"{os.path.dirname(c.get('marker', '')) or 'the checkpoints folder'} differ (a shared "
+                               f"filesystem that is not coherent, or markers written during the start); refused "
+                               f"rather than resuming ranks at different steps")
+
+
 def agree(candidates: list, try_load, world: int, what: str, last_word: bool = False):
     """First candidate whose ``try_load`` succeeds on EVERY rank: ``(candidate, result)``, or None.
 
-    A rank whose file is missing or corrupt makes every rank move on to the next (older) candidate; a
-    :class:`LayoutMismatch` on any rank is raised on every rank (a wrong layout is never fallen back from). With
-    ``last_word`` (one candidate, nothing older to fall back to) a failure is raised on every rank instead: the
-    failing rank raises its own error, the others say which rank count failed.
+    Before each candidate the ranks check that they all consider the same step (:func:`_same_candidate`); ranks
+    whose marker lists differ raise :class:`StepDisagreement` on every rank. A rank whose file is missing or
+    corrupt makes every rank move on to the next (older) candidate; a :class:`LayoutMismatch` on any rank is
+    raised on every rank (a wrong layout is never fallen back from). With ``last_word`` (one candidate, nothing
+    older to fall back to) a failure is raised on every rank instead: the failing rank raises its own error, the
+    others say which rank count failed.
     """
+    return _agree(candidates, try_load, world, what, last_word, [])
+
+
+def _agree(candidates, try_load, world, what, last_word, failures):
     for c in candidates:
+        _same_candidate(c, world, what)
         result, bad, refused, own = None, 0, 0, None
         try:
             result = try_load(c)
@@ -148,16 +179,34 @@ def agree(candidates: list, try_load, world: int, what: str, last_word: bool = F
             raise kind(f"{what}: {n_refused or n_bad} other rank(s) could not use their file (see their logs)")
         if n_bad == 0:
             return c, result
+        failures.append((c, own, n_bad))
         log.warning("%s step %s not usable on %d rank(s)%s; every rank falls back to the previous committed step",
                     what, c.get("step") if isinstance(c, dict) else c, n_bad,
                     f" (here: {type(own).__name__}: {own})" if own else "")
     return None
 
 
-def prune(root: str, out_dir: str, keep: int, rank: int) -> None:
-    """Remove this rank's files (and, on rank 0, markers) outside the newest ``keep`` committed steps; files newer
-    than the newest committed step (a save in flight) and the newest committed step itself always stay."""
-    steps = committed_steps(out_dir)
+def agree_or_explain(candidates: list, try_load, world: int, what: str):
+    """:func:`agree`, but when no candidate verifies on every rank: a ``ValueError`` naming each marker and why
+    (this rank's reason, or how many other ranks failed), never None. Resume uses it: committed steps exist, so
+    a silent fresh start would train over them."""
+    failures: list = []
+    found = _agree(candidates, try_load, world, what, False, failures)
+    if found is not None:
+        return found
+    lines = "; ".join(f"{c.get('marker', c)}: " + (f"{type(e).__name__}: {e}" if e is not None else
+                                                   f"{n} other rank(s) failed") for c, e, n in failures)
+    raise ValueError(f"{what}: none of the {len(candidates)} committed steps verifies on every rank ({lines}); "
+                     f"repair or restore those files, or move the checkpoints folder aside to train this stage "
+                     f"again from its start")
+
+
+def prune(root: str, out_dir: str, keep: int, rank: int, newest: int | None = None) -> None:
+    """Remove this rank's files (and, on rank 0, markers) outside the newest ``keep`` committed steps up to
+    ``newest`` (the step just committed). Nothing newer than ``newest`` is touched: a save in flight, or steps of
+    an earlier attempt newer than the step this run resumed from (a resume that fell back past a corrupt step
+    must not count those markers and delete what it writes now)."""
+    steps = [s for s in committed_steps(out_dir) if newest is None or s <= newest]
     if not steps:
         return
     kept = set(steps[:max(keep, 1)])

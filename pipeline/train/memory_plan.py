@@ -6,7 +6,7 @@ an out-of-memory kill. Every term follows what this trainer allocates (no MindSp
 per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a test checks it against built models):
 
 * ``weights``: the model's parameters: fp32, or 16-bit under the distributed optimizer;
-* ``gradients``: one tensor per parameter in its dtype; ``grad_accum > 1`` adds accumulation buffers of the same size;
+* ``gradients``: one tensor per parameter in its dtype; ``grad_accum > 1`` adds fp32 accumulation buffers;
 * ``optimizer``: AdamW's two fp32 moments; with ZeRO-1 a parameter whose rows divide by DP keeps only its row block;
 * ``master``: fp32 master weights of the distributed optimizer (same blocks as the moments), else 0;
 * ``step_buffers``: one fp32 working copy of the gradients (all-reduce output -> unscaled -> clipped, each step
@@ -181,7 +181,7 @@ def plan(cfg: ModelConfig, layout: Layout, device_memory_gb: float = 0.0) -> Mem
     state = sum(_state_numel(s, layout.dp, layout.zero) for s in shapes)
     wbytes = 2 if dist else 4
     weights = wbytes * n_rank
-    gradients = weights * (2 if layout.grad_accum > 1 else 1)
+    gradients = weights + (4 * n_rank if layout.grad_accum > 1 else 0)
     optimizer = 8 * state
     master = 4 * state if dist else 0
     # step buffers: one working copy of the gradients (DP all-reduce output -> unscaled -> clipped, each freeing its

@@ -24,7 +24,7 @@ import math
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
 from .adamw import AdamW
 from .precision import uses_loss_scaling
@@ -101,7 +101,7 @@ class TrainStep:
 
     ``micro_batches`` is a list of ``grad_accum`` int32 arrays ``[B, seq_len + 1]``. With one micro-batch the whole
     step is one compiled function; with several, a compiled micro-step adds each gradient into fp32 accumulation
-    buffers and a compiled apply-step averages, reduces, clips and updates (two graphs, each compiled once, instead
+    buffers (fp32 also when the parameters are 16-bit) and a compiled apply-step averages, reduces, clips and updates (two graphs, each compiled once, instead
     of one graph unrolled ``grad_accum`` times).
     """
 
@@ -165,17 +165,23 @@ class TrainStep:
         if grad_accum == 1:
             self._step = ms.jit(step) if jit else step
             return
-        acc = params.clone(prefix="accum", init="zeros")
+        # fp32 buffers whatever the parameters' dtype: 16-bit sums of many micro-batches lose the small ones
+        acc = ParameterTuple([Parameter(Tensor(np.zeros(p.shape, np.float32)), name=f"accum.{p.name}",
+                                        requires_grad=False) for p in params])
+        dtypes = tuple(p.dtype for p in params)
         add = ops.HyperMap()
         inv = 1.0 / grad_accum
+        n_params = len(dtypes)
 
         def micro(tokens):
             loss, grads = grad_fn(tokens)
-            done = add(ops.assign_add, acc, grads)
+            done = True
+            for i in range(n_params):
+                done = ops.depend(done, ops.assign_add(acc[i], grads[i].astype(ms.float32)))
             return ops.depend(unscaled(loss), done)
 
         def apply(loss_mean):
-            grads = tuple(a * inv for a in acc)
+            grads = tuple((acc[i] * inv).astype(dtypes[i]) for i in range(n_params))
             loss, gnorm, applied, scale, lr = finish(loss_mean, grads)
             zeroed = add(_zero, acc)
             return ops.depend(loss, zeroed), gnorm, applied, scale, lr

@@ -3,7 +3,8 @@
 Restart policy (every rank takes the same branch and the same step; see ``commit.py`` for the protocol):
 
 1. the stage's own newest committed step whose files verify on every rank: full state of THIS rank's file
-   (weights, moments, scaler, RNG, data position);
+   (weights, moments, scaler, RNG, data position); every rank must be looking at the same step (else refused),
+   and when markers exist but none verifies the stage fails naming them: never a silent fresh start over them;
 2. else ``init_from``, normally the commit marker of the previous stage's final step (``previous_checkpoint``):
    * ``continue``: this rank's own file of that step (weights + Adam moments + data position); the layout (TP
      degree, ZeRO shards, rank count) must equal this stage's, else it is refused in one line;
@@ -72,18 +73,19 @@ def restore(job, net, opt, scaler, lay: RankLayout, rank: int, seq_len: int) -> 
         for m in markers:
             check_marker_layout(m, lay, job.zero, "checkpoint", "resume this stage with its own layout (workers, "
                                 "tensor_parallel, zero) or train it again in a new folder")
-        found = commit.agree(markers, _full_state_loader(lay, job.zero, rank), world, "checkpoint")
-        if found is not None:
-            m, (path, pd, meta) = found
-            check_same_layout(job, meta, lay.dp, seq_len, f"checkpoint {path}")
-            _apply_full(opt, scaler, pd, meta)
-            ckpt.restore_rng(meta)
-            log.info("rank %d resumed from %s (committed step %d, data %s)", rank, path, m["step"],
-                     DataPosition.from_meta(meta))
-            return m["step"], DataPosition.from_meta(meta), m["step"]
-        log.warning("no committed checkpoint of %s verifies on every rank: training restarts from %s", job.out_dir,
-                    job.init_from or "scratch")
-    elif ckpt.list_checkpoints(ckpt_root(job.out_dir, rank, lay, job.zero)):
+        m, (path, pd, meta) = commit.agree_or_explain(markers, _full_state_loader(lay, job.zero, rank), world,
+                                                      f"resume of {job.out_dir}")
+        check_same_layout(job, meta, lay.dp, seq_len, f"checkpoint {path}")
+        _apply_full(opt, scaler, pd, meta)
+        ckpt.restore_rng(meta)
+        log.info("rank %d resumed from %s (committed step %d, data %s)", rank, path, m["step"],
+                 DataPosition.from_meta(meta))
+        return m["step"], DataPosition.from_meta(meta), m["step"]
+    if steps := commit.committed_steps(job.out_dir):  # markers exist, none readable (each was logged)
+        raise ValueError(f"resume of {job.out_dir}: its {len(steps)} commit marker(s) "
+                         f"{[commit.marker_path(job.out_dir, s) for s in steps]} are all malformed; repair them or "
+                         f"move the checkpoints folder aside to train this stage again from its start")
+    if ckpt.list_checkpoints(ckpt_root(job.out_dir, rank, lay, job.zero)):
         log.warning("%s holds checkpoint files but no commit marker: training restarts from %s", job.out_dir,
                     job.init_from or "scratch")
     if not job.init_from:
@@ -117,7 +119,9 @@ def _apply_full(opt, scaler, pd: dict, meta: dict) -> None:
 def _continue(job, opt, scaler, lay, seq_len, path: str, pd: dict, meta: dict):
     check_same_layout(job, meta, lay.dp, seq_len, f"init_from {path}")
     _apply_full(opt, scaler, pd, meta)
-    opt.global_step.set_data(Tensor(np.zeros(opt.global_step.shape, np.int32)))  # new stage: its own LR schedule
+    # a new stage runs its own LR schedule (global_step indexes it); Adam's bias correction keeps counting the
+    # updates the restored moments have seen (adam_step), so the first update is the uninterrupted one's
+    opt.global_step.set_data(Tensor(np.zeros(opt.global_step.shape, np.int32)))
     log.info("continuing from %s: weights, Adam moments, data position %s", path, DataPosition.from_meta(meta))
     return 0, DataPosition.from_meta(meta), None
 
@@ -211,7 +215,7 @@ def save(job, opt, scaler, step: int, pos: DataPosition, lay: RankLayout, rank: 
             err = e
     _barrier(err, world, f"commit of checkpoint step {step}")
     if rank < n_writers:
-        commit.prune(root, job.out_dir, job.keep_checkpoints, rank)
+        commit.prune(root, job.out_dir, job.keep_checkpoints, rank, newest=step)
     return path
 
 
