@@ -28,7 +28,7 @@ export PYTHONUNBUFFERED := 1
 # fewer glibc malloc arenas: a process running many tasks keeps less of their freed heap (docker/airflow.env)
 export MALLOC_ARENA_MAX := 2
 
-.PHONY: setup demo test test-fast test-docker lint corpus airflow-init airflow system-deps screenshots clean
+.PHONY: setup demo test test-fast test-docker lint corpus airflow-init airflow system-deps screenshots clean slurm slurm-stop
 
 setup: $(STAMP)
 
@@ -69,7 +69,8 @@ demo: $(STAMP) corpus airflow-init
 
 # Debian packages some tests drive: headless Chromium (browser test), docker-compose (compose-file validation),
 # PostgreSQL and Redis servers (Celery live test; initdb may already be on PATH from the machine image, Debian keeps
-# it in /usr/lib/postgresql/<v>/bin).  Installed when missing and we are root with apt.  A failed apt install always
+# it in /usr/lib/postgresql/<v>/bin), Slurm and munge (the Slurm backend test starts a two-node cluster on loopback
+# with scripts/slurm_local.py and stops it again).  Installed when missing and we are root with apt.  A failed apt install always
 # fails this target (exit 1, with the end of .apt-install.log); so does a missing package that cannot be installed
 # (not root / no apt) under MINDLOOM_STRICT=1 (.ci/run), where the tests needing it would fail anyway.  Without the
 # switch that case prints a WARNING naming the packages, and those tests skip and say why.
@@ -79,6 +80,7 @@ system-deps:
 	command -v docker-compose >/dev/null || pkgs="$$pkgs docker-compose"; \
 	{ command -v initdb >/dev/null || ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; } || pkgs="$$pkgs postgresql"; \
 	command -v redis-server >/dev/null || pkgs="$$pkgs redis-server"; \
+	{ command -v sbatch >/dev/null && test -x /usr/sbin/slurmctld && test -x /usr/sbin/munged; } || pkgs="$$pkgs slurm-wlm munge"; \
 	if [ -z "$$pkgs" ]; then exit 0; fi; \
 	if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
 	  echo "installing$$pkgs (apt)"; \
@@ -98,6 +100,14 @@ airflow: $(STAMP) airflow-init
 	@if [ "$(MINDLOOM_CONFIG)" = "$(CURDIR)/configs/default.yaml" ]; then $(MAKE) --no-print-directory corpus; fi
 	@$(PY) scripts/airflow_ready.py --port $(MINDLOOM_AIRFLOW_PORT) --watch-pid $$$$ & \
 	exec $(VENV)/bin/airflow standalone
+
+# A two-node Slurm cluster on loopback (node1, node2; state under /tmp/mindloom-slurm): for train.backend slurm by
+# hand, `export SLURM_CONF=/tmp/mindloom-slurm/slurm.conf` after it.
+slurm: system-deps
+	$(PYTHON) scripts/slurm_local.py start
+
+slurm-stop:
+	$(PYTHON) scripts/slurm_local.py stop
 
 screenshots: $(STAMP) system-deps corpus
 	$(PY) scripts/screenshots.py docs/screenshots

@@ -61,6 +61,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         self._job_id: str | None = None
         self._resume_step = 0
         self._stage_dir: Path | None = None
+        self._ext: dict | None = None           # this try's job: submitted, or reconnected to
 
     def execute(self, context: Any) -> Any:
         self._prepare_try(context)
@@ -111,6 +112,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
             self._resume_step = 0
             return
         self._job_id = ext.get("job_id") if ext else None
+        self._ext = ext
         state = job_state(out_dir, ext.get("pid") if ext else None, job_id=self._job_id)
         point = resume_point(out_dir)
         self._resume_step = point["checkpoint_step"] or 0
@@ -170,7 +172,8 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def submit_job(self, context: Any) -> dict:
         from pipeline.form import config_from_params
-        from pipeline.tasks.pretrain import build_job, launch_argv, launch_env, record_launch
+        from pipeline.tasks.pretrain import build_job
+        from pipeline.tasks.submit import start_stage_job
         from pipeline.train.lease import live_lease, new_job_id
 
         cfg = config_from_params(dict(context["params"]))
@@ -183,19 +186,15 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         fail_at = int(self.fail_at_step) if self.fail_at_step not in (None, "", "None") else None
         job_path = build_job(cfg, self.corpus, out_dir, stage=self.stage, init_from=self.init_from or None,
                              fail_at_step=fail_at)
-        argv = launch_argv(job_path)          # the stage's own worker count, from its job
         try_number = context["ti"].try_number
-        log_path = out_dir / f"launcher.try{try_number}.log"
-        self.log.info("launching stage %s: %s", self.stage, " ".join(argv))
-        launched = time.time()
         self._job_id = job_id = new_job_id()   # status rows, metric rows and the lease carry it
-        record_launch(out_dir, argv, None, try_number=try_number, launched=launched, job_id=job_id)
-        with open(log_path, "ab") as log_fh:
-            self._proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
-                                          env=launch_env(job_id), start_new_session=True, close_fds=True,
-                                          cwd=str(out_dir))
-        record_launch(out_dir, argv, self._proc.pid, try_number=try_number, launched=launched, job_id=job_id)
-        return {"out_dir": str(out_dir), "pid": self._proc.pid, "log": str(log_path), "job_id": job_id}
+        ext, self._proc = start_stage_job(cfg, job_path, out_dir, try_number=try_number,
+                                          log_name=f"launcher.try{try_number}.log", job_id=job_id)
+        self._ext = ext
+        where = f"Slurm job {ext['slurm_job_id']}" if ext.get("slurm_job_id") else f"pid {ext.get('pid')}"
+        self.log.info("launched stage %s (%s, backend %s): log %s", self.stage, where, cfg.train.backend,
+                      ext.get("log"))
+        return ext
 
     def get_job_status(self, external_id: Any, context: Any) -> str:
         from pipeline.tasks.pretrain import job_state
@@ -237,12 +236,13 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     def on_kill(self) -> None:
         """The task is being stopped (marked failed, cleared, timed out): cancel the job through its stage folder,
-        which works whichever host runs it; a job this process launched is also signalled if it does not stop."""
-        from pipeline.train.lease import request_cancel
+        which works whichever host runs it, and ``scancel`` a Slurm job; a job this process launched is also
+        signalled if it does not stop."""
+        from pipeline.tasks.submit import stop_stage_job
 
-        if self._stage_dir is not None and self._stage_dir.exists():
-            request_cancel(self._stage_dir, f"Airflow task {self.task_id} was stopped", job_id=self._job_id)
-            self.log.warning("requested cancellation of the training job in %s", self._stage_dir)
+        if self._stage_dir is not None:
+            for line in stop_stage_job(self._stage_dir, self._ext, f"Airflow task {self.task_id} was stopped"):
+                self.log.warning("%s", line)
         if self._proc is not None:
             deadline = time.time() + CANCEL_WAIT_S
             while self._proc.poll() is None and time.time() < deadline:

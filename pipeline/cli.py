@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -60,16 +59,17 @@ def cmd_train(args) -> int:
     from tqdm import tqdm
 
     from pipeline.tasks.pretrain import (
+        TERMINAL,
         build_job,
         job_state,
-        launch_argv,
-        launch_env,
         read_metrics,
         resolve_corpus,
         stage_dir,
         stage_names,
         stage_result,
     )
+    from pipeline.tasks.submit import start_stage_job, stop_stage_job
+    from pipeline.train.lease import new_job_id
 
     cfg = load_config(args.config, _overrides(args.set))
     names = stage_names(cfg)
@@ -86,25 +86,35 @@ def cmd_train(args) -> int:
         except (ValueError, FileNotFoundError) as exc:
             print(f"mindloom: error: stage {stage}: {exc}", file=sys.stderr)
             return None
-        argv = launch_argv(job)
         total = json.loads(job.read_text(encoding="utf-8"))["steps"]
-        log_path = out_dir / "launcher.cli.log"
-        print(f"training stage {stage} (run id {run_id}): {' '.join(argv)}\n  log: {log_path}", file=sys.stderr)
-        with open(log_path, "ab") as log_fh:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log_fh, stderr=subprocess.STDOUT,
-                                    env=launch_env(), cwd=str(out_dir))
-        line = 0
-        with tqdm(total=total, desc=f"train {stage}", unit="step") as bar:
-            while True:
-                rows, line = read_metrics(out_dir, line)
-                for r in rows:
-                    bar.n = r["step"]
-                    bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{r.get('tokens_per_s', 0):.0f}")
-                bar.refresh()
-                if proc.poll() is not None:
-                    break
-                time.sleep(0.5)
-        state = job_state(out_dir)
+        ext, proc = start_stage_job(cfg, job, out_dir, try_number=None, log_name="launcher.cli.log",
+                                    job_id=new_job_id())
+        log_path = ext["log"]
+        where = f"Slurm job {ext['slurm_job_id']}" if ext.get("slurm_job_id") else f"pid {ext['pid']}"
+        print(f"training stage {stage} (run id {run_id}, {where})\n  log: {log_path}", file=sys.stderr)
+        line, seen = 0, None
+        try:
+            with tqdm(total=total, desc=f"train {stage}", unit="step") as bar:
+                while True:
+                    rows, line = read_metrics(out_dir, line)
+                    for r in rows:
+                        bar.n = r["step"]
+                        bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{r.get('tokens_per_s', 0):.0f}")
+                    bar.refresh()
+                    if proc is not None:
+                        if proc.poll() is not None:
+                            break
+                    else:  # Slurm: the job's own state, as the operator reads it
+                        state = job_state(out_dir, job_id=ext["job_id"], seen=seen)
+                        seen = state.get("observed")
+                        if state["state"] in TERMINAL:
+                            break
+                    time.sleep(0.5)
+        except KeyboardInterrupt:  # the job runs detached: stop it as the operator's on_kill does
+            for msg in stop_stage_job(out_dir, ext, "mindloom train was interrupted"):
+                print(f"mindloom: {msg}", file=sys.stderr)
+            raise
+        state = job_state(out_dir, job_id=ext["job_id"])
         if state["state"] != "SUCCEEDED":
             print(f"mindloom: error: training {state['state']}: {state.get('error')} (log: {log_path})",
                   file=sys.stderr)

@@ -49,7 +49,7 @@ PARAM_FIELDS: dict[str, str] = {
 #: Form fields whose upper bound is a deployment setting (not the field's own metadata): a run cannot ask for more
 #: ranks than one launch of this deployment starts.  ``train.device_memory_gb`` is not on the form at all: the size
 #: of a device is the deployment's, and 0 would switch the memory check off.
-DEPLOYMENT_MAXIMUM: dict[str, str] = {"train_workers": "train.max_workers"}
+DEPLOYMENT_MAXIMUM = {"train_workers": lambda cfg: cfg.train.max_workers * cfg.train.nodes}  # per node x nodes
 
 #: Which Params each DAG's form shows, grouped into the form's sections (in order).  A DAG shows only the fields
 #: it uses: the corpus DAGs never offer training knobs and ``pretrain`` never offers corpus ones.
@@ -133,7 +133,7 @@ def param_specs(cfg: MindloomConfig | None = None, form: str | None = None) -> d
             if meta.get("le") is not None and tp in (int, float):
                 spec["maximum"] = meta["le"]
             if name in DEPLOYMENT_MAXIMUM:
-                spec["maximum"] = _get_dotted(cfg, DEPLOYMENT_MAXIMUM[name])
+                spec["maximum"] = DEPLOYMENT_MAXIMUM[name](cfg)
         if default in ([], {}, "", None):
             spec["type"] = [spec["type"], "null"]
             spec["default"] = None

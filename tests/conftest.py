@@ -25,7 +25,8 @@ STRICT = os.environ.get("MINDLOOM_STRICT", "").strip().lower() in ("1", "true", 
 DATA_SKIPS = ("shared/corpora", "data/demo-corpus not built", "wheel not cached (make corpus)", "PyPI unreachable")
 #: The proofs whose counts the summary shows: marker -> what it proves.
 PROOFS = {"browser": "the UI walkthrough in headless Chromium", "celery": "Airflow on Celery, Postgres and Redis",
-          "airflow": "Airflow's REST API on a real deployment", "docker": "the compose files and Dockerfiles"}
+          "airflow": "Airflow's REST API on a real deployment", "docker": "the compose files and Dockerfiles",
+          "slurm": "training stages on a real two-node Slurm cluster"}
 #: Proofs that must have passed tests (``.ci/run`` names them all): a CI run where one ran no test at all (renamed,
 #: deselected, not collected) fails even though nothing failed or skipped.
 REQUIRED_PROOFS = [p for p in os.environ.get("MINDLOOM_REQUIRE_PROOFS", "").split(",") if p.strip()]

@@ -151,16 +151,16 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
     return path
 
 
-def launch_argv(job_path: str | Path, workers: int | None = None, *, master_port: int = 8118,
+def launch_argv(job_path: str | Path, workers: int | None = None, *, master_port: int | None = None,
                 argv: list[str] | None = None) -> list[str]:
     """The command that runs a job: one process, or one-host ``msrun`` with one worker per rank (``workers``
-    defaults to the job's ``world_size``); a multi-node ``argv`` from ``pipeline.train.launcher`` is checked and passed
-    through."""
-    from pipeline.train.launch import train_command
+    defaults to the job's ``world_size``) on a port free at launch (two jobs on one host never share one); a
+    multi-node ``argv`` from ``pipeline.train.launcher`` is checked and passed through."""
+    from pipeline.train.launch import free_port, train_command
 
     if workers is None:
         workers = max(1, int(read_json(job_path).get("world_size") or 1))
-    return train_command(str(job_path), workers, master_port=master_port, argv=argv)
+    return train_command(str(job_path), workers, master_port=master_port or free_port(), argv=argv)
 
 
 def launch_env(job_id: str | None = None) -> dict[str, str]:
@@ -203,8 +203,15 @@ def job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float |
         status = {"state": "PENDING", "step": 0}          # no row of this job yet (another job's row is not ours)
     if status["state"] not in ("RUNNING", "PENDING"):
         return status
+    sid = launch.get("slurm_job_id") if launch.get("job_id") in (None, job_id) else None
+    sstate = _slurm_state(sid) if sid else None
     lease = lease_state(out_dir, seen.get("lease"), now, lease_timeout or LEASE_TIMEOUT_S)
     observed = {"lease": lease["seen"] if lease else None}
+    if sid and sstate != "active":  # Slurm says the job is queued, or over: that outranks the folder's clocks
+        if sstate == "queued":
+            return {**status, "state": "PENDING", "observed": observed, "slurm_job_id": sid}
+        return {**status, "state": "LOST", "observed": observed, "slurm_job_id": sid, "error": status.get("error")
+                or f"Slurm job {sid} ended ({sstate}) without a final status; see {out_dir}/slurm-{sid}.log"}
     other = lease if lease is not None and job_id and lease.get("job_id") != job_id else None
     lease = None if other is not None else lease          # another job's lease (an earlier one, or a live holder)
     here = socket.gethostname()
@@ -232,6 +239,19 @@ def job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float |
         return {**status, "state": "LOST", "observed": observed, "error": status.get("error") or
                 f"the job took no lease within {STARTUP_GRACE_S:.0f} s{held}"}
     return {**status, "observed": observed}
+
+
+def _slurm_state(sid: str) -> str:
+    """``queued``, ``active`` (running or completing) or the final Slurm state of job ``sid`` ("forgotten" when
+    Slurm no longer knows it)."""
+    from pipeline.train import slurm
+
+    st = slurm.state(sid)
+    if st is None:
+        return "forgotten by Slurm"
+    if st.startswith(("PENDING", "CONFIGURING", "REQUEUED")):
+        return "queued"
+    return "active" if slurm.is_active(st) else st
 
 
 def read_metrics(out_dir: str | Path, offset: int = 0) -> tuple[list[dict], int]:
@@ -278,13 +298,15 @@ def stage_eval_for_run(params: dict, run_id: str, stage: str) -> dict:
 
 
 def record_launch(out_dir: str | Path, argv: list[str], pid: int | None, try_number: int | None = None,
-                  launched: float | None = None, job_id: str | None = None) -> dict:
+                  launched: float | None = None, job_id: str | None = None, slurm_job_id: str | None = None) -> dict:
     """``launch.json``: which job (id) the stage's current launch is, who started it and when (the time is for
-    people; rows and leases are matched by job id)."""
+    people; rows and leases are matched by job id); ``slurm_job_id`` for the Slurm backend."""
     import socket
 
     info = {"pid": pid, "argv": argv, "out_dir": str(out_dir), "try_number": try_number, "job_id": job_id,
             "host": socket.gethostname(), "time": launched if launched is not None else time.time()}
+    if slurm_job_id is not None:
+        info["slurm_job_id"] = str(slurm_job_id)
     write_json(Path(out_dir) / "launch.json", info)
     return info
 

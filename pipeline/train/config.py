@@ -202,9 +202,18 @@ class TrainConfig:
     recompute: bool = _f(False, desc="Recompute each decoder block in the backward pass (less activation memory).")
     mode: str = _f("graph", desc="MindSpore execution mode.", choices=("graph", "pynative"))
     threads: int = _f(2, desc="CPU threads per worker.", ge=1)
-    workers: int = _f(1, desc="Ranks launched (msrun when > 1): tensor_parallel x data-parallel ranks.", ge=1)
-    max_workers: int = _f(8, desc="Most ranks one launch of this deployment can start (one host's msrun: its "
-                          "devices); the trigger form cannot ask for more workers. Deployment config only.", ge=1)
+    workers: int = _f(1, desc="Ranks launched in all, over every node (msrun or srun tasks when > 1): "
+                      "tensor_parallel x data-parallel ranks.", ge=1)
+    max_workers: int = _f(8, desc="Most ranks one node of this deployment runs (its devices); workers / nodes "
+                          "may not exceed it, and the trigger form cannot ask for more. Deployment config only.", ge=1)
+    backend: str = _f("local", desc="Where a stage's job runs: local (msrun on the Airflow worker's host, one "
+                      "node) or slurm (one sbatch job over train.nodes nodes, one srun task per rank; the DAG "
+                      "polls Slurm and scancels on a stop).", choices=("local", "slurm"))
+    nodes: int = _f(1, desc="Nodes of a stage's job (backend slurm; local runs one). Must divide workers; each "
+                    "node runs workers / nodes ranks.", ge=1)
+    slurm_partition: str = _f("", desc="sbatch --partition of the jobs (empty: the cluster's default).")
+    slurm_args: list[str] = _f(factory=list, desc="Extra sbatch options, one per item, e.g. ['--account=llm', "
+                               "'--time=72:00:00', '--gpus-per-node=8'].")
     tensor_parallel: int = _f(1, desc="Ranks per tensor-parallel group (inside one node); must divide workers.",
                               ge=1)
     zero: bool = _f(False, desc="ZeRO-1: shard the Adam moments over the data-parallel ranks.")
@@ -236,12 +245,22 @@ class TrainConfig:
             check_precision(self.device, self.mode, self.precision)
         except ValueError as exc:
             raise ConfigError(f"train.precision: {str(exc).split(': ', 1)[1]}") from None
-        if self.workers > self.max_workers:
-            raise ConfigError(f"train.workers: {self.workers} is more than this deployment launches "
+        if self.backend == "local" and self.nodes != 1:
+            raise ConfigError(f"train.nodes: the local backend runs one node, got {self.nodes} (set train.backend: "
+                              f"slurm for several)")
+        if self.workers % self.nodes:
+            raise ConfigError(f"train.nodes: must divide train.workers ({self.workers}), got {self.nodes}")
+        if self.workers // self.nodes > self.max_workers:
+            over = "" if self.nodes == 1 else (f" over {self.nodes} nodes ({self.workers // self.nodes} per node, "
+                                               f"more than one node runs)")
+            raise ConfigError(f"train.workers: {self.workers} is more than this deployment launches{over} "
                               f"(train.max_workers = {self.max_workers})")
-        if self.workers % self.tensor_parallel:
-            raise ConfigError(f"train.tensor_parallel: must divide train.workers ({self.workers}), "
-                              f"got {self.tensor_parallel}")
+        if (self.workers // self.nodes) % self.tensor_parallel:
+            raise ConfigError(f"train.tensor_parallel: must divide the ranks of one node (train.workers / "
+                              f"train.nodes = {self.workers // self.nodes}), got {self.tensor_parallel}")
+        bad = [a for a in self.slurm_args if not isinstance(a, str) or not a.startswith("--") or "\n" in a]
+        if bad:
+            raise ConfigError(f"train.slurm_args: each item must be one '--option[=value]' string, got {bad[0]!r}")
         try:
             check_layout(ModelConfig.from_preset(self.preset, **self.model_overrides), self.tensor_parallel,
                          where="train.tensor_parallel")
@@ -318,7 +337,7 @@ class TrainConfig:
         return eff
 
 
-_NOT_PER_STAGE = ("preset", "model_overrides", "stages")
+_NOT_PER_STAGE = ("preset", "model_overrides", "stages", "backend", "nodes", "slurm_partition", "slurm_args")
 
 
 def check_layout(cfg: ModelConfig, tp: int, where: str = "TrainJob.tensor_parallel") -> None:

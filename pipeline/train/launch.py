@@ -34,6 +34,15 @@ def train_command(job_path: str, workers: int = 1, python: str = sys.executable,
             f"--cluster_time_out={cluster_timeout_s}", os.path.abspath(__file__), "--job", job_path]
 
 
+def free_port() -> int:
+    """A TCP port free on this host now (msrun's scheduler binds it a moment later)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def checked_argv(argv, job_path: str) -> list[str]:
     """``argv`` as a list, if it is a list of strings ending in a program that runs ``--job <job_path>``."""
     if isinstance(argv, (str, bytes)) or not isinstance(argv, (list, tuple)) or not argv:

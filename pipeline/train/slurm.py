@@ -1,0 +1,143 @@
+"""The Slurm backend: a training stage as one ``sbatch`` job, one ``srun`` task per rank, on any number of nodes.
+
+Why one task per rank rather than one ``msrun`` per node: msrun decides whether it is the master by asking whether
+``--master_addr`` is a local address, so two Slurm nodes on one host (this project's test cluster) would both start
+a scheduler. The tasks here set MindSpore's dynamic-cluster variables themselves, which is what msrun does for each
+worker it spawns: ``MS_ROLE=MS_WORKER``, ``MS_NODE_ID`` = ``RANK_ID`` = ``SLURM_PROCID``, ``MS_WORKER_NUM`` =
+``SLURM_NTASKS``, ``MS_SCHED_HOST``/``MS_SCHED_PORT``; task 0 also starts the scheduler process (``MS_SCHED``).
+
+* master address: ``SLURM_LAUNCH_NODE_IPADDR``, the node that runs the batch script, which is the first node of
+  the allocation (``MINDLOOM_MASTER_ADDR`` overrides it);
+* master port: derived from the Slurm job id (:func:`master_port`), so two jobs sharing a node never collide and
+  every task computes the same port without talking to the others;
+* job id (``MINDLOOM_JOB_ID``) and the environment: exported in the batch script and passed to every task by
+  ``srun`` (``--export=ALL``), so every rank on every node takes the same lease and writes the same job id.
+
+The operator keeps the Slurm job id in ``launch.json``; :func:`state` reads ``squeue`` and then ``scontrol`` (which
+keeps a finished job for ``MinJobAge``; ``sacct`` needs slurmdbd), and :func:`cancel` runs ``scancel``. No
+MindSpore import here, except in :func:`rank_main`, which runs inside the job.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+SCRIPT = "slurm.sbatch"
+PORT_BASE, PORT_SPAN = 20000, 20000
+ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
+
+
+class SlurmError(RuntimeError):
+    """A Slurm command failed: its argv and stderr in one line."""
+
+
+def master_port(slurm_job_id: int | str) -> int:
+    return PORT_BASE + int(slurm_job_id) % PORT_SPAN
+
+
+def batch_script(job_path: str | Path, out_dir: str | Path, *, nodes: int, tasks_per_node: int, env: dict,
+                 python: str = sys.executable, stage: str = "train", partition: str = "",
+                 extra: list[str] | tuple = ()) -> str:
+    """The ``sbatch`` script of one stage: the allocation, the exported environment, one srun task per rank."""
+    out_dir = Path(out_dir)
+    lines = ["#!/bin/bash",
+             f"#SBATCH --job-name=mindloom-{stage}",
+             f"#SBATCH --nodes={nodes}",
+             f"#SBATCH --ntasks-per-node={tasks_per_node}",
+             f"#SBATCH --output={out_dir}/slurm-%j.log",
+             f"#SBATCH --chdir={out_dir}",
+             "#SBATCH --open-mode=append"]
+    if partition:
+        lines.append(f"#SBATCH --partition={partition}")
+    lines += [f"#SBATCH {a}" for a in extra]
+    keep = ("PATH", "PYTHONPATH", "MINDLOOM_JOB_ID", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED", "GLOG_v",
+            "MINDLOOM_MASTER_ADDR", "MINDLOOM_FAIL_AT_STEP")
+    lines += [f"export {k}={shlex.quote(str(env[k]))}" for k in keep if env.get(k) is not None]
+    lines += ["set -u",
+              f"exec srun --kill-on-bad-exit=1 --export=ALL {shlex.quote(python)} -m pipeline.train.slurm "
+              f"--job {shlex.quote(str(job_path))}"]
+    return "\n".join(lines) + "\n"
+
+
+def _run(argv: list[str], timeout: float = 30.0) -> str:
+    try:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise SlurmError(f"{' '.join(argv)}: {type(e).__name__}: {e}") from None
+    if p.returncode:
+        raise SlurmError(f"{' '.join(argv)}: exit {p.returncode}: {p.stderr.strip() or p.stdout.strip()}")
+    return p.stdout
+
+
+def submit(script: str, out_dir: str | Path) -> str:
+    """Write the script into the stage folder and ``sbatch`` it; the Slurm job id."""
+    path = Path(out_dir) / SCRIPT
+    path.write_text(script, encoding="utf-8")
+    out = _run(["sbatch", "--parsable", str(path)]).strip()
+    job_id = out.split(";")[0]
+    if not job_id.isdigit():
+        raise SlurmError(f"sbatch --parsable {path}: unexpected answer {out!r}")
+    return job_id
+
+
+def state(slurm_job_id: str) -> str | None:
+    """The job's Slurm state (``RUNNING``, ``COMPLETED``, ``CANCELLED``, ``FAILED``, ...), or None when Slurm no
+    longer knows it (finished longer than ``MinJobAge`` ago). ``squeue`` first (it exits 1 for a forgotten id:
+    an answer, not an error), then ``scontrol``, which still shows a job that ended recently."""
+    for argv, pick in ((["squeue", "-h", "-j", str(slurm_job_id), "-o", "%T"], lambda t: t.split()[0]),
+                       (["scontrol", "-o", "show", "job", str(slurm_job_id)], _job_state_field)):
+        try:
+            text = _run(argv).strip()
+        except SlurmError:
+            continue
+        if text and (got := pick(text)):
+            return got
+    return None
+
+
+def _job_state_field(text: str) -> str | None:
+    return next((f.split("=", 1)[1] for f in text.split() if f.startswith("JobState=")), None)
+
+
+def is_active(slurm_state: str | None) -> bool:
+    return slurm_state is not None and slurm_state.split("+")[0] in ACTIVE
+
+
+def cancel(slurm_job_id: str) -> None:
+    _run(["scancel", str(slurm_job_id)])
+
+
+def rank_env(env: dict) -> tuple[dict, bool]:
+    """(this task's MindSpore environment, whether it also starts the scheduler) from the Slurm task variables."""
+    rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
+    host = env.get("MINDLOOM_MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
+    common = {"MS_WORKER_NUM": str(world), "MS_SCHED_HOST": host, "MS_SCHED_PORT": str(master_port(env["SLURM_JOB_ID"])),
+              "RANK_SIZE": str(world), "MS_TOPO_TIMEOUT": env.get("MS_TOPO_TIMEOUT", "600")}
+    out = {**env, **common, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(rank), "RANK_ID": str(rank),
+           "DEVICE_ID": env.get("SLURM_LOCALID", "0")}
+    return out, rank == 0
+
+
+def rank_main(argv: list[str] | None = None) -> int:
+    """One srun task: start the scheduler on task 0, then become this rank's trainer."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 2 or argv[0] != "--job":
+        print("usage: python -m pipeline.train.slurm --job JOB.json (inside an srun task)", file=sys.stderr)
+        return 2
+    env, sched = rank_env(dict(os.environ))
+    program = [sys.executable, "-m", "pipeline.train", "--job", argv[1]]
+    if sched:
+        sched_env = {**env, "MS_ROLE": "MS_SCHED", "RANK_ID": "0"}
+        sched_env.pop("MS_NODE_ID", None)
+        log = open(f"scheduler.{env['SLURM_JOB_ID']}.log", "ab")  # noqa: SIM115 - held by the child
+        subprocess.Popen(program, env=sched_env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT)
+    os.execve(sys.executable, program, env)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(rank_main())

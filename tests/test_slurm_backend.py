@@ -1,0 +1,80 @@
+"""The Slurm backend's pieces without a cluster: the config checks, the batch script, each task's MindSpore
+environment, and how a job's state reads when Slurm says it is queued or over (the real cluster: test_train_slurm)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pipeline.configkit import ConfigError
+
+
+def _train(**kw):
+    from pipeline.train.config import TrainConfig
+
+    return TrainConfig(**kw)
+
+
+def test_nodes_and_workers_are_checked_per_node():
+    assert _train(backend="slurm", nodes=2, workers=16).workers == 16  # 8 per node = max_workers
+    for kw, msg in ((dict(nodes=2, workers=4), "train.nodes: the local backend runs one node"),
+                    (dict(backend="slurm", nodes=3, workers=4), r"train.nodes: must divide train.workers \(4\)"),
+                    (dict(backend="slurm", nodes=2, workers=32), r"train.workers: 32 is more than this deployment launches over 2 nodes \(16 per node"),
+                    (dict(backend="slurm", nodes=2, workers=4, tensor_parallel=4, model_overrides={"n_heads": 4,
+                          "n_kv_heads": 4}), r"train.tensor_parallel: must divide the ranks of one node"),
+                    (dict(backend="slurm", slurm_args=["--time=1:00:00", "-N 4"]), r"train.slurm_args: .*'-N 4'")):
+        with pytest.raises(ConfigError, match=msg):
+            _train(**kw)
+
+
+def test_the_batch_script_allocates_nodes_by_tasks_and_exports_the_job_id(tmp_path):
+    from pipeline.train.slurm import batch_script
+
+    text = batch_script(tmp_path / "job.json", tmp_path, nodes=4, tasks_per_node=8, python="/venv/bin/python",
+                        env={"PATH": "/venv/bin:/usr/bin", "MINDLOOM_JOB_ID": "abc", "SECRET": "x"},
+                        stage="main", partition="llm", extra=["--time=72:00:00"])
+    lines = text.splitlines()
+    assert lines[:3] == ["#!/bin/bash", "#SBATCH --job-name=mindloom-main", "#SBATCH --nodes=4"]
+    for want in ("#SBATCH --ntasks-per-node=8", f"#SBATCH --output={tmp_path}/slurm-%j.log",
+                 "#SBATCH --partition=llm", "#SBATCH --time=72:00:00", "export MINDLOOM_JOB_ID=abc",
+                 "export PATH=/venv/bin:/usr/bin"):
+        assert want in lines, (want, text)
+    assert "SECRET" not in text  # only what a rank needs is exported, not the submitter's whole environment
+    assert lines[-1] == (f"exec srun --kill-on-bad-exit=1 --export=ALL /venv/bin/python -m pipeline.train.slurm "
+                         f"--job {tmp_path}/job.json")
+
+
+def test_each_task_gets_its_rank_and_the_first_nodes_scheduler():
+    from pipeline.train.slurm import rank_env
+
+    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_JOB_ID": "20123", "SLURM_LOCALID": "1",
+           "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5", "MINDLOOM_JOB_ID": "abc"}
+    got, sched = rank_env(env)
+    assert not sched
+    assert {k: got[k] for k in ("MS_ROLE", "MS_NODE_ID", "RANK_ID", "MS_WORKER_NUM", "RANK_SIZE", "MS_SCHED_HOST",
+                                "MS_SCHED_PORT", "DEVICE_ID", "MINDLOOM_JOB_ID")} == {
+        "MS_ROLE": "MS_WORKER", "MS_NODE_ID": "5", "RANK_ID": "5", "MS_WORKER_NUM": "16", "RANK_SIZE": "16",
+        "MS_SCHED_HOST": "10.0.0.5", "MS_SCHED_PORT": "20123", "DEVICE_ID": "1", "MINDLOOM_JOB_ID": "abc"}
+    assert rank_env({**env, "SLURM_PROCID": "0"})[1]  # task 0 starts the scheduler
+    assert rank_env({**env, "MINDLOOM_MASTER_ADDR": "head"})[0]["MS_SCHED_HOST"] == "head"
+    assert rank_env({**env, "SLURM_JOB_ID": "40124"})[0]["MS_SCHED_PORT"] == "20124"  # per job: no collision
+
+
+@pytest.mark.parametrize("slurm_says, want", [("PENDING", "PENDING"), ("CANCELLED+", "LOST"), (None, "LOST"),
+                                              ("COMPLETED", "LOST")])
+def test_a_queued_job_waits_and_an_ended_one_without_a_status_is_lost(tmp_path, monkeypatch, slurm_says, want):
+    from pipeline.tasks import pretrain
+    from pipeline.train import slurm
+
+    monkeypatch.setattr(slurm, "state", lambda sid: slurm_says)
+    (tmp_path / "launch.json").write_text(json.dumps({"job_id": "j1", "slurm_job_id": "77", "pid": None,
+                                                      "host": "elsewhere"}))
+    far = pretrain.STARTUP_GRACE_S * 10  # queued for hours: never LOST for want of a lease
+    got = pretrain.job_state(tmp_path, job_id="j1", now=far, seen={"pending_since": 0.0})
+    assert got["state"] == want
+    if want == "LOST":
+        assert got["error"].startswith(f"Slurm job 77 ended ({slurm_says or 'forgotten by Slurm'}) without a final "
+                                       f"status; see {tmp_path}/slurm-77.log")
+    (tmp_path / "status.json").write_text(json.dumps({"state": "SUCCEEDED", "step": 4, "job_id": "j1"}))
+    assert pretrain.job_state(tmp_path, job_id="j1")["state"] == "SUCCEEDED"  # the job's own final word wins
