@@ -132,6 +132,65 @@ def replan(r: dict) -> dict:
     return r
 
 
+HOST_BUILD = [("125m", 1, 0), ("125m", 2, 0), ("125m", 2, 1)]  # (preset, tensor parallel, TP rank)
+_HOST_CHILD = """
+import json, sys
+import mindspore as ms
+ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
+from pipeline.train.config import ModelConfig
+from pipeline.train.model import Transformer
+from pipeline.train.shard_init import init_rank_weights
+from pipeline.train.tp_layers import NO_TP, TPGroup
+
+def hwm():
+    for line in open("/proc/self/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) * 1024
+
+preset, tp, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+warm = ModelConfig.from_preset("debug", vocab_size=260, dim=16, n_layers=1, n_heads=2, n_kv_heads=2, multiple_of=16)
+from mindspore.nn.utils import no_init_parameters
+with no_init_parameters():
+    small = Transformer(warm, TPGroup(tp, rank, "tp_0") if tp > 1 else NO_TP)
+init_rank_weights(small, warm, 7, tp, rank)
+with open("/proc/self/clear_refs", "w") as f:
+    f.write("5")  # resets VmHWM to the current RSS: what follows is the build alone
+base = hwm()
+cfg = ModelConfig.from_preset(preset)
+with no_init_parameters():  # as parallel_setup.build_parallel builds a rank's model
+    net = Transformer(cfg, TPGroup(tp, rank, "tp_0") if tp > 1 else NO_TP)
+init_rank_weights(net, cfg, 7, tp, rank)
+print(json.dumps({"build_bytes": hwm() - base, "shard_bytes": sum(p.size * 4 for p in net.trainable_params())}))
+"""
+
+
+def host_build() -> list[dict]:
+    """Host memory one rank takes to build and initialise its model (peak RSS above the framework), against the
+    plan's ``host_init`` (shard + twice its largest parameter + one chunk) and what building the whole model to
+    slice it cost before (``shard + whole model``)."""
+    import subprocess
+
+    from pipeline.train.config import ModelConfig
+    from pipeline.train.launch import env_with_venv
+    from pipeline.train.memory_plan import Layout, plan
+
+    out = []
+    for preset, tp, rank in HOST_BUILD:
+        r = subprocess.run([sys.executable, "-c", _HOST_CHILD, preset, str(tp), str(rank)], capture_output=True,
+                           text=True, env=env_with_venv(), cwd=REPO, timeout=900)
+        if r.returncode != 0:
+            raise RuntimeError(f"host build {preset} tp {tp}: rc {r.returncode}: {r.stderr[-1500:]}")
+        got = json.loads(r.stdout.strip().splitlines()[-1])
+        cfg = ModelConfig.from_preset(preset)
+        p = plan(cfg, Layout(tp=tp))
+        out.append({"preset": preset, "tensor_parallel": tp, "tp_rank": rank, "measured_bytes": got["build_bytes"],
+                    "shard_bytes": got["shard_bytes"], "predicted_bytes": p.host_init,
+                    "whole_model_before_bytes": got["shard_bytes"] + (4 * cfg.num_params() if tp > 1 else 0)})
+        print(f"[memory_plan] host build {preset} tp {tp} rank {rank}: {got['build_bytes'] / 2**20:.0f} MiB "
+              f"(plan {p.host_init / 2**20:.0f})", flush=True)
+    return out
+
+
 def _write(res: dict, out: str) -> None:
     os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(out + ".tmp", "w", encoding="utf-8") as f:
@@ -148,7 +207,18 @@ def main() -> int:
                     "does not measure again (e.g. 125m measured apart from debug)")
     ap.add_argument("--replan", action="store_true", help="recompute the plan side of an existing --out (after a "
                     "change of memory_plan.py); runs nothing, the measurements are kept")
+    ap.add_argument("--host-build", action="store_true", help="measure only the host memory at model build "
+                    "(125m, TP 1 and 2) and merge it into --out")
     args = ap.parse_args()
+    if args.host_build:  # the host-memory-at-build rows alone, merged into an existing --out
+        res = {}
+        if os.path.exists(args.out):
+            with open(args.out, encoding="utf-8") as f:
+                res = json.load(f)
+        res["host_build"] = host_build()
+        res["host_build_date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        _write(res, args.out)
+        return 0
     if args.replan:
         with open(args.out, encoding="utf-8") as f:
             res = json.load(f)
@@ -180,7 +250,8 @@ def main() -> int:
         runs = [r for r in old["runs"] if r["layout"] not in done] + runs
         command = f"{old['command']}; {command} --append"
     res = {"command": command, "seq_len": SEQ, "runs": compare(runs),
-           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+           "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "host_build": host_build(),
+           "host_build_date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     _write(res, args.out)
     print(json.dumps([{k: r.get(k) for k in ("layout", "exact", "predicted_peak_bytes", "peak_error")}
                       for r in res["runs"]], indent=1))

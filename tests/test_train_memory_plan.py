@@ -39,16 +39,22 @@ def test_70b_fits_with_the_distributed_optimizer_and_not_without():
     refusal names the distributed optimizer."""
     cfg, layout = ModelConfig.from_preset("70b"), PRESET_LAYOUTS["70b"]
     assert (layout.tp, layout.dp, layout.zero, layout.distributed_optimizer) == (8, 16, True, True)
+    assert layout.micro_batch * layout.grad_accum * layout.dp * layout.seq_len == 1 << 20  # 1M tokens per step
     p = require_fit(cfg, layout, 64)
     n_rank = sum(math.prod(s) for _, s, _ in param_shapes(cfg, 8))
-    assert p.weights == p.gradients == 2 * n_rank
+    assert p.weights == 2 * n_rank
+    assert p.gradients == 2 * n_rank + 4 * n_rank // 16  # + this rank's fp32 accumulation blocks
     assert p.master * 2 == p.optimizer == 8 * n_rank // 16  # every row count of the 70b shards divides by 16
-    assert f"{p.total / GiB:.2f}" == "46.95" and p.total < 0.75 * 64 * GiB
-    assert p.host_init == 4 * n_rank + 4 * cfg.num_params()  # the full fp32 model each rank draws on its host
+    assert f"{p.total / GiB:.2f}" == "48.96" and p.total < 0.9 * 64 * GiB
+    whole = plan(cfg, replace(layout, distributed_optimizer=False, precision="bf16"), 64)  # ZeRO-1: whole buffers
+    assert whole.gradients == 4 * n_rank + 4 * n_rank and not whole.fits
+    largest = max(math.prod(s) for _, s, _ in param_shapes(cfg, 8))  # the LM head's or embedding's shard
+    assert p.host_init == 2 * n_rank + 8 * largest + (4 << 20)  # its 16-bit shard, one fp32 draw twice, a chunk
+    assert p.host_init < 19 * GiB  # was 289 GiB when each rank built the whole fp32 model to slice it
     with pytest.raises(ValueError) as e:
         require_fit(cfg, replace(layout, distributed_optimizer=False), 64)
     msg = str(e.value)
-    assert msg.startswith("TrainJob.device_memory_gb=64: plan needs 106.24 GiB per device of 57.60 usable")
+    assert msg.startswith("TrainJob.device_memory_gb=64: plan needs 138.36 GiB per device of 57.60 usable")
     assert msg.endswith("set TrainJob.zero=true and TrainJob.distributed_optimizer=true (16-bit weights and "
                         "gradients, fp32 master weights sharded over the data-parallel ranks)")
 

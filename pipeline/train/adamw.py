@@ -106,6 +106,19 @@ class AdamW(nn.Optimizer):
         extra = tuple(self.masters) if self._master else ()
         return sum(int(np.prod(m.shape)) * 4 for m in (*self.moments1, *self.moments2, *extra))
 
+    @property
+    def distributed(self) -> bool:
+        """Megatron's distributed optimizer (16-bit parameters, fp32 master blocks held here)."""
+        return self._master
+
+    def state_shapes(self) -> list[tuple]:
+        """Per parameter, the shape of what this rank keeps of it: its row block where sharded, else the whole."""
+        return [tuple(m.shape) for m in self.moments1]
+
+    def row_blocks(self) -> tuple:
+        """Per parameter, this rank's ``(lo, hi)`` row block, or None where it is not sharded."""
+        return self._blocks
+
     def grad_reduce_scatter(self):
         """The cell that turns this optimizer's 16-bit gradients into its fp32 blocks of their DP mean."""
         return GradReduceScatter(self._blocks, self.zero)

@@ -6,7 +6,8 @@ an out-of-memory kill. Every term follows what this trainer allocates (no MindSp
 per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a test checks it against built models):
 
 * ``weights``: the model's parameters: fp32, or 16-bit under the distributed optimizer;
-* ``gradients``: one tensor per parameter in its dtype; ``grad_accum > 1`` adds fp32 accumulation buffers;
+* ``gradients``: one tensor per parameter in its dtype; ``grad_accum > 1`` adds fp32 accumulation buffers (whole
+  tensors; under the distributed optimizer only this rank's blocks, reduce-scattered per micro-batch);
 * ``optimizer``: AdamW's two fp32 moments; with ZeRO-1 a parameter whose rows divide by DP keeps only its row block;
 * ``master``: fp32 master weights of the distributed optimizer (same blocks as the moments), else 0;
 * ``step_buffers``: one fp32 working copy of the gradients (all-reduce output -> unscaled -> clipped, each step
@@ -19,9 +20,10 @@ per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a t
   tensors, plus one layer's transient attention scores and their gradient (fp32);
 * ``logits``: fp32 logits, their log-softmax and gradient (and the 16-bit copy under mixed precision) of this rank's
   vocabulary block;
-* ``host_init`` (host memory, reported apart from the device total): each rank first builds its model in fp32 on the
-  host, and under tensor parallel the *full* model too, to slice its shard from the same draws as one process
-  (``parallel_setup.build_parallel``).
+* ``host_init`` (host memory, reported apart from the device total): each rank builds its model without weights
+  (``no_init_parameters``) and draws them one parameter at a time (``shard_init.py``): its shard in the weights'
+  dtype, plus twice its largest parameter shard in fp32 (the draw and the Tensor made from it) plus one 4 MiB
+  chunk (``HOST_INIT_CONSTANT``).
 
 A fraction ``HEADROOM`` of the device is kept free for the framework workspace and fragmentation. Checked on CPU by
 ``benchmarks/bench_memory_plan.py``: weights, gradients and optimizer (+ master) bytes equal what the job allocates;
@@ -37,6 +39,7 @@ from .config import ModelConfig, check_layout  # noqa: F401 - check_layout is pa
 
 GiB = 1 << 30
 HEADROOM = 0.10
+HOST_INIT_CONSTANT = 4 << 20  # one fp32 chunk of shard_init.CHUNK_ELEMS values
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -67,8 +70,9 @@ PRESET_LAYOUTS: dict[str, Layout] = {
     "1b": Layout(dp=8, zero=True, precision="bf16", seq_len=2048, micro_batch=4, recompute=True),
     "7b": Layout(tp=4, dp=2, zero=True, recompute=True, precision="bf16", seq_len=4096, micro_batch=1),
     "13b": Layout(tp=8, dp=4, zero=True, recompute=True, precision="bf16", seq_len=4096, micro_batch=1),
+    # 1M tokens per step (16 x 16 x 4096): fits because the distributed optimizer accumulates fp32 blocks only
     "70b": Layout(tp=8, dp=16, zero=True, distributed_optimizer=True, recompute=True, precision="bf16",
-                  seq_len=4096, micro_batch=1),
+                  seq_len=4096, micro_batch=1, grad_accum=16),
 }
 
 
@@ -181,7 +185,8 @@ def plan(cfg: ModelConfig, layout: Layout, device_memory_gb: float = 0.0) -> Mem
     state = sum(_state_numel(s, layout.dp, layout.zero) for s in shapes)
     wbytes = 2 if dist else 4
     weights = wbytes * n_rank
-    gradients = weights + (4 * n_rank if layout.grad_accum > 1 else 0)
+    # fp32 accumulation buffers: whole tensors, or under the distributed optimizer this rank's blocks (optim.py)
+    gradients = weights + ((4 * state if dist else 4 * n_rank) if layout.grad_accum > 1 else 0)
     optimizer = 8 * state
     master = 4 * state if dist else 0
     # step buffers: one working copy of the gradients (DP all-reduce output -> unscaled -> clipped, each freeing its
@@ -195,7 +200,7 @@ def plan(cfg: ModelConfig, layout: Layout, device_memory_gb: float = 0.0) -> Mem
     gathered = [_numel(s) for s in shapes if layout.zero and layout.dp > 1 and s[0] % layout.dp == 0]
     gather = (max(gathered) * (2 if dist else 4) * (2 if cpu and layout.tp > 1 else 1)) if gathered else 0
     act, logits = activation_bytes(cfg, layout)
-    host = 4 * n_rank + (4 * cfg.num_params() if layout.tp > 1 else 0)
+    host = wbytes * n_rank + 2 * 4 * max(_numel(s) for s in shapes) + HOST_INIT_CONSTANT
     return MemoryPlan(weights, gradients, optimizer, act, int(device_memory_gb * GiB), master=master,
                       step_buffers=working + gather, logits=logits, host_init=host)
 

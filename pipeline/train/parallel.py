@@ -8,9 +8,8 @@ Which axis of each parameter is split (``split_axis``): MindSpore ``Dense`` weig
 column-parallel layers (wq/wk/wv, w1/w3, the LM head) split axis 0 and row-parallel ones (wo, w2) axis 1; the
 embedding table splits its vocabulary rows (axis 0); RMSNorm gains are replicated (None).
 
-Initial weights: a TP run draws the same full tensors as a one-process run (same seed) and keeps its slice, so both
-start from identical weights; this costs one full copy of the model on the host at start-up (fine for tests; a
-per-shard initializer is the next step for 70B-class host memory).
+Initial weights: every TP degree starts from the same full tensors, drawn per parameter in seeded row chunks, and
+each rank draws only the chunks its shard needs (``shard_init.py``): no rank ever holds the whole model.
 """
 
 from __future__ import annotations
@@ -71,18 +70,6 @@ def take_shard(full: np.ndarray, axis: int | None, tp: int, tp_rank: int) -> np.
     if axis is None or tp == 1:
         return full
     return np.split(full, tp, axis=axis)[tp_rank]
-
-
-def load_shards_from_full(tp_net, full_net, tp: int, tp_rank: int) -> None:
-    """Copy this rank's slice of every parameter of ``full_net`` (a TP=1 model) into ``tp_net``."""
-    from mindspore import Tensor
-
-    full = {p.name: p.asnumpy() for p in full_net.trainable_params()}
-    for p in tp_net.trainable_params():
-        piece = take_shard(full[p.name], split_axis(p.name), tp, tp_rank)
-        if tuple(piece.shape) != tuple(p.shape):
-            raise ValueError(f"{p.name}: shard {piece.shape} does not fit parameter {tuple(p.shape)}")
-        p.set_data(Tensor(np.ascontiguousarray(piece)))
 
 
 def merge_tp(shards: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:

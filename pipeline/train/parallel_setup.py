@@ -11,30 +11,31 @@ import numpy as np
 from . import commit
 from .adamw import ZeroShard, make_shard_norm
 from .model import Transformer
-from .optim import build_optimizer, cast_weights
-from .parallel import RankLayout, load_shards_from_full, make_tp_global_norm, split_axis
-from .tp_layers import TPGroup
+from .optim import build_optimizer, low_dtype
+from .parallel import RankLayout, make_tp_global_norm, split_axis
+from .shard_init import init_rank_weights
+from .tp_layers import NO_TP, TPGroup
 
 
 def build_parallel(cfg, job, lay: RankLayout):
-    """(net, optimizer, gradient-norm function or None) for this rank. Seeds must be set by the caller."""
-    if lay.tp == 1:
-        net = Transformer(cfg)
-        norm_fn = None
-    else:
-        full = Transformer(cfg)  # same draws as a one-process run; this rank keeps its slice
-        net = Transformer(cfg, TPGroup(lay.tp, lay.tp_rank, lay.tp_group))
-        load_shards_from_full(net, full, lay.tp, lay.tp_rank)
-        del full
-        norm_fn = make_tp_global_norm(net.trainable_params(), lay.tp_group)
-    zero = ZeroShard(lay.dp_rank, lay.dp, lay.dp_group) if job.zero and lay.dp > 1 else None
+    """(net, optimizer, gradient-norm function or None) for this rank. The weights are drawn parameter by
+    parameter from ``job.seed`` (``shard_init``): the same full tensors for every TP degree, and this rank holds
+    only its shard (plus one parameter's shard twice and a 4 MiB chunk while drawing; the model is built with
+    ``no_init_parameters``, so MindSpore allocates no weights of its own)."""
+    from mindspore.nn.utils import no_init_parameters
+
     master = bool(getattr(job, "distributed_optimizer", False))
-    if master:  # Megatron's distributed optimizer: 16-bit weights/gradients, fp32 master blocks in the optimizer
-        cast_weights(net, job.precision)
+    with no_init_parameters():  # shapes only: nothing is drawn or allocated until init_rank_weights
+        net = Transformer(cfg, TPGroup(lay.tp, lay.tp_rank, lay.tp_group) if lay.tp > 1 else NO_TP)
+    norm_fn = make_tp_global_norm(net.trainable_params(), lay.tp_group) if lay.tp > 1 else None
+    # Megatron's distributed optimizer: 16-bit weights/gradients (cast one parameter at a time as it is drawn),
+    # fp32 master blocks in the optimizer
+    init_rank_weights(net, cfg, job.seed, lay.tp, lay.tp_rank, dtype=low_dtype(job.precision) if master else None)
+    zero = ZeroShard(lay.dp_rank, lay.dp, lay.dp_group) if job.zero and lay.dp > 1 else None
     opt = build_optimizer(net, job, zero, master=master)
     if master:  # the step hands the norm gradient blocks: sum what each rank holds over the whole world
         params = list(opt.parameters)
-        norm_fn = make_shard_norm(params, opt._blocks, [split_axis(p.name) is not None and lay.tp > 1
+        norm_fn = make_shard_norm(params, opt.row_blocks(), [split_axis(p.name) is not None and lay.tp > 1
                                                         for p in params], lay.tp, lay.dp, lay.tp * lay.dp)
     elif norm_fn is not None:  # the optimizer's parameter order is what the step hands the norm
         norm_fn = make_tp_global_norm(opt.parameters, lay.tp_group)
@@ -77,7 +78,14 @@ def param_bytes(net) -> int:
     return int(sum(int(np.prod(p.shape)) * p.itemsize for p in net.trainable_params()))
 
 
-def grad_bytes(net, grad_accum: int) -> int:
-    """Bytes of the gradients one step holds (one tensor per parameter, in its dtype) plus the accumulation buffers
-    ``TrainStep`` allocates when ``grad_accum > 1`` (a clone of the parameters)."""
-    return param_bytes(net) * (2 if grad_accum > 1 else 1)
+def grad_bytes(net, grad_accum: int, opt=None) -> int:
+    """Bytes of the gradients one step holds (one tensor per parameter, in its dtype) plus the fp32 accumulation
+    buffers ``TrainStep`` allocates when ``grad_accum > 1`` (whole tensors, or this rank's blocks under the
+    distributed optimizer)."""
+    if grad_accum <= 1:
+        return param_bytes(net)
+    if opt is not None and opt.distributed:
+        acc = sum(int(np.prod(s)) for s in opt.state_shapes())
+    else:
+        acc = sum(int(np.prod(p.shape)) for p in net.trainable_params())
+    return param_bytes(net) + 4 * acc

@@ -9,7 +9,7 @@ Restart policy (every rank takes the same branch and the same step; see ``commit
    * ``continue``: this rank's own file of that step (weights + Adam moments + data position); the layout (TP
      degree, ZeRO shards, rank count) must equal this stage's, else it is refused in one line;
    * ``weights``: this rank's slice of the weights; with the same TP degree straight from the file of this TP rank,
-     with another TP degree by merging the previous stage's TP shards (``tp_merge.merged_weights``) and slicing;
+     with another TP degree from the previous shards that overlap its slice (``tp_merge.resliced_weights``);
    * a plain ``.ckpt`` path (a TP=1 checkpoint or a ``tp_merge`` output) also works; a TP shard given as a plain
      path is refused (it cannot say which slice the other ranks need);
 3. else fresh weights.
@@ -146,9 +146,9 @@ def _init_from_marker(job, net, opt, scaler, lay, rank, seq_len):
             pd, meta = ckpt.load_verified(path, digest)
             ckpt.check_layout(path, meta, {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank})
             return ckpt.weights_only(pd)
-        from .tp_merge import merged_weights
+        from .tp_merge import resliced_weights
 
-        return {k: take_shard(v, split_axis(k), lay.tp, lay.tp_rank) for k, v in merged_weights(m).items()}
+        return resliced_weights(m, lay.tp, lay.tp_rank)
 
     raw = _only(marker, load, world)
     n = ckpt.assign_weights(net, raw, job.init_from)

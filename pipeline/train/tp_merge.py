@@ -5,7 +5,8 @@ Why: a model trained with ``tensor_parallel=t`` leaves ``t`` shards per committe
 commit marker); evaluation, export and a follow-up stage of another TP degree want the whole model. The weights of
 the first data-parallel replica (ranks ``0..t-1``) are concatenated along each parameter's split axis
 (``parallel.split_axis``); Adam moments are not merged (a merged file is for ``init_mode="weights"`` and
-evaluation). The trainer uses :func:`merged_weights` itself when a weights-only stage changes the TP degree.
+evaluation). A weights-only stage that changes the TP degree uses :func:`resliced_weights` instead, which reads
+only the previous shards overlapping each rank's new slice and never merges the whole model.
 
     python -m pipeline.train.tp_merge OUT_DIR --out merged.ckpt [--step N]
 """
@@ -16,22 +17,62 @@ import argparse
 import os
 import sys
 
+import numpy as np
+
 from . import checkpoint as ckpt
 from . import commit
-from .parallel import merge_tp
+from .parallel import merge_tp, split_axis
 
 
 def merged_weights(marker: dict) -> dict:
     """Whole-model weights (numpy) of a committed step: TP ranks ``0..t-1`` of its first data-parallel replica,
     each checked against the marker's digest and its layout metadata, merged along the split axes."""
+    return merge_tp([_verified_shard(marker, r) for r in range(marker["layout"]["tensor_parallel"])])
+
+
+def _verified_shard(marker: dict, r: int) -> dict:
     tp = marker["layout"]["tensor_parallel"]
-    shards = []
-    for r in range(tp):
-        path, digest = commit.file_of(marker, r)
-        pd, meta = ckpt.load_verified(path, digest)
-        ckpt.check_layout(path, meta, {"tensor_parallel": tp, "tp_rank": r, "dp_rank": 0})
-        shards.append({k: v.asnumpy() for k, v in ckpt.weights_only(pd).items()})
-    return merge_tp(shards)
+    path, digest = commit.file_of(marker, r)
+    pd, meta = ckpt.load_verified(path, digest)
+    ckpt.check_layout(path, meta, {"tensor_parallel": tp, "tp_rank": r, "dp_rank": 0})
+    return {k: v.asnumpy() for k, v in ckpt.weights_only(pd).items()}
+
+
+def resliced_weights(marker: dict, tp: int, tp_rank: int) -> dict:
+    """The weights TP rank ``tp_rank`` of a ``tp``-way layout needs from a committed step of another TP degree,
+    without merging the model: only the previous ranks whose slice overlaps this rank's are read, one file at a
+    time, and only the overlap of each is kept. Host memory: this rank's new shard plus one previous shard."""
+    return reslice(lambda r: _verified_shard(marker, r), marker["layout"]["tensor_parallel"], tp, tp_rank)
+
+
+def reslice(load_rank, prev_tp: int, tp: int, tp_rank: int) -> dict:
+    """``load_rank(r)`` -> the weight dict (numpy) of previous TP rank ``r``; returns this rank's slices. Every
+    split parameter divides the same way (rank r holds fraction ``[r/prev_tp, (r+1)/prev_tp)`` of its split axis),
+    so the previous ranks to read are the same for every parameter."""
+    lo_f, hi_f = tp_rank * prev_tp, (tp_rank + 1) * prev_tp  # this rank's range, in units of 1/(tp * prev_tp)
+    out: dict = {}
+    for r in range(prev_tp):
+        r_lo, r_hi = r * tp, (r + 1) * tp
+        if r_hi <= lo_f or r_lo >= hi_f:
+            continue
+        for name, piece in load_rank(r).items():
+            axis = split_axis(name)
+            if axis is None:
+                out.setdefault(name, piece)
+                continue
+            n_prev = piece.shape[axis]  # rows (or columns) of one previous shard
+            unit = n_prev // tp          # rows per 1/(tp * prev_tp) of the full axis
+            a, b = max(lo_f, r_lo), min(hi_f, r_hi)
+            src = [slice(None)] * piece.ndim
+            src[axis] = slice((a - r_lo) * unit, (b - r_lo) * unit)
+            if name not in out:
+                shape = list(piece.shape)
+                shape[axis] = n_prev * prev_tp // tp
+                out[name] = np.empty(shape, piece.dtype)
+            dst = [slice(None)] * piece.ndim
+            dst[axis] = slice((a - lo_f) * unit, (b - lo_f) * unit)
+            out[name][tuple(dst)] = piece[tuple(src)]
+    return out
 
 
 def merge_checkpoints(out_dir: str, dest: str, step: int | None = None) -> dict:

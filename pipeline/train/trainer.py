@@ -230,7 +230,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         "seq_len": seq_len, "data": data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
         "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": mplan.to_dict(),
         "param_bytes_per_rank": param_bytes(net), "optimizer_bytes_per_rank": opt.state_bytes(),
-        "gradient_bytes_per_rank": grad_bytes(net, job.grad_accum), "peak_rss_bytes": _peak_rss(),
+        "gradient_bytes_per_rank": grad_bytes(net, job.grad_accum, opt), "peak_rss_bytes": _peak_rss(),
         "distributed_optimizer": job.distributed_optimizer,
     }
     _fence(lease)
@@ -303,7 +303,7 @@ def _write_rank_digest(job: TrainJob, net, rank: int, step: int, opt, resumed_fr
     write_json(os.path.join(job.out_dir, "ranks", f"rank_{rank:05d}.json"),
                {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid(),
                 "param_bytes": param_bytes(net), "optimizer_bytes": opt.state_bytes(), "resumed_from": resumed_from,
-                "gradient_bytes": grad_bytes(net, job.grad_accum), "peak_rss_bytes": _peak_rss()})
+                "gradient_bytes": grad_bytes(net, job.grad_accum, opt), "peak_rss_bytes": _peak_rss()})
 
 
 def _peak_rss() -> int:
