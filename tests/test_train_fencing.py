@@ -195,3 +195,41 @@ def test_cancel_stops_every_rank_of_a_two_rank_job(data, tmp_path):
     assert ps.stdout.strip() == "", ps.stdout         # no rank left behind
     print(f"cancel stopped both ranks after step {stops[0][0]} in {stopped_s:.1f} s (rc {rc}), "
           f"rank 0's stop_after {lease['stop_after']}")
+
+
+@pytest.mark.slow
+def test_a_job_paused_between_fence_and_rename_leaves_nothing_after_a_takeover(data, tmp_path):
+    """The step-4 save passes its fence, then the process stalls (``fail_mode="pause_after_fence"``) while another
+    job takes the folder over. When it goes on, its rename is taken back: no step-4 file, sidecar or marker, the
+    new holder's lease and the status row stay as they were, and the job stops with LeaseLost."""
+    from pipeline.train import commit
+    from pipeline.train.testing_hooks import PAUSED, RESUME
+
+    out = tmp_path / "stage"
+    job = _job(data, out, steps=8, fail_at_step=4, fail_mode="pause_after_fence")
+    proc = _start(job, "stalled")
+    try:
+        _wait(lambda: (out / PAUSED).exists(), proc, what="the pause after the step-4 fence")
+        gen = read_lease(out)["generation"] + 1
+        adopted = [m["step"] for m in commit.committed(str(out))]
+        assert adopted == [2]
+        fd = os.open(out / CLAIMS / f"{gen:010d}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        with os.fdopen(fd, "w") as fh:  # a claim as Lease._claim writes it: what the new job takes over as valid
+            json.dump({"job_id": "new", "adopted_steps": adopted}, fh)
+        new = {"job_id": "new", "generation": gen, "beat": 0, "host": "elsewhere", "pid": 1, "released": False,
+               "stop": None}
+        write_json(out / "lease.json", new)
+        status = (out / "status.json").read_bytes()
+        rows = _metric_rows(out)
+    finally:
+        (out / RESUME).touch()
+    rc = proc.wait(timeout=300)
+    err = proc.stderr.read()
+    assert rc == 3, err[-3000:]
+    assert "LeaseLost: job stalled" in err
+    assert not list((out / "checkpoints").glob("step_00000004*")), sorted(os.listdir(out / "checkpoints"))
+    assert not list((out / "checkpoints").glob(".step_*")) and not list(out.glob(".*.tmp"))
+    assert [m["step"] for m in commit.committed(str(out))] == [2]
+    assert read_lease(out) == new
+    assert (out / "status.json").read_bytes() == status
+    assert _metric_rows(out) == rows

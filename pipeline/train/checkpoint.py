@@ -33,6 +33,8 @@ import mindspore as ms
 
 from pipeline.io import sha256_file
 
+from . import fenced
+
 log = logging.getLogger("mindloom.train")
 
 _NAME = re.compile(r"^step_(\d{8})\.ckpt$")
@@ -52,7 +54,7 @@ def ckpt_path(out_dir: str, step: int) -> str:
     return os.path.join(ckpt_dir(out_dir), f"step_{step:08d}.ckpt")
 
 
-def save(opt, out_dir: str, step: int, meta: dict, fence=None) -> str:
+def save(opt, out_dir: str, step: int, meta: dict, fence=None, weights: bool = True) -> str:
     """Save ``opt`` (weights + moments + global_step) plus ``meta``; pruning waits for the commit (commit.prune).
     ``fence()`` (raises when the job lost its lease) runs before anything is renamed into place: a fenced-off job
     leaves only a temp file, which the next job's start removes."""
@@ -60,16 +62,21 @@ def save(opt, out_dir: str, step: int, meta: dict, fence=None) -> str:
     os.makedirs(d, exist_ok=True)
     final = ckpt_path(out_dir, step)
     tmp = os.path.join(d, f".step_{step:08d}.tmp.ckpt")
-    ms.save_checkpoint(opt, tmp, append_dict={**_encode_meta(meta), **rng_state()})
+    keep = None if weights else (lambda name: not is_weight(name))  # optimizer state only (the weights: dp rank 0)
+    ms.save_checkpoint(opt, tmp, append_dict={**_encode_meta(meta), **rng_state()}, choice_func=keep)
     digest = sha256_file(tmp)
-    if fence is not None:
-        fence()
     side_tmp = final + ".sha256.tmp"
     with open(side_tmp, "w", encoding="utf-8") as f:
         f.write(f"{digest}  {os.path.basename(final)}\n")
-    os.replace(side_tmp, final + ".sha256")
     os.chmod(tmp, 0o644)
-    os.replace(tmp, final)
+    fence = fence or fenced.no_fence
+    try:
+        fenced.publish(side_tmp, final + ".sha256", fence)
+        fenced.publish(tmp, final, fence)
+    finally:
+        for p in (tmp, side_tmp):
+            if os.path.exists(p):
+                os.remove(p)
     return final
 
 
@@ -200,10 +207,14 @@ _NOT_WEIGHTS = ("adam_m.", "adam_v.", "accum.", "master.")
 _OPT_SCALARS = ("global_step", "adam_step", "learning_rate", "beta1_power", "beta2_power", "master_synced")
 
 
+def is_weight(name: str) -> bool:
+    return not name.startswith(_NOT_WEIGHTS) and name not in _OPT_SCALARS and name not in META_ARRAY \
+        and name not in META_INT and name not in META_FLOAT
+
+
 def weights_only(pd: dict) -> dict:
     """The model weights of a loaded checkpoint dict (no moments, optimizer scalars or metadata)."""
-    return {k: v for k, v in pd.items()
-            if not k.startswith(_NOT_WEIGHTS) and k not in _OPT_SCALARS and k not in META_ARRAY}
+    return {k: v for k, v in pd.items() if is_weight(k)}
 
 
 def assign_weights(net, raw: dict, what: str) -> int:

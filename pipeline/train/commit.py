@@ -23,7 +23,9 @@ import logging
 import os
 import re
 
-from pipeline.io import read_json, write_json
+from pipeline.io import read_json
+
+from . import fenced
 
 log = logging.getLogger("mindloom.train")
 
@@ -74,25 +76,74 @@ def read_marker(path: str) -> dict:
 
 
 def committed(out_dir: str) -> list[dict]:
-    """Valid commit markers of ``out_dir``, newest first; a malformed marker is logged and skipped."""
+    """Valid commit markers of ``out_dir``, newest first. A malformed marker is logged and skipped, and so is one
+    that a job wrote after a later lease generation took the folder over (:func:`stale_reason`)."""
     out = []
+    claims = _claims_adopted(out_dir)
     for step in committed_steps(out_dir):
         try:
-            out.append(read_marker(marker_path(out_dir, step)))
+            m = read_marker(marker_path(out_dir, step))
         except ValueError as e:
             log.warning("skipping %s", e)
+            continue
+        if why := stale_reason(m, claims):
+            log.warning("skipping commit marker %s: %s", m["marker"], why)
+            continue
+        out.append(m)
     return out
 
 
+def _claims_adopted(out_dir: str) -> dict[int, set[int] | None]:
+    """Lease generation -> the committed steps its job found valid when it claimed the folder (None: a claim from
+    before claims recorded them)."""
+    out: dict[int, set[int] | None] = {}
+    claims = os.path.join(out_dir, "lease.claims")
+    for name in os.listdir(claims) if os.path.isdir(claims) else []:
+        if not name.isdigit():
+            continue
+        try:
+            steps = read_json(os.path.join(claims, name)).get("adopted_steps")
+        except (OSError, ValueError, AttributeError):
+            steps = None
+        out[int(name)] = None if steps is None else {int(s) for s in steps}
+    return out
+
+
+def stale_reason(marker: dict, claims: dict[int, set[int] | None]) -> str | None:
+    """Why ``marker`` is not part of the folder's history, or None: a marker of lease generation g counts only if
+    every later generation adopted its step when it claimed the folder. One that appears after a takeover (its job
+    stalled between its fence and its rename) was adopted by nobody."""
+    gen = int(marker.get("generation") or 0)
+    for later, adopted in sorted(claims.items()):
+        if later > gen and adopted is not None and marker["step"] not in adopted:
+            return (f"written by lease generation {gen} (job {marker.get('job_id')}) but not adopted by generation "
+                    f"{later}, which took the stage folder over before it appeared")
+    return None
+
+
+def valid_rows(out_dir: str, rows: list[dict]) -> list[dict]:
+    """Metric rows that belong to the folder's history: a row of lease generation g at step s is dropped when a
+    later generation claimed the folder with no committed step at or past s (the row was written after it took
+    over, by a job that stalled past its fence)."""
+    claims = {g: max(a) if a else 0 for g, a in _claims_adopted(out_dir).items() if a is not None}
+    if not claims:
+        return rows
+    return [r for r in rows if all(r.get("step", 0) <= upto for g, upto in claims.items()
+                                   if g > int(r.get("generation") or 0))]
+
+
 def file_of(marker: dict, rank: int) -> tuple[str, str]:
-    """(absolute path, sha256) of the file rank ``rank`` of the marker's layout wrote (rank 0's when one rank
-    wrote for all, i.e. replicated state)."""
-    f = marker["files"][rank if marker["ranks"] > 1 else 0]
+    """(absolute path, sha256) of the file that holds rank ``rank``'s state: its own, or where fewer ranks wrote
+    (replicated state), the file of the writing rank it replicates: rank 0 when one rank wrote for all, its TP
+    rank's (``rank % tp``) when the first data-parallel replica wrote."""
+    f = marker["files"][rank % marker["ranks"]]
     return os.path.join(marker["stage_dir"], f["path"]), f["sha256"]
 
 
-def write_marker(out_dir: str, step: int, layout: dict, writers: int) -> str:
-    """Rank 0, after barrier 1: one marker over the ``writers`` rank files of ``step`` (digests from sidecars)."""
+def write_marker(out_dir: str, step: int, layout: dict, writers: int, job_id: str | None = None,
+                 generation: int | None = None, fence=fenced.no_fence) -> str:
+    """Rank 0, after barrier 1: one marker over the ``writers`` rank files of ``step`` (digests from sidecars),
+    with the job id and lease generation that wrote it, published between two fences (``fenced.publish``)."""
     files = []
     for r in range(writers):
         path = rank_file(out_dir, r, step)
@@ -100,8 +151,8 @@ def write_marker(out_dir: str, step: int, layout: dict, writers: int) -> str:
             digest = f.read().split()[0]
         files.append({"rank": r, "path": os.path.relpath(path, out_dir), "sha256": digest})
     dest = marker_path(out_dir, step)
-    write_json(dest, {"step": step, "ranks": writers, "layout": {k: int(layout[k]) for k in LAYOUT_FIELDS},
-                      "files": files})
+    fenced.write_json(dest, {"step": step, "ranks": writers, "layout": {k: int(layout[k]) for k in LAYOUT_FIELDS},
+                             "files": files, "job_id": job_id, "generation": generation}, fence)
     return dest
 
 

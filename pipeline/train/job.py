@@ -71,7 +71,7 @@ class TrainJob:
     device_memory_gb: float = _recipe("device_memory_gb")  # > 0: refuse a layout whose memory plan exceeds it
     metrics_every: int = _recipe("metrics_every")  # host sync period: loss/metrics fetched every N steps
     fail_at_step: int | None = None  # tests only: crash after this step's checkpoint (see testing_hooks.py)
-    fail_mode: str = "raise"  # tests only: "raise" (exception) | "kill" (SIGKILL) | "kill_between_saves" (mid-save)
+    fail_mode: str = "raise"  # tests only: "raise" | "kill" (SIGKILL) | "kill_between_saves" | "pause_after_fence"
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -138,8 +138,8 @@ class TrainJob:
         if not isinstance(self.eval_data, dict) or not all(
                 isinstance(k, str) and k and isinstance(v, str) and v for k, v in self.eval_data.items()):
             raise bad("eval_data", "must map domain names to MindRecord directories")
-        if self.fail_mode not in ("raise", "kill", "kill_between_saves"):
-            raise bad("fail_mode", "must be 'raise', 'kill' or 'kill_between_saves'")
+        if self.fail_mode not in ("raise", "kill", "kill_between_saves", "pause_after_fence"):
+            raise bad("fail_mode", "must be 'raise', 'kill', 'kill_between_saves' or 'pause_after_fence'")
         check_precision(self.device, self.mode, self.precision)
         if self.fail_at_step is not None and (
             not isinstance(self.fail_at_step, int) or isinstance(self.fail_at_step, bool) or self.fail_at_step <= 0

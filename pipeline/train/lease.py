@@ -34,6 +34,7 @@ A local pid means nothing on another host, a recycled pid lies even on the same 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import logging
@@ -48,6 +49,8 @@ from pathlib import Path
 
 from pipeline.io import write_json
 
+from . import fenced
+
 log = logging.getLogger("mindloom.train")
 
 HEARTBEAT_S = 5.0
@@ -56,6 +59,17 @@ CANCEL_GRACE_S = 60.0
 STARTUP_S = 300.0               # how long ranks > 0 wait for rank 0 to take the lease
 LOCK, LEASE, CANCEL, CLAIMS = ".lock", "lease.json", "cancel.json", "lease.claims"
 JOB_ID_ENV = "MINDLOOM_JOB_ID"
+#: flock errors that mean "this filesystem has no locks" (NFS nolock, some Lustre mounts), not "busy"
+NO_LOCKS = tuple(getattr(errno, n) for n in ("ENOLCK", "ENOSYS", "EOPNOTSUPP", "ENOTSUP") if hasattr(errno, n))
+
+
+def boot_id() -> str | None:
+    """This kernel's boot id: two processes with the same one share a kernel, where a granted flock is exact."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id", encoding="utf-8") as f:
+            return f.read().strip()
+    except OSError:
+        return None
 
 
 class StageBusy(RuntimeError):
@@ -218,6 +232,8 @@ class Lease:
         self._write_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._started = time.monotonic()
+        self.locked = False                   # flock granted (False where the filesystem has no locks)
+        self.compiling_since: float | None = None
 
     # -- lifecycle -------------------------------------------------------------------------------------------
 
@@ -236,7 +252,8 @@ class Lease:
         if not self.holder:
             return
         if self.lost is None and self._why_lost() is None:   # never overwrite another job's lease
-            self._write(final=True, stop=f"{exc_type.__name__}: {exc}" if exc_type is not None else None)
+            with contextlib.suppress(LeaseLost):
+                self._write(final=True, stop=f"{exc_type.__name__}: {exc}" if exc_type is not None else None)
         if self._fh is not None:
             fcntl.flock(self._fh, fcntl.LOCK_UN)
             self._fh.close()
@@ -246,12 +263,19 @@ class Lease:
         self._fh = open(self.out_dir / LOCK, "a+")  # noqa: SIM115 - held until __exit__
         try:
             fcntl.flock(self._fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            self.locked = True
         except BlockingIOError:
             self._fh.close()
             holder = read_lease(self.out_dir) or {}
             raise StageBusy(f"stage folder {self.out_dir} is locked by job {holder.get('job_id')} on host "
                             f"{holder.get('host')} (pid {holder.get('pid')}, heartbeat {holder.get('beat')}); "
                             f"refusing to start a second trainer there") from None
+        except OSError as e:
+            if e.errno not in NO_LOCKS:
+                self._fh.close()
+                raise
+            log.warning("stage folder %s: flock is not available here (%s); the lease's claims and heartbeat "
+                        "alone keep a second trainer out", self.out_dir, errno.errorcode.get(e.errno, e.errno))
         try:
             self._claim()
             (self.out_dir / CANCEL).unlink(missing_ok=True)  # a request for an earlier job does not apply
@@ -266,8 +290,10 @@ class Lease:
     def _claim(self) -> None:
         """Take the next generation with a create-exclusive claim file, after deciding the current holder is gone."""
         cur = read_lease(self.out_dir)
-        if cur and not cur.get("released") and cur.get("host") != socket.gethostname():
-            # The lock may not reach across hosts: the other holder is alive if its counter moves.
+        if cur and not cur.get("released") and not (self.locked and cur.get("boot_id") == boot_id()):
+            # The lock proves the holder gone only within one kernel (same boot id: flock is exact there). A host
+            # name proves nothing (pods reuse them), and a lock may not reach across hosts or may not exist: the
+            # other holder is alive if its counter moves.
             log.info("stage folder %s: lease of job %s on host %s not released; watching its heartbeat for up to "
                      "%.0f s before taking over", self.out_dir, cur.get("job_id"), cur.get("host"),
                      self.takeover_wait_s)
@@ -284,8 +310,12 @@ class Lease:
         except FileExistsError:
             raise StageBusy(f"stage folder {self.out_dir}: another trainer claimed lease generation {gen} at the "
                             f"same time; refusing to start a second trainer there") from None
+        from .commit import committed
+
+        adopted = [m["step"] for m in committed(str(self.out_dir))]   # what this generation takes over as valid
         with os.fdopen(fd, "w") as fh:
-            json.dump({"job_id": self.job_id, "host": socket.gethostname(), "pid": os.getpid()}, fh)
+            json.dump({"job_id": self.job_id, "host": socket.gethostname(), "pid": os.getpid(),
+                       "adopted_steps": adopted}, fh)
         self.generation = gen
 
     # -- fencing and what the training loop calls ------------------------------------------------------------
@@ -293,17 +323,24 @@ class Lease:
     def _why_lost(self) -> str | None:
         """None while this job holds the lease, else why not (read from the files, not from memory)."""
         lease = read_lease(self.out_dir)
+        gen = self.generation
         if lease is None:
-            return f"{self.out_dir / LEASE} is gone"
-        if self.job_id is None or lease.get("job_id") != self.job_id:
-            return (f"the stage folder's lease now names job {lease.get('job_id')} on host {lease.get('host')} "
-                    f"(generation {lease.get('generation')}), not this job {self.job_id}")
-        gen = self.generation if self.generation is not None else lease.get("generation")
-        if gen is not None and lease.get("generation") != gen:
+            if gen is None or not self.holder:
+                return f"{self.out_dir / LEASE} is gone"
+        elif self.job_id is None or lease.get("job_id") != self.job_id:
+            other = lease.get("generation")
+            # a job of an OLDER generation writing late (it stalled past a fence) does not take the folder: the
+            # claim files decide, and the next heartbeat writes this job's lease again
+            if not (self.holder and gen is not None and other is not None and int(other) < gen):
+                return (f"the stage folder's lease now names job {lease.get('job_id')} on host {lease.get('host')} "
+                        f"(generation {other}), not this job {self.job_id}")
+        gen = gen if gen is not None else (lease or {}).get("generation")
+        if gen is not None and lease is not None and lease.get("job_id") == self.job_id \
+                and lease.get("generation") != gen:
             return f"the lease's generation is {lease.get('generation')}, this job holds {gen}"
         if gen is not None and (self.out_dir / CLAIMS / f"{int(gen) + 1:010d}").exists():
             return f"another job claimed lease generation {int(gen) + 1}"
-        if not self.holder and lease.get("released") and lease.get("stop"):
+        if not self.holder and lease is not None and lease.get("released") and lease.get("stop"):
             return f"rank 0 ended the job: {lease['stop']}"       # a plain release: rank 0 finished, we may too
         return None
 
@@ -325,6 +362,11 @@ class Lease:
         if self.lost is not None:
             raise LeaseLost(f"job {self.job_id} (rank {self.rank}) lost its lease: {self.lost}; stopping without "
                             f"writing")
+
+    def compiling(self) -> None:
+        """The job starts its first step (graph compile included): the stall timer runs from now, not from the
+        lease's creation, so building a 70b model on the host does not count against it."""
+        self.compiling_since = self.last_step_at = time.monotonic()
 
     def step_done(self, step: int) -> None:
         """Record progress; raise :class:`LeaseLost` or :class:`JobCancelled` when the job must stop."""
@@ -359,12 +401,24 @@ class Lease:
     def _write(self, final: bool = False, stop: str | None = None) -> None:
         # the training thread (stop_after) and the heartbeat thread both write: one at a time, each with the state
         # as it is when it holds the lock, so a heartbeat built before a decision can never land after it
+        # published between two fences (fenced.py): a heartbeat that lost the lease in the window takes its
+        # write back instead of leaving it over the new holder's lease
         with self._write_lock:
-            write_json(self.out_dir / LEASE, {
+            fenced.write_json(self.out_dir / LEASE, {
                 "job_id": self.job_id, "generation": self.generation, "beat": self.beat,
-                "host": socket.gethostname(), "pid": os.getpid(), "started_at": self.started_at,
+                "host": socket.gethostname(), "boot_id": boot_id(), "pid": os.getpid(),
+                "started_at": self.started_at, "compiling": self.compiling_since is not None or self.step > 0,
                 "written_at": time.time(), "step": self.step, "released": final, "stop": stop,
-                "stop_after": self.stop_after, "cancel": self.cancel_reason if self.stop_after is not None else None})
+                "stop_after": self.stop_after, "cancel": self.cancel_reason if self.stop_after is not None else None},
+                self._fence_quiet)
+
+    def _fence_quiet(self) -> None:
+        """The fence of a lease write: the job's own claim decides, as in :meth:`_why_lost`."""
+        why = self._why_lost()
+        if why is not None:
+            self.lost = self.lost or why
+            self._lost_at = self._lost_at or time.monotonic()
+            raise LeaseLost(f"job {self.job_id} lost its lease: {why}")
 
     def _poll_cancel(self) -> None:
         if not self.holder and self.generation is None:
@@ -387,7 +441,8 @@ class Lease:
                     self.fence()
                 if self.lost is None:
                     self.beat += 1
-                    self._write()
+                    with contextlib.suppress(LeaseLost):   # lost inside the write's window: taken back
+                        self._write()
             self._bounded_stop()
 
     def _watch(self) -> None:
@@ -421,7 +476,8 @@ class Lease:
             if now - self._cancel_seen_at > self.cancel_grace_s:
                 self._end(f"cancelled: {self.cancel_reason}; the current step did not finish within "
                           f"{self.cancel_grace_s:.0f} s, so the job was ended")
-        elif self.stall_timeout_s and now - self.last_step_at > self.stall_timeout_s:
+        elif self.stall_timeout_s and (self.step > 0 or self.compiling_since is not None) \
+                and now - self.last_step_at > self.stall_timeout_s:
             logs = sorted(self.out_dir.glob("launcher.try*.log"), key=lambda p: p.stat().st_mtime)
             log_tail = (_tail(logs[-1]) if logs else "") or "(no launcher log)"
             self._end(f"stalled: no step finished for {now - self.last_step_at:.0f} s "

@@ -23,8 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from pipeline.io import write_json
-
+from . import fenced
 from .job import TrainJob
 
 
@@ -49,8 +48,9 @@ def _no_fence() -> None:
 class JsonlLogger:
     """Appends ``{"step": step, "job_id": job_id, **metrics}`` per call to ``path``, after ``fence()``."""
 
-    def __init__(self, path: str, job_id: str | None = None, fence: Callable[[], None] = _no_fence):
-        self.path, self.job_id, self.fence = path, job_id, fence
+    def __init__(self, path: str, job_id: str | None = None, fence: Callable[[], None] = _no_fence,
+                 generation: Callable[[], int | None] = lambda: None):
+        self.path, self.job_id, self.fence, self.generation = path, job_id, fence, generation
         self._fh = None
 
     def truncate_after(self, last_step: int) -> None:
@@ -68,7 +68,8 @@ class JsonlLogger:
         self.fence()
         if self._fh is None:
             self._fh = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 - closed in close()
-        self._fh.write(json.dumps({"step": step, "job_id": self.job_id, **metrics}) + "\n")
+        self._fh.write(json.dumps({"step": step, "job_id": self.job_id, "generation": self.generation(),
+                                   **metrics}) + "\n")
         self._fh.flush()  # the Airflow operator tails this file
 
     def close(self) -> None:
@@ -114,15 +115,16 @@ class StatusFile:
     """``status.json`` (atomic) of rank 0: state, step, loss, error, pid, job id; other ranks write nothing."""
 
     def __init__(self, job: TrainJob, enabled: bool, job_id: str | None = None,
-                 fence: Callable[[], None] = _no_fence):
+                 fence: Callable[[], None] = _no_fence, generation: Callable[[], int | None] = lambda: None):
         self.job, self.enabled, self.job_id, self.fence = job, enabled, job_id, fence
+        self.generation = generation
         self.last_step, self.last_loss = 0, None  # progress, for the FAILED status of an exception
 
     def write(self, state: str, step: int, loss: float | None = None, error: str | None = None, **extra) -> None:
         self.last_step, self.last_loss = step, loss if loss is not None else self.last_loss
         if self.enabled:
-            self.fence()
-            write_json(os.path.join(self.job.out_dir, "status.json"), {
+            fenced.write_json(os.path.join(self.job.out_dir, "status.json"), {
                 "state": state, "step": step, "total_steps": self.job.steps, "pid": os.getpid(),
-                "job_id": self.job_id,
-                "loss": self.last_loss, "error": error, "stage": self.job.stage, "updated_at": time.time(), **extra})
+                "job_id": self.job_id, "generation": self.generation(),
+                "loss": self.last_loss, "error": error, "stage": self.job.stage, "updated_at": time.time(), **extra},
+                self.fence)

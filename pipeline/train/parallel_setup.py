@@ -48,8 +48,20 @@ def sharded(lay: RankLayout, zero: bool) -> bool:
 
 
 def writers(lay: RankLayout, zero: bool) -> int:
-    """How many ranks write a file per checkpoint: all of them when sharded, else rank 0 for all."""
-    return lay.tp * lay.dp if sharded(lay, zero) else 1
+    """How many ranks write a file per checkpoint: one copy of replicated state. Every rank under ZeRO (each holds
+    its own moment blocks; only data-parallel rank 0 of each TP group also saves the weights, see
+    :func:`saves_weights`), the first data-parallel replica (ranks ``0..tp-1``) under tensor parallel alone, else
+    rank 0 for all."""
+    if zero and lay.dp > 1:
+        return lay.tp * lay.dp
+    return lay.tp if lay.tp > 1 else 1
+
+
+def saves_weights(lay: RankLayout) -> bool:
+    """Whether this rank's file holds the model weights: the weights of a TP shard are the same on every
+    data-parallel rank, so only data-parallel rank 0 keeps them (a 70b checkpoint at TP 8 x DP 16 holds its
+    weights once, not 16 times)."""
+    return lay.dp_rank == 0
 
 
 def ckpt_root(out_dir: str, rank: int, lay: RankLayout, zero: bool) -> str:

@@ -29,7 +29,7 @@ from . import checkpoint as ckpt
 from . import commit, testing_hooks
 from .data import DataPosition
 from .parallel import RankLayout, split_axis, take_shard
-from .parallel_setup import ckpt_root, expected_file_layout, layout_meta, writers
+from .parallel_setup import ckpt_root, expected_file_layout, layout_meta, saves_weights, writers
 
 log = logging.getLogger("mindloom.train")
 
@@ -55,12 +55,14 @@ def check_same_layout(job, meta: dict, dp: int, seq_len: int, what: str) -> None
 
 
 def check_marker_layout(marker: dict, lay: RankLayout, zero: bool, what: str, hint: str) -> None:
-    """Full state (moments per shard) only loads into the layout that wrote it: one line naming marker and field."""
+    """Full state (moments per shard) only loads into the layout that wrote it: one line naming marker and field.
+    (A TP marker from before one copy of replicated state listed every rank's file: tp x dp, also accepted.)"""
     have = marker["layout"]
+    older = lay.tp * lay.dp if lay.tp > 1 and not zero else None
     for field, got, want in (("tensor_parallel", have["tensor_parallel"], lay.tp),
                              ("zero_shards", have["zero_shards"], lay.dp if zero else 1),
                              ("ranks", marker["ranks"], writers(lay, zero))):
-        if got != want:
+        if got != want and not (field == "ranks" and got == older):
             raise commit.LayoutMismatch(f"{what} {marker['marker']}: written with {field}={got}, this run has "
                                         f"{field}={want}; {hint}")
 
@@ -83,8 +85,9 @@ def restore(job, net, opt, scaler, lay: RankLayout, rank: int, seq_len: int) -> 
         return m["step"], DataPosition.from_meta(meta), m["step"]
     if steps := commit.committed_steps(job.out_dir):  # markers exist, none readable (each was logged)
         raise ValueError(f"resume of {job.out_dir}: its {len(steps)} commit marker(s) "
-                         f"{[commit.marker_path(job.out_dir, s) for s in steps]} are all malformed; repair them or "
-                         f"move the checkpoints folder aside to train this stage again from its start")
+                         f"{[commit.marker_path(job.out_dir, s) for s in steps]} are all malformed or stale (see the "
+                         f"warnings); repair them or move the checkpoints folder aside to train this stage again "
+                         f"from its start")
     if ckpt.list_checkpoints(ckpt_root(job.out_dir, rank, lay, job.zero)):
         log.warning("%s holds checkpoint files but no commit marker: training restarts from %s", job.out_dir,
                     job.init_from or "scratch")
@@ -104,6 +107,11 @@ def _full_state_loader(lay: RankLayout, zero: bool, rank: int):
         ckpt.check_layout(path, meta, want)
         if meta.get("step") != marker["step"]:
             raise ValueError(f"checkpoint {path}: holds step {meta.get('step')}, its marker says {marker['step']}")
+        if not ckpt.weights_only(pd):  # optimizer state only: the weights are in data-parallel rank 0's file
+            wpath, wdigest = commit.file_of(marker, lay.tp_rank)
+            wpd, wmeta = ckpt.load_verified(wpath, wdigest)
+            ckpt.check_layout(wpath, wmeta, {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank, "dp_rank": 0})
+            pd.update(ckpt.weights_only(wpd))
         return path, pd, meta
 
     return load
@@ -184,7 +192,7 @@ def _init_from_file(job, net, opt, scaler, lay, seq_len):
 
 
 def save(job, opt, scaler, step: int, pos: DataPosition, lay: RankLayout, rank: int, seq_len: int,
-         fence=None) -> str | None:
+         fence=None, owner: tuple | None = None) -> str | None:
     """Write this rank's file of ``step`` (if it writes one), then commit it across ranks (``commit.py``).
     Returns this rank's file (None on a rank that does not write).  ``fence`` (the lease's check, raising
     ``LeaseLost``) runs right before the file is renamed into place and before the commit marker is written, so a
@@ -201,16 +209,16 @@ def save(job, opt, scaler, step: int, pos: DataPosition, lay: RankLayout, rank: 
                         loss_scale_counter=int(scaler.counter.asnumpy()))
         testing_hooks.before_save(job, step, rank, n_writers)
         try:
-            path = ckpt.save(opt, root, step, meta, fence=fence)
+            path = ckpt.save(opt, root, step, meta, fence=fence, weights=saves_weights(lay))
         except Exception as e:  # noqa: BLE001 - reported to every rank through the barrier, then re-raised here
             err = e
     _barrier(err, world, f"checkpoint step {step}")
     if rank == 0:
         testing_hooks.before_commit(job, step, n_writers)
         try:
-            if fence is not None:
-                fence()
-            commit.write_marker(job.out_dir, step, layout_meta(lay, job.zero), n_writers)
+            job_id, generation = owner or (None, None)
+            commit.write_marker(job.out_dir, step, layout_meta(lay, job.zero), n_writers, job_id=job_id,
+                                generation=generation, fence=fence or (lambda: None))
         except Exception as e:  # noqa: BLE001
             err = e
     _barrier(err, world, f"commit of checkpoint step {step}")

@@ -22,9 +22,33 @@ class SimulatedCrash(RuntimeError):
     """Raised by ``fail_at_step`` (tests of the resume path)."""
 
 
+PAUSED, RESUME = "paused_after_fence", "resume_after_pause"
+
+
+def fence_of(job, step: int, lease):
+    """The fence of the step-``step`` checkpoint. ``pause_after_fence`` at ``fail_at_step``: the first fence passes,
+    then the process writes ``PAUSED`` into its folder and waits for ``RESUME`` (at most 300 s) before it goes on
+    to the rename: the stall between a fence and a write that fencing must survive."""
+    if job.fail_mode != "pause_after_fence" or step != job.fail_at_step:
+        return lease.fence
+    calls = []
+
+    def fence():
+        lease.fence()
+        if not calls:
+            calls.append(1)
+            open(os.path.join(job.out_dir, PAUSED), "w").close()
+            deadline = time.time() + 300
+            while not os.path.exists(os.path.join(job.out_dir, RESUME)) and time.time() < deadline:
+                time.sleep(0.05)
+
+    return fence
+
+
 def after_step(job, step: int) -> None:
     """Crash now when the job asks for a simulated failure at ``step``."""
-    if job.fail_at_step is None or step < job.fail_at_step or job.fail_mode == "kill_between_saves":
+    if job.fail_at_step is None or step < job.fail_at_step or job.fail_mode in ("kill_between_saves",
+                                                                                "pause_after_fence"):
         return
     if job.fail_mode == "kill":
         os.kill(os.getpid(), signal.SIGKILL)

@@ -37,7 +37,7 @@ import numpy as np
 from pipeline.io import write_json
 
 from . import checkpoint as ckpt
-from . import commit, resume, testing_hooks
+from . import commit, fenced, resume, testing_hooks
 from .data import TokenBatches
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
@@ -99,10 +99,11 @@ def run_training(job: TrainJob) -> dict:
     rank, world = _distributed(job.tensor_parallel)
     job_id = env_job_id() or (new_job_id() if rank == 0 else None)  # None on ranks > 0: adopt rank 0's
     lease = Lease(job.out_dir, job_id=job_id, rank=rank, stall_timeout_s=job.stall_timeout_min * 60, ranks=world)
-    status = StatusFile(job, enabled=rank == 0, job_id=job_id, fence=lease.fence)
+    status = StatusFile(job, enabled=rank == 0, job_id=job_id, fence=lease.fence, generation=lambda: lease.generation)
     lease.on_stall = lambda msg: status.write("FAILED", status.last_step, status.last_loss, error=msg)
     with lease:
-        logger = JsonlLogger(os.path.join(job.out_dir, "metrics.jsonl"), job_id=job_id, fence=lease.fence) \
+        logger = JsonlLogger(os.path.join(job.out_dir, "metrics.jsonl"), job_id=job_id, fence=lease.fence,
+                             generation=lambda: lease.generation) \
             if rank == 0 else NullLogger()
         if rank == 0:
             lease.fence()
@@ -166,6 +167,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
                                grad_accum=job.grad_accum, start=position)
         window, last_sync = PendingSteps(), start_step
         t_data = time.time()
+        if lease is not None:
+            lease.compiling()  # the stall timer starts here: the host build and resume do not count
         for micro, pos in batches.steps(job.steps - start_step):
             if step == start_step:
                 _check_batch(micro[0], cfg, seq_len)
@@ -190,7 +193,8 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
             if step % job.checkpoint_every == 0 or step == job.steps:
                 _fence(lease)  # a job that lost its lease writes no checkpoint (checked again before the renames)
                 last_ckpt = resume.save(job, opt, scaler, step, pos, lay, rank, seq_len,
-                                        fence=None if lease is None else lease.fence)
+                                        fence=None if lease is None else testing_hooks.fence_of(job, step, lease),
+                                        owner=None if lease is None else (lease.job_id, lease.generation))
             status.write("RUNNING", step, out["loss"])  # every sync point (log_every steps at the most)
             if step // job.log_every > last_sync // job.log_every or step == job.steps:
                 log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
@@ -210,9 +214,9 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         return {"stage": job.stage, "state": "SUCCEEDED", "rank": rank, "steps": step}
 
     _fence(lease)
-    ev = _evaluation(job, net, cfg, seq_len, last_ckpt) if lay.tp == 1 else {
+    ev = _evaluation(job, net, cfg, seq_len, last_ckpt, lease) if lay.tp == 1 else {
         "per_domain": {}, "skipped": "tensor_parallel > 1: evaluate the merged checkpoint (pipeline.train.tp_merge)"}
-    rows = read_jsonl(logger.path) if os.path.exists(logger.path) else []
+    rows = commit.valid_rows(job.out_dir, read_jsonl(logger.path)) if os.path.exists(logger.path) else []
     losses = [r["loss"] for r in rows]
     steady = times[1:] or times  # the first step of a process includes the GRAPH compile
     tok_s = (sum(n for _, n in steady) / sum(t for t, _ in steady)) if steady else None
@@ -233,8 +237,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         "gradient_bytes_per_rank": grad_bytes(net, job.grad_accum, opt), "peak_rss_bytes": _peak_rss(),
         "distributed_optimizer": job.distributed_optimizer,
     }
-    _fence(lease)
-    write_json(os.path.join(job.out_dir, "summary.json"), summary)
+    fenced.write_json(os.path.join(job.out_dir, "summary.json"), summary, lease.fence if lease else fenced.no_fence)
     status.write("SUCCEEDED", step, summary["final_loss"])
     return summary
 
@@ -259,7 +262,7 @@ def _check_finite(out: dict, step: int, scaler) -> None:
         raise FloatingPointError(f"loss {out['loss']}, grad norm {out['grad_norm']} at step {step}")
 
 
-def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None) -> dict:
+def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None, lease: Lease | None = None) -> dict:
     """Evaluate the final weights on ``job.eval_data`` (reused from eval.json when it scored the same checkpoint)."""
     path = os.path.join(job.out_dir, "eval.json")
     if not job.eval_data or job.eval_tokens == 0:
@@ -274,8 +277,9 @@ def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None) -
     score = make_scorer(CausalLMLoss(net, reduction="sum"), jit=job.mode == "graph")
     ev = evaluate(score, job.eval_data, seq_len=seq_len, batch_size=job.micro_batch, max_tokens=job.eval_tokens,
                   pad_id=cfg.pad_id)
-    ev.update(checkpoint=checkpoint, eval_data=job.eval_data, seconds=round(time.time() - t0, 3))
-    write_json(path, ev)
+    ev.update(checkpoint=checkpoint, eval_data=job.eval_data, seconds=round(time.time() - t0, 3),
+              job_id=lease.job_id if lease else None, generation=lease.generation if lease else None)
+    fenced.write_json(path, ev, lease.fence if lease else fenced.no_fence)  # after a long evaluation: fenced
     log.info("eval %s: %s", job.stage, {d: round(v["loss"], 4) if v["loss"] is not None else None
                                         for d, v in ev["per_domain"].items()})
     return ev
