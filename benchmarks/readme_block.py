@@ -1,8 +1,9 @@
-"""The README's benchmark headline block, generated from ``benchmarks/results.json`` (never typed by hand).
+"""The benchmark headline block of docs/benchmarks.md, generated from ``benchmarks/results.json`` (never typed
+by hand).
 
-``run_all.py`` rewrites the text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in README.md every
-time it saves results.json (a full run, ``--refresh`` or ``--report-only``), so the README cannot drift from the
-measurements; ``tests/test_readme_figures.py`` checks that it did not and that every number in it is in
+``run_all.py`` rewrites the text between ``<!-- bench:start -->`` and ``<!-- bench:end -->`` in docs/benchmarks.md
+every time it saves results.json (a full run, ``--refresh`` or ``--report-only``), so the page cannot drift from
+the measurements; ``tests/test_readme_figures.py`` checks that it did not and that every number in it is in
 results.json.  Figures outside the block link to BENCHMARKS.md instead of repeating numbers.
 """
 
@@ -56,7 +57,7 @@ def render_block(results: dict) -> str:
              f"Last `make bench` run started {results.get('started', '?')} (mode {results.get('mode', '?')}); "
              "ratios are mindloom ÷ peer (> 1: mindloom faster), *Met* compares the median with the issue's target "
              "(the worst run where every run must meet it: peak memory, dedup recall). "
-             "Every figure, its runs and its notes: [BENCHMARKS.md](BENCHMARKS.md).", "",
+             "Every figure, its runs and its notes: [BENCHMARKS.md](../BENCHMARKS.md).", "",
              report.headline(results), *_extractors(results), *_memory_plan(results), "", END]
     return "\n".join(lines)
 

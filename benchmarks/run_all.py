@@ -163,10 +163,10 @@ def save_results(results: dict, path: Path, md_path: Path) -> None:
     tmp = md_path.with_suffix(".md.tmp")
     tmp.write_text(md, encoding="utf-8")
     os.replace(tmp, md_path)
-    if md_path == common.BENCHMARKS_MD:                 # the repository's own results: README headline block too
+    if md_path == common.BENCHMARKS_MD:                 # the repository's own results: the docs' headline block too
         import readme_block
 
-        readme_block.update_readme(REPO / "README.md", results)
+        readme_block.update_readme(REPO / "docs" / "benchmarks.md", results)
 
 
 def _order(topic: str) -> int:

@@ -230,9 +230,38 @@ def memory_plan_metrics(runs: list[dict]) -> list[dict]:
                           [max(r["measured"]["peak_rss_bytes"]) / 2**20], compared="peak RSS, largest rank"))
         out.append(metric("memory_plan", f"{r['layout']}_peak_error", "share", [r["peak_error"]], target=0.15,
                           op="<=", compared=f"{size}: abs(peak RSS - predicted) / peak RSS"))
+    for h in res.get("host_build", []):
+        lay = f"{h['preset']}_tp{h['tensor_parallel']}_rank{h['tp_rank']}"
+        out.append(metric("memory_plan", f"host_build_{lay}_mb", "MB", [h["measured_bytes"] / 2**20],
+                          compared=f"peak RSS above the framework while rank {h['tp_rank']} of TP {h['tensor_parallel']} "
+                                   f"builds and draws its {h['preset']} shard ({h['shard_bytes'] / 2**20:.0f} MB); "
+                                   f"building the whole model to slice it held "
+                                   f"{h['whole_model_before_bytes'] / 2**20:.0f} MB"))
+        out.append(metric("memory_plan", f"host_build_{lay}_within_plan", "bool",
+                          [1.0 if h["measured_bytes"] <= h["predicted_bytes"] else 0.0], target=1.0,
+                          compared=f"measured <= the plan's host_init ({h['predicted_bytes'] / 2**20:.0f} MB: shard + "
+                                   f"2 x its largest parameter + 4 MiB)"))
+    out += _preset_70b()
     for m in out:  # one compact table in the README block (readme_block._memory_plan), not 2 headline rows each
         m["headline"] = False
     return out
+
+
+def _preset_70b() -> list[dict]:
+    """The shipped 70b layout (memory_plan.PRESET_LAYOUTS) on 64 GB devices: tokens per step, device and host plan."""
+    from pipeline.train.config import ModelConfig
+    from pipeline.train.memory_plan import PRESET_LAYOUTS, GiB, plan
+
+    lay = PRESET_LAYOUTS["70b"]
+    p = plan(ModelConfig.from_preset("70b"), lay, 64)
+    where = (f"TP {lay.tp} x DP {lay.dp}, micro-batch {lay.micro_batch} x accumulation {lay.grad_accum} x seq "
+             f"{lay.seq_len}, distributed optimizer, recompute, bf16")
+    return [metric("memory_plan", "70b_global_batch_tokens", "tokens",
+                   [lay.micro_batch * lay.grad_accum * lay.dp * lay.seq_len], target=1 << 20, compared=where),
+            metric("memory_plan", "70b_device_gib", "GiB", [p.total / GiB], target=0.9 * 64, op="<=",
+                   compared=f"{where}: plan per 64 GB device"),
+            metric("memory_plan", "70b_host_build_gib", "GiB", [p.host_init / GiB],
+                   compared="plan: host memory per rank while it builds and draws its shard")]
 
 
 def datasketch_metrics(runs: list[dict]) -> list[dict]:

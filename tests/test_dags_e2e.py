@@ -89,11 +89,11 @@ def test_pretrain_has_a_task_and_an_evaluation_per_stage(dagbag):
 
 
 def test_readme_dag_table_describes_pretrain_as_wired():
-    """The README's DAG table names every task the default config gives pretrain (it once said train_main only)."""
+    """The DAG table (docs/operations.md) names every task the default config gives pretrain."""
     from pipeline.config import DEFAULT_CONFIG, load_config
     from pipeline.tasks.pretrain import stage_names
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text(encoding="utf-8")
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text(encoding="utf-8")
     row = next(line for line in readme.splitlines() if line.startswith("| `pretrain` |"))
     stages = stage_names(load_config(DEFAULT_CONFIG))
     assert len(stages) > 1

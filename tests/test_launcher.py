@@ -19,7 +19,6 @@ from pipeline.train.launcher import (
     build_launch,
     layout_from_env,
     msrun_argv,
-    parallel_plan,
     train_program,
 )
 
@@ -145,16 +144,19 @@ def test_layout_from_env_errors_name_the_variable():
         layout_from_env(env, {"master_addr": "127.0.0.1"})
 
 
-def test_entrypoint_dry_run_and_error():
+def test_entrypoint_dry_run_and_error(tmp_path):
     env = {"PATH": "/usr/bin:/bin", "MINDLOOM_NODES": "2", "MINDLOOM_DEVICES_PER_NODE": "8",
            "MINDLOOM_MASTER_ADDR": "10.20.0.11", "JOB_COMPLETION_INDEX": "1", "PYTHONPATH": str(REPO)}
-    cmd = [sys.executable, "-m", "pipeline.train.launcher", "--dry-run", "--job", "/shared/run1/job.json"]
+    job = tmp_path / "run1" / "job.json"
+    job.parent.mkdir()
+    job.write_text(json.dumps({"world_size": 16, "tensor_parallel": 8}))
+    cmd = [sys.executable, "-m", "pipeline.train.launcher", "--dry-run", "--job", str(job)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
     assert out["argv"][:7] == ["msrun", "--worker_num=16", "--local_worker_num=8", "--master_addr=10.20.0.11",
                                "--master_port=8118", "--node_rank=1", "--log_dir=msrun_log"]
-    assert out["argv"][-5:] == ["python", "-m", "pipeline.train", "--job", "/shared/run1/job.json"]
+    assert out["argv"][-5:] == ["python", "-m", "pipeline.train", "--job", str(job)]
     assert out["global_ranks"] == list(range(8, 16))
     bad = subprocess.run(cmd, env={**env, "MINDLOOM_MASTER_PORT": "99999"}, capture_output=True, text=True,
                          timeout=60, cwd=REPO)
@@ -163,58 +165,16 @@ def test_entrypoint_dry_run_and_error():
                                  "(got 99999)"
 
 
-# -- auto-parallel plans ----------------------------------------------------------------------------------------
+# -- the job's parallel layout against the cluster ----------------------------------------------------------------
 
-def test_parallel_plans():
-    dp = parallel_plan(16, device="Ascend", devices_per_node=8, global_batch=64)
-    assert dp.context_kwargs() == {"parallel_mode": "data_parallel", "device_num": 16, "gradients_mean": True}
-    assert dp.dataset_sharded_by_rank and dp.data == 16
-    hybrid = parallel_plan(16, tensor=4, pipeline=2, micro_batches=4, optimizer_shard=True, devices_per_node=8,
-                           global_batch=32, strategy_ckpt_file="/ckpt/strategy.ckpt")
-    assert hybrid.context_kwargs() == {
-        "parallel_mode": "semi_auto_parallel", "device_num": 16, "gradients_mean": False,
-        "dataset_strategy": "full_batch", "pipeline_stages": 2, "enable_parallel_optimizer": True,
-        "strategy_ckpt_config": {"save_file": "/ckpt/strategy.ckpt", "only_trainable_params": False}}
-    assert hybrid.parallel_config() == {"data_parallel": 2, "model_parallel": 4, "pipeline_stage": 2,
-                                        "micro_batch_num": 4, "optimizer_shard": True}
-    assert not hybrid.dataset_sharded_by_rank
-    assert parallel_plan(1, device="CPU").context_kwargs() == {"parallel_mode": "stand_alone"}
-    assert parallel_plan(4, device="CPU").context_kwargs()["parallel_mode"] == "data_parallel"
+def test_the_launcher_refuses_a_cluster_that_does_not_fit_the_jobs_layout(tmp_path):
+    from pipeline.train.launcher import check_job_layout
 
-
-@pytest.mark.parametrize(("kwargs", "field", "text"), [
-    ({"world_size": 16, "tensor": 3}, "tensor", "does not divide world_size=16"),
-    ({"world_size": 16, "tensor": 2, "data": 4}, "data", "= 8, but world_size=16"),
-    ({"world_size": 4, "tensor": 2, "device": "CPU"}, "tensor", "only data parallel on CPU"),
-    ({"world_size": 16, "tensor": 16, "devices_per_node": 8}, "tensor", "would span nodes"),
-    ({"world_size": 16, "pipeline": 4, "micro_batches": 2}, "micro_batches", "must be >= pipeline=4"),
-    ({"world_size": 8, "tensor": 8, "optimizer_shard": True}, "optimizer_shard", "needs data > 1"),
-    ({"world_size": 16, "global_batch": 24}, "global_batch", "not divisible by data × micro_batches = 16"),
-    ({"world_size": 0}, "world_size", "between 1 and 4096"),
-])
-def test_bad_parallel_plan_names_the_field(kwargs, field, text):
-    with pytest.raises(LaunchError) as err:
-        parallel_plan(**kwargs)
-    assert err.value.field == field and text in str(err.value)
-
-
-def test_mindspore_accepts_the_context_kwargs():
-    """Each plan's kwargs go through ms.set_auto_parallel_context (which rejects unknown keys and bad values) and
-    read back unchanged; a fresh process keeps the global context of the other tests clean."""
-    pytest.importorskip("mindspore")
-    plans = [parallel_plan(16), parallel_plan(1),
-             parallel_plan(16, tensor=4, pipeline=2, micro_batches=4, optimizer_shard=True,
-                           strategy_ckpt_file="/ckpt/s.ckpt")]
-    script = (
-        "import json, sys\nimport mindspore as ms\nout = []\n"
-        "for kw in json.loads(sys.argv[1]):\n"
-        "    ms.reset_auto_parallel_context()\n    ms.set_auto_parallel_context(**kw)\n"
-        "    out.append({k: ms.get_auto_parallel_context(k) for k in kw})\n"
-        "print(json.dumps(out))\n")
-    kwargs = [p.context_kwargs() for p in plans]
-    res = subprocess.run([sys.executable, "-c", script, json.dumps(kwargs)], capture_output=True, text=True,
-                         timeout=120)
-    assert res.returncode == 0, res.stderr[-2000:]
-    read_back = json.loads(res.stdout.strip().splitlines()[-1])
-    read_back[2]["strategy_ckpt_config"].pop("load_file")   # MindSpore fills in its default
-    assert read_back == kwargs
+    job = tmp_path / "job.json"
+    job.write_text(json.dumps({"world_size": 16, "tensor_parallel": 8}))
+    check_job_layout(ClusterLayout(nodes=2, devices_per_node=8, master_addr="10.0.0.1"), job)
+    with pytest.raises(LaunchError, match=r"= 12, but the job .* was planned for 16 ranks"):
+        check_job_layout(ClusterLayout(nodes=2, devices_per_node=6, master_addr="10.0.0.1"), job)
+    job.write_text(json.dumps({"world_size": 16, "tensor_parallel": 8}))
+    with pytest.raises(LaunchError, match="tensor_parallel=8 does not divide devices_per_node=4"):
+        check_job_layout(ClusterLayout(nodes=4, devices_per_node=4, master_addr="10.0.0.1"), job)

@@ -1,4 +1,4 @@
-"""The README's benchmark figures come from benchmarks/results.json: the marked block is exactly what
+"""The benchmark figures in docs/benchmarks.md come from benchmarks/results.json: the marked block is exactly what
 benchmarks/readme_block.py renders from it, and every number in the block is a number of results.json."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?")
 
 
 def _block() -> str:
-    text = (REPO / "README.md").read_text(encoding="utf-8")
+    text = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
     assert text.count(readme_block.START) == 1 and text.count(readme_block.END) == 1
     return text[text.index(readme_block.START):text.index(readme_block.END) + len(readme_block.END)]
 

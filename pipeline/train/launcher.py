@@ -1,4 +1,4 @@
-"""Multi-node ``msrun`` launch (argv + environment) and the MindSpore auto-parallel context for a cluster layout.
+"""Multi-node ``msrun`` launch (argv + environment) for a cluster layout, checked against the job's parallel layout.
 
 Why this module exists: a month-long job on N nodes × M devices fails in the first minute — or, worse, hangs for
 the whole ``cluster_time_out`` — when one node gets a different ``--worker_num``, a loopback master address, or a
@@ -216,98 +216,21 @@ def build_launch(layout: ClusterLayout, program: Sequence[str], *, python: str |
                                                                 extra_env=extra_env))
 
 
-# -- auto-parallel context ---------------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class ParallelPlan:
-    """Data × tensor × pipeline degrees over ``world_size`` ranks, and the settings MindSpore needs for them.
-
-    Pure data parallel uses ``parallel_mode="data_parallel"`` (each rank reads its own shard, gradients averaged).
-    Any tensor or pipeline degree needs ``semi_auto_parallel`` with ``dataset_strategy="full_batch"`` (every rank
-    reads the global batch; the framework slices it) and ``gradients_mean=False`` — mindformers' convention.
-    The tensor degree itself is not a context setting: the model's layer shardings use :attr:`tensor`.
-    """
-
-    world_size: int
-    data: int
-    tensor: int = 1
-    pipeline: int = 1
-    micro_batches: int = 1
-    optimizer_shard: bool = False
-    strategy_ckpt_file: str | None = None
-
-    @property
-    def mode(self) -> str:
-        if self.world_size == 1:
-            return "stand_alone"
-        return "data_parallel" if self.tensor == 1 and self.pipeline == 1 else "semi_auto_parallel"
-
-    @property
-    def dataset_sharded_by_rank(self) -> bool:
-        """True: each rank reads 1/world of the data (``num_shards=world, shard_id=rank``)."""
-        return self.mode == "data_parallel"
-
-    def context_kwargs(self) -> dict:
-        """Keyword arguments for ``mindspore.set_auto_parallel_context`` (call after ``init()``)."""
-        if self.mode == "stand_alone":
-            return {"parallel_mode": "stand_alone"}
-        kw: dict = {"parallel_mode": self.mode, "device_num": self.world_size}
-        if self.mode == "data_parallel":
-            kw["gradients_mean"] = True
-        else:
-            kw.update(gradients_mean=False, dataset_strategy="full_batch", pipeline_stages=self.pipeline)
-            if self.strategy_ckpt_file:
-                kw["strategy_ckpt_config"] = {"save_file": self.strategy_ckpt_file, "only_trainable_params": False}
-        if self.optimizer_shard:
-            kw["enable_parallel_optimizer"] = True
-        return kw
-
-    def parallel_config(self) -> dict:
-        """The degrees in mindformers' ``parallel_config`` naming, for model code and run reports."""
-        return {"data_parallel": self.data, "model_parallel": self.tensor, "pipeline_stage": self.pipeline,
-                "micro_batch_num": self.micro_batches, "optimizer_shard": self.optimizer_shard}
-
-
-def parallel_plan(world_size: int, *, tensor: int = 1, pipeline: int = 1, data: int | None = None,
-                  micro_batches: int | None = None, optimizer_shard: bool = False, device: str = "Ascend",
-                  devices_per_node: int | None = None, global_batch: int | None = None,
-                  strategy_ckpt_file: str | None = None) -> ParallelPlan:
-    """Check and complete the parallel degrees (``data`` defaults to what is left of ``world_size``)."""
-    _int("world_size", world_size, 1, MAX_WORLD)
-    _int("tensor", tensor, 1, world_size)
-    _int("pipeline", pipeline, 1, world_size)
-    if data is None:
-        if world_size % (tensor * pipeline):
-            raise LaunchError("tensor", f"tensor × pipeline = {tensor * pipeline} does not divide "
-                                        f"world_size={world_size}")
-        data = world_size // (tensor * pipeline)
-    _int("data", data, 1, world_size)
-    if data * tensor * pipeline != world_size:
-        raise LaunchError("data", f"data × tensor × pipeline = {data}×{tensor}×{pipeline} = "
-                                  f"{data * tensor * pipeline}, but world_size={world_size}")
-    if device not in DEVICES:
-        raise LaunchError("device", f"must be one of {', '.join(DEVICES)} (got {device!r})")
-    if device == "CPU" and (tensor > 1 or pipeline > 1):
-        raise LaunchError("tensor" if tensor > 1 else "pipeline",
-                          "MindSpore supports only data parallel on CPU; use tensor=1, pipeline=1")
-    if devices_per_node is not None and devices_per_node % tensor:
-        raise LaunchError("tensor", f"tensor={tensor} does not divide devices_per_node={devices_per_node}: "
-                                    "a tensor-parallel group would span nodes (all-reduce per layer over the network)")
-    micro_batches = pipeline if micro_batches is None else micro_batches
-    _int("micro_batches", micro_batches, 1)
-    if pipeline > 1 and micro_batches < pipeline:
-        raise LaunchError("micro_batches", f"must be >= pipeline={pipeline} (got {micro_batches}): fewer "
-                                           "micro-batches than stages leaves stages idle")
-    if not isinstance(optimizer_shard, bool):
-        raise LaunchError("optimizer_shard", f"must be true or false (got {optimizer_shard!r})")
-    if optimizer_shard and data == 1:
-        raise LaunchError("optimizer_shard", "shards optimizer state across data-parallel ranks; needs data > 1")
-    if global_batch is not None:
-        _int("global_batch", global_batch, 1)
-        if global_batch % (data * micro_batches):
-            raise LaunchError("global_batch", f"{global_batch} is not divisible by data × micro_batches = "
-                                              f"{data * micro_batches}")
-    return ParallelPlan(world_size, data, tensor, pipeline, micro_batches, optimizer_shard, strategy_ckpt_file)
+def check_job_layout(layout: ClusterLayout, job_path: str | Path) -> None:
+    """The job's parallel layout (``TrainJob.layout``) must fit the cluster: as many ranks as the job was planned
+    for, and each tensor-parallel group inside one node."""
+    try:
+        with open(job_path, encoding="utf-8") as f:
+            job = json.load(f)
+    except (OSError, ValueError) as e:
+        raise LaunchError("job", f"{job_path}: cannot be read ({type(e).__name__}: {e})") from None
+    want, tp = int(job.get("world_size") or 0), int(job.get("tensor_parallel") or 1)
+    if want and want != layout.world_size:
+        raise LaunchError("devices_per_node", f"nodes × devices_per_node = {layout.world_size}, but the job "
+                                              f"{job_path} was planned for {want} ranks (train.workers)")
+    if layout.devices_per_node % tp:
+        raise LaunchError("devices_per_node", f"the job's tensor_parallel={tp} does not divide devices_per_node="
+                                              f"{layout.devices_per_node}: a tensor-parallel group would span nodes")
 
 
 # -- entrypoint of the training image ----------------------------------------------------------------------------
@@ -376,6 +299,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         if bool(args.job) == bool(program):
             raise LaunchError("program", "give exactly one of --job JOB or '-- python ...'")
         layout = layout_from_env(env, {k: getattr(args, k) for k in ENV_FIELDS if k != "bind_core"})
+        if args.job:
+            check_job_layout(layout, args.job)
         launch = build_launch(layout, train_program(args.job) if args.job else program, base_env=env)
     except LaunchError as e:
         print(f"mindloom.launcher: error: {e}", file=sys.stderr)
