@@ -139,6 +139,7 @@ import mindspore as ms
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 from pipeline.train.config import ModelConfig
 from pipeline.train.model import Transformer
+from pipeline.train.parallelize import parallelize
 from pipeline.train.shard_init import init_rank_weights
 from pipeline.train.tp_layers import NO_TP, TPGroup
 
@@ -151,14 +152,14 @@ preset, tp, rank = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 warm = ModelConfig.from_preset("debug", vocab_size=260, dim=16, n_layers=1, n_heads=2, n_kv_heads=2, multiple_of=16)
 from mindspore.nn.utils import no_init_parameters
 with no_init_parameters():
-    small = Transformer(warm, TPGroup(tp, rank, "tp_0") if tp > 1 else NO_TP)
+    small = parallelize(Transformer(warm), TPGroup(tp, rank, "tp_0") if tp > 1 else NO_TP)
 init_rank_weights(small, warm, 7, tp, rank)
 with open("/proc/self/clear_refs", "w") as f:
     f.write("5")  # resets VmHWM to the current RSS: what follows is the build alone
 base = hwm()
 cfg = ModelConfig.from_preset(preset)
 with no_init_parameters():  # as parallel_setup.build_parallel builds a rank's model
-    net = Transformer(cfg, TPGroup(tp, rank, "tp_0") if tp > 1 else NO_TP)
+    net = parallelize(Transformer(cfg), TPGroup(tp, rank, "tp_0") if tp > 1 else NO_TP)
 init_rank_weights(net, cfg, 7, tp, rank)
 print(json.dumps({"build_bytes": hwm() - base, "shard_bytes": sum(p.size * 4 for p in net.trainable_params())}))
 """

@@ -181,7 +181,7 @@ def test_first_continue_update_equals_the_uninterrupted_optimizers_next_update(t
     want_w, want_b = uw.asnumpy(), ub.asnumpy()
 
     stage, sw, sb = make(lrs[3:])  # the new stage's own schedule starts at the LR of update 4
-    job = types.SimpleNamespace(micro_batch=1, grad_accum=1)
+    job = types.SimpleNamespace(micro_batch=1, grad_accum=1, global_batch=lambda dp: dp)
     meta = {"data_epoch": 0, "data_sample": 3, "data_consumed": 3, "global_batch": 1, "seq_len": 8, "micro_batch": 1,
             "grad_accum": 1, "world_size": 1}
     start, pos, _ = _continue(job, stage, None, rank_layout(0, 1, 1), 8, path, ms.load_checkpoint(path), meta)

@@ -70,7 +70,7 @@ def test_prune_keeps_the_newest_committed_steps_and_anything_in_flight(tmp_path)
     for step in (2, 4, 6):
         _fake_step(out, step, 2)
     _fake_step(out, 8, 2)
-    os.remove(commit.marker_path(str(out), 8))  # step 8: written, not committed (a save in flight)
+    os.remove(commit.commit_file(str(out), 8))  # step 8: written, not committed (a save in flight)
     for rank in (1, 0):
         commit.prune(commit.rank_dir(str(out), rank), str(out), keep=2, rank=rank)
     assert sorted(os.listdir(out / "checkpoints")) == [
@@ -167,9 +167,9 @@ def test_no_verifying_marker_is_an_error_naming_every_marker(tmp_path, monkeypat
     assert "none of the 2 committed steps verifies on every rank" in msg and "\n" not in msg
     for step in (2, 4):
         assert f"step_{step:08d}.commit.json: ValueError: checkpoint " in msg
-    with open(commit.marker_path(str(tmp_path / "s"), 4), "w") as f:
+    with open(commit.commit_file(str(tmp_path / "s"), 4), "w") as f:
         f.write("{")  # an unreadable marker is named too, never skipped into a fresh start
-    os.remove(commit.marker_path(str(tmp_path / "s"), 2))
+    os.remove(commit.commit_file(str(tmp_path / "s"), 2))
     with pytest.raises(ValueError, match=r"commit marker\(s\) \[.*step_00000004\.commit\.json'\] are all "
                                          r"malformed"):
         resume.restore(job, None, None, None, rank_layout(0, 1, 1), 0, SEQ)
@@ -189,14 +189,14 @@ def test_prune_after_a_fallback_resume_keeps_the_steps_it_writes(tmp_path):
 
 
 def test_check_layout_refuses_in_one_line_naming_file_and_field():
-    from pipeline.train.checkpoint import check_layout
+    from pipeline.train.checkpoint import check_file_layout
 
     with pytest.raises(commit.LayoutMismatch) as e:
-        check_layout("/x/ranks/rank_00001/checkpoints/step_00000004.ckpt", {"tensor_parallel": 2, "tp_rank": 0},
+        check_file_layout("/x/ranks/rank_00001/checkpoints/step_00000004.ckpt", {"tensor_parallel": 2, "tp_rank": 0},
                      {"tensor_parallel": 2, "tp_rank": 1})
     assert str(e.value) == ("checkpoint /x/ranks/rank_00001/checkpoints/step_00000004.ckpt: written with tp_rank=0, "
                             "this rank expects tp_rank=1")
-    check_layout("f", {"tensor_parallel": 1}, {"tensor_parallel": 1, "data_parallel": 2})  # older file: passes
+    check_file_layout("f", {"tensor_parallel": 1}, {"tensor_parallel": 1, "data_parallel": 2})  # older file: passes
 
 
 def _job(tmp_path, **kw):
@@ -223,7 +223,7 @@ def test_loads_with_a_mismatched_layout_are_refused_in_one_line(tmp_path, monkey
     monkeypatch.setattr(commit, "world_sum", lambda values, world: [v * world for v in values])  # all alike
     meta = {1: {"tp_rank": 0}} if case == "copied_rank0_file" else None
     _fake_step(tmp_path / "prev", 4, 2, metas=meta)
-    marker = commit.marker_path(str(tmp_path / "prev"), 4)
+    marker = commit.commit_file(str(tmp_path / "prev"), 4)
     if case == "copied_rank0_file":
         shutil.copytree(tmp_path / "prev", tmp_path / "s")
         job, lay, rank = _job(tmp_path, tensor_parallel=2, world_size=2), rank_layout(1, 2, 2), 1
@@ -248,7 +248,7 @@ def test_resume_point_and_previous_checkpoint_use_commit_markers(tmp_path):
     run = tmp_path / "run"
     _fake_step(run / "warmup", 2, 1)
     _fake_step(run / "warmup", 4, 1)
-    os.remove(commit.marker_path(str(run / "warmup"), 4))  # step 4 written but never committed
+    os.remove(commit.commit_file(str(run / "warmup"), 4))  # step 4 written but never committed
     assert resume_point(run / "warmup")["checkpoint_step"] == 2
     write_json(run / "warmup" / "summary.json", {"steps": 4})
     with pytest.raises(FileNotFoundError, match=r"finished at step 4 without a committed final checkpoint .*: 2\)"):

@@ -91,13 +91,13 @@ def staged(tmp_path_factory, corpus):
             run_stage(cfg, corpus, d, stage, kw.get("workers", 1), root / f"{name}_{stage}_log")
             out[name][stage] = losses(d)
     # weights-only across TP degrees: TP=2 main -> TP=1 long_context (merge), TP=1 main -> TP=2 (slice)
-    from pipeline.train.commit import marker_path
+    from pipeline.train.commit import commit_file
 
     for name, src, kw in (("tp2_to_tp1", "tp2", LAYOUTS["tp1"]), ("tp1_to_tp2", "tp1", LAYOUTS["tp2"])):
         cfg = _cfg(root, **kw)
         d = stage_dir(cfg.data_root, name, "long_context")
         run_stage(cfg, corpus, d, "long_context", kw.get("workers", 1), root / f"{name}_log",
-                  init_from=marker_path(str(stage_dir(cfg.data_root, src, "main")), 4))
+                  init_from=commit_file(str(stage_dir(cfg.data_root, src, "main")), 4))
         out[name] = {"long_context": losses(d)}
     (root / "losses.json").write_text(json.dumps(out, indent=1))
     print("\nstaged losses:", json.dumps({n: {"main_first": v["main"][0], "long_context_final":

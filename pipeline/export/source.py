@@ -51,7 +51,7 @@ def final_checkpoint(stage_dir: str | Path) -> dict:
                                 f"export needs a finished stage")
     summary = read_json(summary_path)
     step = int(summary["steps"])
-    marker_file = commit.marker_path(str(stage_dir), step)
+    marker_file = commit.commit_file(str(stage_dir), step)
     if not os.path.isfile(marker_file):
         raise FileNotFoundError(f"{marker_file}: the final step {step} of stage {stage_dir.name!r} has no commit "
                                 f"marker (not every rank wrote its checkpoint)")

@@ -73,7 +73,7 @@ def previous_checkpoint(out_dir: str | Path, previous: str) -> str:
     stage must load rank r's (or, for weights only with another TP degree, the merged shards); the marker lists
     every rank's file with its digest (``pipeline.train.commit``).
     """
-    from pipeline.train.commit import committed_steps, marker_path
+    from pipeline.train.commit import commit_file, committed_steps
 
     prev_dir = Path(out_dir).parent / previous
     summary = prev_dir / "summary.json"
@@ -87,7 +87,7 @@ def previous_checkpoint(out_dir: str | Path, previous: str) -> str:
         raise FileNotFoundError(f"stage {previous!r} finished at step {final} without a committed final checkpoint "
                                 f"(newest committed step in {prev_dir / 'checkpoints'}: "
                                 f"{steps[0] if steps else None})")
-    return marker_path(str(prev_dir), final)
+    return commit_file(str(prev_dir), final)
 
 
 def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str = "main",

@@ -30,11 +30,11 @@ def start_stage_job(cfg: MindloomConfig, job_path: str | Path, out_dir: str | Pa
     if cfg.train.backend == "slurm":
         from pipeline.train import slurm
 
-        workers = max(1, int(read_json(job_path).get("world_size") or 1))
-        nodes = cfg.train.nodes
+        stage = read_json(job_path).get("stage") or "train"
+        layout = cfg.train.layout(stage)
         env = launch_env(job_id)
-        script = slurm.batch_script(job_path, out_dir, nodes=nodes, tasks_per_node=workers // nodes, env=env,
-                                    python=sys.executable, stage=read_json(job_path).get("stage") or "train",
+        script = slurm.batch_script(job_path, out_dir, nodes=layout.nodes, tasks_per_node=layout.per_node, env=env,
+                                    python=sys.executable, stage=stage,
                                     partition=cfg.train.slurm_partition, extra=cfg.train.slurm_args)
         argv = ["sbatch", "--parsable", str(out_dir / slurm.SCRIPT)]
         record_launch(out_dir, argv, None, try_number=try_number, launched=launched, job_id=job_id)

@@ -13,7 +13,7 @@ A step counts only once ``commit.py`` has written its commit marker (every rank'
 resume and stage chaining read the markers, check each rank's file against the marker's digest, and fall back to the
 previous committed step on every rank when one file is torn, truncated or rotten. Each file also records the layout
 that wrote it (``tensor_parallel``, ``tp_rank``, ``data_parallel``, ``dp_rank``, ``zero_shards``), and a load by a
-rank of another layout is refused (:func:`check_layout`), never silently taken.
+rank of another layout is refused (:func:`check_file_layout`), never silently taken.
 
 Besides the tensors, each file holds scalar metadata (``META_INT``/``META_FLOAT``: step, global batch split, data
 position, loss-scaler state) and the RNG state: MindSpore's default generator (``ms.get_rng_state``, used by
@@ -189,7 +189,7 @@ LAYOUT_META = ("tensor_parallel", "tp_rank", "data_parallel", "dp_rank", "zero_s
 _LAYOUT_DEFAULT = {"tensor_parallel": 1, "tp_rank": 0, "data_parallel": None, "dp_rank": 0, "zero_shards": 1}
 
 
-def check_layout(path: str, meta: dict, want: dict) -> None:
+def check_file_layout(path: str, meta: dict, want: dict) -> None:
     """Refuse, in one line naming the file and the field, a file written by another rank layout than ``want``
     (the fields of ``LAYOUT_META`` that ``want`` gives; a file from before ``data_parallel`` was recorded passes
     that field)."""

@@ -37,7 +37,7 @@ class LayoutMismatch(ValueError):
     """A checkpoint written by another parallel layout than the loading rank's (refused, never fallen back from)."""
 
 
-def marker_path(out_dir: str, step: int) -> str:
+def commit_file(out_dir: str, step: int) -> str:
     return os.path.join(out_dir, "checkpoints", f"step_{step:08d}.commit.json")
 
 
@@ -82,7 +82,7 @@ def committed(out_dir: str) -> list[dict]:
     claims = _claims_adopted(out_dir)
     for step in committed_steps(out_dir):
         try:
-            m = read_marker(marker_path(out_dir, step))
+            m = read_marker(commit_file(out_dir, step))
         except ValueError as e:
             log.warning("skipping %s", e)
             continue
@@ -150,7 +150,7 @@ def write_marker(out_dir: str, step: int, layout: dict, writers: int, job_id: st
         with open(path + ".sha256", encoding="utf-8") as f:
             digest = f.read().split()[0]
         files.append({"rank": r, "path": os.path.relpath(path, out_dir), "sha256": digest})
-    dest = marker_path(out_dir, step)
+    dest = commit_file(out_dir, step)
     fenced.write_json(dest, {"step": step, "ranks": writers, "layout": {k: int(layout[k]) for k in LAYOUT_FIELDS},
                              "files": files, "job_id": job_id, "generation": generation}, fence)
     return dest
@@ -268,7 +268,7 @@ def prune(root: str, out_dir: str, keep: int, rank: int, newest: int | None = No
                 _remove(f)
     if rank == 0:
         for s in steps[max(keep, 1):]:
-            _remove(marker_path(out_dir, s))
+            _remove(commit_file(out_dir, s))
 
 
 def _remove(path: str) -> None:

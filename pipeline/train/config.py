@@ -316,6 +316,15 @@ class TrainConfig:
             except (ValueError, TypeError) as exc:
                 raise ConfigError(f"{where}.model_overrides: {exc}") from None
 
+    def layout(self, stage: str | None = None):
+        """The parallel layout of ``stage`` (default: ``train.*``): the one the job, the memory plan and the
+        launchers use."""
+        from .layout import ParallelLayout
+
+        st = self.stage_settings(stage) if stage else {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return ParallelLayout(tp=st["tensor_parallel"], dp=st["workers"] // st["tensor_parallel"], zero=st["zero"],
+                              distributed_optimizer=st["distributed_optimizer"], nodes=self.nodes)
+
     def stage_list(self) -> list[StageConfig]:
         """The stages in order (one implicit stage ``main`` when none are configured)."""
         return list(self.stages) or [StageConfig(name="main")]

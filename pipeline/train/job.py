@@ -154,6 +154,18 @@ class TrainJob:
         if self.seq_len > cfg.max_seq_len:
             raise bad("seq_len", f"exceeds the model's max_seq_len={cfg.max_seq_len}")
 
+    def layout(self, world: int | None = None):
+        """This job's parallel layout over ``world`` ranks (default: the ``world_size`` it was planned for)."""
+        from .layout import ParallelLayout
+
+        world = world or self.world_size or 1
+        return ParallelLayout(tp=self.tensor_parallel, dp=max(1, world // self.tensor_parallel), zero=self.zero,
+                              distributed_optimizer=self.distributed_optimizer)
+
+    def global_batch(self, dp: int) -> int:
+        """Rows per optimizer step over ``dp`` data-parallel replicas (each reads ``micro_batch x grad_accum``)."""
+        return self.micro_batch * self.grad_accum * dp
+
     def model_config(self) -> ModelConfig:
         spec = dict(self.model)
         preset = spec.pop("preset", "debug")

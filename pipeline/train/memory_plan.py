@@ -36,6 +36,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from .config import ModelConfig, check_layout  # noqa: F401 - check_layout is part of this module's API
+from .layout import ParallelLayout
 
 GiB = 1 << 30
 HEADROOM = 0.10
@@ -44,23 +45,16 @@ PRECISIONS = ("fp32", "bf16", "fp16")
 
 
 @dataclass(frozen=True)
-class Layout:
-    """How one job is spread over devices. ``dp`` is the number of data-parallel replicas (world = tp * dp)."""
+class Layout(ParallelLayout):
+    """A parallel layout (``layout.ParallelLayout``: tp, dp, zero, distributed optimizer, nodes) with what the
+    memory of one device also depends on: batch, sequence, precision, recompute, device."""
 
-    tp: int = 1
-    dp: int = 1
-    zero: bool = False
     recompute: bool = False
     precision: str = "fp32"
     seq_len: int = 2048
     micro_batch: int = 1
     grad_accum: int = 1
-    distributed_optimizer: bool = False
     device: str = "Ascend"  # Ascend: flash attention (no [s, s] scores kept); CPU: mccl emulations (adamw.py)
-
-    @property
-    def world(self) -> int:
-        return self.tp * self.dp
 
 
 # A layout per preset that fits 64 GB devices (910B) under this trainer; see README "Pretraining".
@@ -233,7 +227,7 @@ def require_fit(cfg: ModelConfig, layout: Layout, device_memory_gb: float) -> Me
 
 def job_layout(job, world: int, seq_len: int, recompute: bool) -> Layout:
     """The layout a started ``TrainJob`` runs with (``world`` ranks from the launcher)."""
-    tp = job.tensor_parallel
-    return Layout(tp=tp, dp=max(1, world // tp), zero=job.zero, recompute=recompute, precision=job.precision,
-                  seq_len=seq_len, micro_batch=job.micro_batch, grad_accum=job.grad_accum,
-                  distributed_optimizer=bool(getattr(job, "distributed_optimizer", False)), device=job.device)
+    par = job.layout(world)
+    return Layout(tp=par.tp, dp=par.dp, zero=par.zero, distributed_optimizer=par.distributed_optimizer,
+                  recompute=recompute, precision=job.precision, seq_len=seq_len, micro_batch=job.micro_batch,
+                  grad_accum=job.grad_accum, device=job.device)

@@ -25,7 +25,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal
 
 from .config import PRESETS, ModelConfig, causal_mask, llama_ffn_hidden, rope_tables
-from .tp_layers import NO_TP, CopyToTP, ReduceFromTP, TPGroup, VocabParallelEmbedding, VocabParallelNLL
+from .tp_layers import NO_TP, VocabParallelNLL
 
 __all__ = ["PRESETS", "ModelConfig", "Transformer", "CausalLMLoss", "attention_impl", "count_cell_params",
            "rope_tables", "causal_mask", "llama_ffn_hidden"]
@@ -58,13 +58,13 @@ def rotate_half(x):
 class Attention(nn.Cell):
     """Causal self-attention with GQA and RoPE; math path or flash attention (see ``attention_impl``).
 
-    Under tensor parallel (``tp.size > 1``) each rank holds ``n_heads/t`` query heads and the ``n_kv_heads/t`` KV
-    heads they read (column-parallel q/k/v), and ``wo`` is row-parallel, its partial sums all-reduced."""
+    ``parallelize.parallelize`` makes it a tensor-parallel shard (``tp > 1``: ``n_heads/t`` query heads and their
+    ``n_kv_heads/t`` KV heads, column-parallel q/k/v, row-parallel ``wo`` with its partial sums all-reduced)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = NO_TP):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.tp = tp.size
-        self.n_heads, self.n_kv, self.hd = cfg.n_heads // tp.size, cfg.n_kv_heads // tp.size, cfg.head_dim
+        self.tp = 1
+        self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.rep = cfg.n_heads // cfg.n_kv_heads
         self.scale = 1.0 / math.sqrt(self.hd)
         std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)  # GPT-2 style residual scaling
@@ -72,8 +72,6 @@ class Attention(nn.Cell):
         self.wk = nn.Dense(cfg.dim, self.n_kv * self.hd, has_bias=False, weight_init=Normal(std))
         self.wv = nn.Dense(cfg.dim, self.n_kv * self.hd, has_bias=False, weight_init=Normal(std))
         self.wo = nn.Dense(self.n_heads * self.hd, cfg.dim, has_bias=False, weight_init=Normal(out_std))
-        if self.tp > 1:
-            self.copy_in, self.reduce_out = CopyToTP(tp), ReduceFromTP(tp)
         self.use_flash = attention_impl() == "flash"
         if self.use_flash:
             self.fa_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
@@ -110,17 +108,16 @@ class Attention(nn.Cell):
 
 
 class FeedForward(nn.Cell):
-    """SwiGLU MLP: ``w2(silu(w1 x) * w3 x)`` (``ops.swiglu`` has no CPU kernel); w1/w3 column-, w2 row-parallel."""
+    """SwiGLU MLP: ``w2(silu(w1 x) * w3 x)`` (``ops.swiglu`` has no CPU kernel); under tensor parallel
+    (``parallelize``) w1/w3 are column- and w2 row-parallel."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = NO_TP):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
-        hidden, self.tp = cfg.ffn_hidden // tp.size, tp.size
+        hidden, self.tp = cfg.ffn_hidden, 1
         self.w1 = nn.Dense(cfg.dim, hidden, has_bias=False, weight_init=Normal(std))
         self.w3 = nn.Dense(cfg.dim, hidden, has_bias=False, weight_init=Normal(std))
         self.w2 = nn.Dense(hidden, cfg.dim, has_bias=False, weight_init=Normal(out_std))
-        if self.tp > 1:
-            self.copy_in, self.reduce_out = CopyToTP(tp), ReduceFromTP(tp)
 
     def construct(self, x):
         if self.tp > 1:
@@ -132,12 +129,12 @@ class FeedForward(nn.Cell):
 class Block(nn.Cell):
     """Pre-norm transformer block: x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = NO_TP):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attention_norm = RMSNorm(cfg.dim, cfg.norm_eps)  # norms replicated on every TP rank
-        self.attention = Attention(cfg, tp)
+        self.attention = Attention(cfg)
         self.ffn_norm = RMSNorm(cfg.dim, cfg.norm_eps)
-        self.feed_forward = FeedForward(cfg, tp)
+        self.feed_forward = FeedForward(cfg)
 
     def construct(self, x, cos, sin, mask):
         x = x + self.attention(self.attention_norm(x), cos, sin, mask)
@@ -146,25 +143,20 @@ class Block(nn.Cell):
 
 class Transformer(nn.Cell):
     """Token ids ``[B, S]`` (S <= max_seq_len) -> fp32 logits ``[B, S, vocab]`` (``[B, S, vocab/t]``, this rank's
-    vocabulary block, under tensor parallel ``tp``)."""
+    vocabulary block, after ``parallelize.parallelize`` made it a tensor-parallel shard)."""
 
-    def __init__(self, cfg: ModelConfig, tp: TPGroup = NO_TP):
+    def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.cfg, self.tp = cfg, tp
-        if tp.size > 1:
-            self.tok_embeddings = VocabParallelEmbedding(cfg.vocab_size, cfg.dim, tp, Normal(cfg.init_std))
-            self.copy_to_head = CopyToTP(tp)
-        else:
-            self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, embedding_table=Normal(cfg.init_std))
-        self.layers = nn.CellList([Block(cfg, tp) for _ in range(cfg.n_layers)])
+        self.cfg, self.tp = cfg, NO_TP
+        self.tok_embeddings = nn.Embedding(cfg.vocab_size, cfg.dim, embedding_table=Normal(cfg.init_std))
+        self.layers = nn.CellList([Block(cfg) for _ in range(cfg.n_layers)])
         if cfg.recompute:
             for blk in self.layers:
                 blk.recompute()  # trade compute for activation memory
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.tie = cfg.tie_embeddings
         if not self.tie:
-            self.output = nn.Dense(cfg.dim, cfg.vocab_size // tp.size, has_bias=False,
-                                   weight_init=Normal(cfg.init_std))
+            self.output = nn.Dense(cfg.dim, cfg.vocab_size, has_bias=False, weight_init=Normal(cfg.init_std))
         cos, sin = rope_tables(cfg)
         # Constants, not Parameters: they never enter checkpoints or the optimizer.
         self.cos, self.sin = Tensor(cos), Tensor(sin)

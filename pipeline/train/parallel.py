@@ -37,9 +37,9 @@ def rank_layout(rank: int, world: int, tp: int) -> RankLayout:
     """Pure arithmetic of the layout; group names are filled in only where a group is smaller than the world."""
     if tp < 1 or world % tp:
         raise ValueError(f"TrainJob.tensor_parallel={tp}: must divide the {world} ranks the launcher started")
-    dp = world // tp
-    return RankLayout(tp, dp, rank % tp, rank // tp, None if dp == 1 else f"tp_{rank // tp}",
-                      None if tp == 1 else f"dp_{rank % tp}")
+    from .layout import ParallelLayout
+
+    return ParallelLayout(tp=tp, dp=world // tp).rank(rank)
 
 
 def create_groups(lay: RankLayout) -> None:

@@ -13,6 +13,7 @@ from .adamw import ZeroShard, make_shard_norm
 from .model import Transformer
 from .optim import build_optimizer, low_dtype
 from .parallel import RankLayout, make_tp_global_norm, split_axis
+from .parallelize import parallelize
 from .shard_init import init_rank_weights
 from .tp_layers import NO_TP, TPGroup
 
@@ -26,7 +27,7 @@ def build_parallel(cfg, job, lay: RankLayout):
 
     master = bool(getattr(job, "distributed_optimizer", False))
     with no_init_parameters():  # shapes only: nothing is drawn or allocated until init_rank_weights
-        net = Transformer(cfg, TPGroup(lay.tp, lay.tp_rank, lay.tp_group) if lay.tp > 1 else NO_TP)
+        net = parallelize(Transformer(cfg), TPGroup(lay.tp, lay.tp_rank, lay.tp_group) if lay.tp > 1 else NO_TP)
     norm_fn = make_tp_global_norm(net.trainable_params(), lay.tp_group) if lay.tp > 1 else None
     # Megatron's distributed optimizer: 16-bit weights/gradients (cast one parameter at a time as it is drawn),
     # fp32 master blocks in the optimizer
@@ -71,7 +72,7 @@ def ckpt_root(out_dir: str, rank: int, lay: RankLayout, zero: bool) -> str:
 
 
 def layout_meta(lay: RankLayout, zero: bool) -> dict:
-    """What a checkpoint file records about the rank that wrote it (checkpoint.check_layout compares it)."""
+    """What a checkpoint file records about the rank that wrote it (checkpoint.check_file_layout compares it)."""
     return {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank, "data_parallel": lay.dp, "dp_rank": lay.dp_rank,
             "zero_shards": lay.dp if zero else 1}
 

@@ -34,16 +34,12 @@ from .parallel_setup import ckpt_root, expected_file_layout, layout_meta, saves_
 log = logging.getLogger("mindloom.train")
 
 
-def global_batch(job, dp: int) -> int:
-    return job.micro_batch * job.grad_accum * dp
-
-
 def check_same_layout(job, meta: dict, dp: int, seq_len: int, what: str) -> None:
     """Refuse a data position that cannot be continued exactly (see data.py for why the global batch suffices)."""
     if "data_epoch" not in meta:
         raise ValueError(f"{what} has no global data position (written by an older trainer); start a new stage "
                          f"with init_from=<it> instead")
-    g = global_batch(job, dp)
+    g = job.global_batch(dp)
     if meta["global_batch"] != g:
         raise ValueError(f"TrainJob.micro_batch: {what} was written with global batch {meta['global_batch']} "
                          f"({meta['micro_batch']} rows x grad_accum {meta['grad_accum']} x {meta['world_size']} "
@@ -85,7 +81,7 @@ def restore(job, net, opt, scaler, lay: RankLayout, rank: int, seq_len: int) -> 
         return m["step"], DataPosition.from_meta(meta), m["step"]
     if steps := commit.committed_steps(job.out_dir):  # markers exist, none readable (each was logged)
         raise ValueError(f"resume of {job.out_dir}: its {len(steps)} commit marker(s) "
-                         f"{[commit.marker_path(job.out_dir, s) for s in steps]} are all malformed or stale (see the "
+                         f"{[commit.commit_file(job.out_dir, s) for s in steps]} are all malformed or stale (see the "
                          f"warnings); repair them or move the checkpoints folder aside to train this stage again "
                          f"from its start")
     if ckpt.list_checkpoints(ckpt_root(job.out_dir, rank, lay, job.zero)):
@@ -104,13 +100,13 @@ def _full_state_loader(lay: RankLayout, zero: bool, rank: int):
     def load(marker: dict):
         path, digest = commit.file_of(marker, rank)
         pd, meta = ckpt.load_verified(path, digest)
-        ckpt.check_layout(path, meta, want)
+        ckpt.check_file_layout(path, meta, want)
         if meta.get("step") != marker["step"]:
             raise ValueError(f"checkpoint {path}: holds step {meta.get('step')}, its marker says {marker['step']}")
         if not ckpt.weights_only(pd):  # optimizer state only: the weights are in data-parallel rank 0's file
             wpath, wdigest = commit.file_of(marker, lay.tp_rank)
             wpd, wmeta = ckpt.load_verified(wpath, wdigest)
-            ckpt.check_layout(wpath, wmeta, {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank, "dp_rank": 0})
+            ckpt.check_file_layout(wpath, wmeta, {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank, "dp_rank": 0})
             pd.update(ckpt.weights_only(wpd))
         return path, pd, meta
 
@@ -152,7 +148,7 @@ def _init_from_marker(job, net, opt, scaler, lay, rank, seq_len):
         if prev_tp == lay.tp:  # the file of this TP rank in the first data-parallel replica
             path, digest = commit.file_of(m, lay.tp_rank)
             pd, meta = ckpt.load_verified(path, digest)
-            ckpt.check_layout(path, meta, {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank})
+            ckpt.check_file_layout(path, meta, {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank})
             return ckpt.weights_only(pd)
         from .tp_merge import resliced_weights
 
@@ -171,7 +167,7 @@ def _init_from_file(job, net, opt, scaler, lay, seq_len):
     if job.init_mode == "continue":
         def load(p):
             pd, meta = ckpt.load_file(p)
-            ckpt.check_layout(p, meta, expected_file_layout(lay, job.zero))
+            ckpt.check_file_layout(p, meta, expected_file_layout(lay, job.zero))
             return pd, meta
 
         pd, meta = _only(path, load, world)
@@ -200,7 +196,7 @@ def save(job, opt, scaler, step: int, pos: DataPosition, lay: RankLayout, rank: 
     root, n_writers, world = ckpt_root(job.out_dir, rank, lay, job.zero), writers(lay, job.zero), lay.tp * lay.dp
     path, err = None, None
     if rank < n_writers:
-        g = global_batch(job, lay.dp)
+        g = job.global_batch(lay.dp)
         meta = {"step": step, "samples_consumed": step * g, "world_size": lay.dp, "global_batch": g,
                 "micro_batch": job.micro_batch, "grad_accum": job.grad_accum, "seq_len": seq_len, "seed": job.seed,
                 **pos.to_meta(), **layout_meta(lay, job.zero)}

@@ -34,7 +34,7 @@ def _verified_shard(marker: dict, r: int) -> dict:
     tp = marker["layout"]["tensor_parallel"]
     path, digest = commit.file_of(marker, r)
     pd, meta = ckpt.load_verified(path, digest)
-    ckpt.check_layout(path, meta, {"tensor_parallel": tp, "tp_rank": r, "dp_rank": 0})
+    ckpt.check_file_layout(path, meta, {"tensor_parallel": tp, "tp_rank": r, "dp_rank": 0})
     return {k: v.asnumpy() for k, v in ckpt.weights_only(pd).items()}
 
 
@@ -83,7 +83,7 @@ def merge_checkpoints(out_dir: str, dest: str, step: int | None = None) -> dict:
     if not steps:
         raise FileNotFoundError(f"no committed checkpoints in {ckpt.ckpt_dir(out_dir)}")
     step = steps[0] if step is None else step
-    marker = commit.read_marker(commit.marker_path(out_dir, step))
+    marker = commit.read_marker(commit.commit_file(out_dir, step))
     merged = merged_weights(marker)
     os.makedirs(os.path.dirname(os.path.abspath(dest)), exist_ok=True)
     ms.save_checkpoint([{"name": k, "data": ms.Tensor(v)} for k, v in sorted(merged.items())], dest)

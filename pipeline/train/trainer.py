@@ -46,7 +46,7 @@ from .memory_plan import job_layout, require_fit
 from .metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
 from .model import CausalLMLoss, attention_impl, count_cell_params
 from .optim import TrainStep, apply_precision, build_scaler
-from .parallel import create_groups, rank_layout
+from .parallel import create_groups
 from .parallel_setup import build_parallel, grad_bytes, param_bytes
 from .pending_steps import PendingSteps, is_sync_point
 from .repack import stage_data
@@ -122,10 +122,6 @@ def run_training(job: TrainJob) -> dict:
             logger.close()
 
 
-def _global_batch(job: TrainJob, world: int) -> int:
-    return job.micro_batch * job.grad_accum * world
-
-
 def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lease: Lease | None = None) -> dict:
     t_start = time.time()
     if job.world_size and job.world_size != world:
@@ -135,7 +131,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     ms.set_seed(job.seed)  # same initial weights on every rank and on every fresh start
     ms.manual_seed(job.seed)
     np.random.seed(job.seed % 2**32)
-    lay = rank_layout(rank, world, job.tensor_parallel)
+    lay = job.layout(world).rank(rank)
     mplan = require_fit(cfg, job_layout(job, world, job.seq_len or cfg.max_seq_len, cfg.recompute),
                         job.device_memory_gb)
     log.info("memory plan (tp=%d dp=%d zero=%s): %s", lay.tp, lay.dp, job.zero, mplan.describe())
@@ -153,7 +149,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     if start_step > job.steps:
         raise ValueError(f"TrainJob.steps={job.steps}: out_dir already holds a checkpoint at step {start_step}")
     params = count_cell_params(net) if lay.tp == 1 else cfg.num_params()  # whole model, for MFU
-    g = _global_batch(job, world)
+    g = job.global_batch(world)
     log.info("stage %s: %s params, mode=%s, precision=%s, attention=%s, rank %d/%d, global batch %d x %d tokens, "
              "steps %d..%d", job.stage, f"{params:,}", job.mode, job.precision, attention_impl(), rank, world, g,
              seq_len, start_step + 1, job.steps)
@@ -287,7 +283,7 @@ def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None, l
 
 def _commit_of(out_dir: str, step: int) -> str | None:
     """The commit marker of the final step: what a following stage starts from (``previous_checkpoint``)."""
-    path = commit.marker_path(out_dir, step)
+    path = commit.commit_file(out_dir, step)
     return path if os.path.exists(path) else None
 
 
