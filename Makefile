@@ -114,7 +114,7 @@ screenshots: $(STAMP) system-deps corpus
 	MINDLOOM_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -q tests/test_ui_walkthrough.py
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=30
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

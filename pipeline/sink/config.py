@@ -22,10 +22,21 @@ class PackConfig:
     domain_field: bool = _f(True, desc="Write a domain_id column (domain of each row's first token, indexed).")
     boundaries: bool = _f(False, desc="Write a segment_starts column (positions where a document starts in the "
                           "row, 0 always listed) so attention can be reset at document boundaries.")
+    formats: list[str] = _f(factory=lambda: ["mindrecord"], desc="Formats the sink writes, in the same task and "
+                            "pass: mindrecord (what this project's trainer reads; always written) and megatron "
+                            "(Megatron-LM's indexed dataset, .bin/.idx per output file, the documents unpacked: "
+                            "what mindformers 2.x, Megatron-LM and NeMo read).")
     write_workers: int = _f(1, desc="Processes writing MindRecord files in parallel inside one writer task (0: "
                             "every core of the worker). Files are also written in parallel by the mapped writer "
                             "tasks; each process holds MindSpore (~0.4 GB) and one file's tokens (~2x shard_mb).",
                             ge=0, le=256)
+
+    def __post_init__(self):
+        bad = [f for f in self.formats if f not in ("mindrecord", "megatron")]
+        if bad:
+            raise ConfigError(f"pack.formats: {bad[0]!r} is not a format (mindrecord, megatron)")
+        if "mindrecord" not in self.formats:
+            raise ConfigError("pack.formats: must include mindrecord (the format this project's trainer reads)")
 
 
 @dataclass

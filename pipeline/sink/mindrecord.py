@@ -92,7 +92,7 @@ def write_mindrecord(rdir: Path, shards: list[str], *, seq_len: int, shard_num: 
                      tokenizer_sha256: str, config_sha256: str, eos_id: int, bos_id: int, vocab_size: int,
                      pad_id: int | None = None, mixture: bool = False, remainder: str = "drop",
                      domain_field: bool = True, boundaries: bool = False, workers: int = 1,
-                     shard_mb: int = 256) -> dict:
+                     shard_mb: int = 256, megatron_dtype: str | None = None) -> dict:
     """The whole sink in one process (CLI, tests): scatter every shard, write every file, assemble the set.
 
     With ``mixture`` the per-document decisions of :func:`pipeline.sink.mixture.plan_mixture` apply (``copies``
@@ -112,7 +112,8 @@ def write_mindrecord(rdir: Path, shards: list[str], *, seq_len: int, shard_num: 
         scatter.run_scatter_shard(rdir, shard, seed=seed, n_files=layout["n_files"], domains=layout["domains"])
     args = dict(seq_len=seq_len, eos_id=eos_id, bos_id=bos_id if add_bos else None,
                 pad_id=FILE_PAD if pad_id is None or pad_id < 0 else pad_id, remainder=remainder,
-                domain_field=domain_field, boundaries=boundaries, n_domains=len(layout["domains"]))
+                domain_field=domain_field, boundaries=boundaries, n_domains=len(layout["domains"]),
+                megatron_dtype=megatron_dtype)
     ks = range(layout["n_files"])
     if workers > 1 and layout["n_files"] > 1:
         with ProcessPoolExecutor(min(workers, layout["n_files"]), mp_context=get_context("spawn")) as pool:

@@ -134,14 +134,18 @@ def _gather(bucket: dict, chunk):
 
 def write_output_file(rdir: Path, k: int, n_files: int, shards: list[str], *, seq_len: int, eos_id: int,
                       bos_id: int | None, pad_id: int, remainder: str, domain_field: bool, boundaries: bool,
-                      n_domains: int) -> dict:
-    """Pack and write output file ``k`` of ``n_files`` (its rows of the corpus stream); its manifest entry."""
+                      n_domains: int, megatron_dtype: str | None = None) -> dict:
+    """Pack and write output file ``k`` of ``n_files`` (its rows of the corpus stream); its manifest entry. With
+    ``megatron_dtype`` the same pass also writes the file's documents as Megatron's ``.bin/.idx``
+    (:mod:`pipeline.sink.megatron`: the documents whose first token falls in this file)."""
     import numpy as np
+
+    from .megatron import IndexedWriter, prefix_of
 
     final = output_path(rdir, k, n_files)
     markers = _scatter_markers(rdir, shards, n_files)
     digest = config_digest("sink_write", k, n_files, seq_len, eos_id, bos_id, pad_id, remainder, domain_field,
-                           boundaries, n_domains, [m["sha256"] for m in markers])
+                           boundaries, n_domains, [m["sha256"] for m in markers], megatron_dtype)
     if done := completed(final, digest):
         return done["entry"]
     plan = row_plan(markers, n_files, seq_len=seq_len, bos=bos_id is not None, remainder=remainder)
@@ -157,6 +161,8 @@ def write_output_file(rdir: Path, k: int, n_files: int, shards: list[str], *, se
     tmp_dir.mkdir(parents=True)
     tmp = tmp_dir / final.name
     writer = ShardWriter(tmp, seq_len, domain_field=domain_field, boundaries=boundaries)
+    mega = IndexedWriter(tmp_dir / prefix_of(final.name), megatron_dtype, eos_id=eos_id, bos_id=bos_id) \
+        if megatron_dtype else None
     digest_rows = hashlib.sha256()
 
     def put(parts):
@@ -183,9 +189,12 @@ def write_output_file(rdir: Path, k: int, n_files: int, shards: list[str], *, se
             aligned = True
         copies += int((at[keep] >= lo).sum())                  # copies that begin in this file
         cum = np.cumsum(bucket["lens"][sel])
-        for chunk in np.split(sel, np.searchsorted(cum, np.arange(CHUNK_TOKENS, int(cum[-1]), CHUNK_TOKENS))):
+        cuts = np.searchsorted(cum, np.arange(CHUNK_TOKENS, int(cum[-1]), CHUNK_TOKENS))
+        for chunk, begins in zip(np.split(sel, cuts), np.split(at[keep] >= lo, cuts), strict=True):
             flat, starts, lens = _gather(bucket, chunk)
             put(packer.feed(flat, starts, lens, bucket["dom"][chunk], np.arange(len(chunk))))
+            if mega is not None:  # the documents that begin in this file, in stream order
+                mega.add(flat, starts[begins], lens[begins])
         del bucket, order, seg, at, keep, sel
     if last:
         put(packer.finish(remainder))
@@ -194,11 +203,16 @@ def write_output_file(rdir: Path, k: int, n_files: int, shards: list[str], *, se
         raise RuntimeError(f"{final}: packed {writer.samples} rows, the row plan gives it {stop - first} "
                            f"(rows {first}..{stop - 1} of {plan['rows']}); the scatter markers disagree with the data")
     entry = writer.close()
+    if mega is not None:
+        entry["megatron"] = mega.close()
     entry.update(file=final.name, rows_sha256=digest_rows.hexdigest(), copies=copies, rows=[first, stop],
                  tokens_per_domain=[int(x) for x in packer.tokens_per_domain],
                  dropped_tail_tokens=packer.dropped_tail_tokens, padded_tokens=packer.padded_tokens)
     _verify_written(tmp_dir, entry, seq_len=seq_len, domain_field=domain_field, boundaries=boundaries)
     os.replace(f"{tmp}.db", f"{final}.db")
+    if mega is not None:
+        for suffix in (".bin", ".idx"):
+            os.replace(f"{mega.prefix}{suffix}", final.parent / f"{prefix_of(final.name)}{suffix}")
     os.replace(tmp, final)
     shutil.rmtree(tmp_dir)
     write_marker(final, {"entry": entry}, config=digest, sha256=entry["sha256"])
@@ -243,7 +257,12 @@ def finalize_set(rdir: Path, n_files: int, shards: list[str], *, seq_len: int, d
                   for i, d in enumerate(domains)}
     total = sum(per_domain.values()) or 1
     files = [{k: e[k] for k in ("file", "samples", "sha256", "db_sha256", "bytes", "content_sha256", "rows_sha256",
-                                 "copies", "dropped_tail_tokens")} for e in entries]
+                                 "copies", "dropped_tail_tokens", "megatron") if k in e} for e in entries]
+    if any("megatron" in f for f in files):  # BlendedMegatronDatasetDataLoader's data_path, relative to the folder
+        from .megatron import data_path
+
+        extra = {**extra, "megatron": {"dtype": files[0]["megatron"]["dtype"], "data_path": data_path(files, ""),
+                                       "documents": sum(f["megatron"]["documents"] for f in files)}}
     joined = hashlib.sha256("".join(e["rows_sha256"] for e in entries).encode()).hexdigest()
     manifest = set_manifest(files, seq_len=seq_len, domain_field=domain_field, boundaries=boundaries,
                             rows_sha256=joined, extra={

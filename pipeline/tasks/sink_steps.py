@@ -10,7 +10,7 @@ from pathlib import Path
 
 from pipeline.io import read_json
 from pipeline.profile import measured
-from pipeline.sink import mindrecord, mixture, scatter, validation
+from pipeline.sink import megatron, mindrecord, mixture, scatter, validation
 from pipeline.sink import shards as sink_files
 from pipeline.tasks import batches
 from pipeline.tasks.run_state import load_run_config, profiled, run_of
@@ -65,7 +65,8 @@ def _write_args(rdir: Path) -> dict:
                 bos_id=tok.get("bos_id", tokenizer.BOS_ID) if p.add_bos else None,
                 pad_id=mindrecord.FILE_PAD if pad is None or pad < 0 else pad, remainder=p.remainder,
                 domain_field=p.domain_field, boundaries=p.boundaries,
-                n_domains=len(_sink_layout(rdir)["domains"]))
+                n_domains=len(_sink_layout(rdir)["domains"]),
+                megatron_dtype=megatron.token_dtype(tok["vocab_size"]) if "megatron" in p.formats else None)
 
 
 @profiled("sink_files")

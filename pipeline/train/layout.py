@@ -11,6 +11,18 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
+class RankLayout:
+    """One rank's place in a layout (``ParallelLayout.rank``)."""
+
+    tp: int
+    dp: int
+    tp_rank: int
+    dp_rank: int
+    tp_group: str | None  # None: the world group (DP = 1)
+    dp_group: str | None  # None: the world group (TP = 1)
+
+
+@dataclass(frozen=True)
 class ParallelLayout:
     """``tp`` ranks per tensor-parallel group (inside one node), ``dp`` data-parallel replicas, ``nodes`` hosts."""
 
@@ -49,8 +61,6 @@ class ParallelLayout:
 
     def rank(self, rank: int):
         """This rank's place: TP rank and DP rank (``rank = dp_rank * tp + tp_rank``), and its groups."""
-        from .parallel import RankLayout
-
         if not 0 <= rank < self.workers:
             raise ValueError(f"rank {rank}: outside the layout's {self.workers} ranks")
         return RankLayout(self.tp, self.dp, rank % self.tp, rank // self.tp,

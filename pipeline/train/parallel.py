@@ -15,30 +15,21 @@ each rank draws only the chunks its shard needs (``shard_init.py``): no rank eve
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 
 import numpy as np
+
+from .layout import ParallelLayout, RankLayout  # noqa: F401 - RankLayout is part of this module's API
 
 _COLUMN = re.compile(r"(\.(wq|wk|wv|w1|w3)\.weight|^(model\.)?output\.weight|embedding_table)$")
 _ROW = re.compile(r"\.(wo|w2)\.weight$")
 
 
-@dataclass(frozen=True)
-class RankLayout:
-    tp: int
-    dp: int
-    tp_rank: int
-    dp_rank: int
-    tp_group: str | None  # None: the world group (DP = 1)
-    dp_group: str | None  # None: the world group (TP = 1)
 
 
 def rank_layout(rank: int, world: int, tp: int) -> RankLayout:
     """Pure arithmetic of the layout; group names are filled in only where a group is smaller than the world."""
     if tp < 1 or world % tp:
         raise ValueError(f"TrainJob.tensor_parallel={tp}: must divide the {world} ranks the launcher started")
-    from .layout import ParallelLayout
-
     return ParallelLayout(tp=tp, dp=world // tp).rank(rank)
 
 
