@@ -437,12 +437,9 @@ class Lease:
     def _beat(self) -> None:
         while not self._stop.wait(self.heartbeat_s):
             if self.lost is None:
-                with contextlib.suppress(LeaseLost):
-                    self.fence()
-                if self.lost is None:
-                    self.beat += 1
-                    with contextlib.suppress(LeaseLost):   # lost inside the write's window: taken back
-                        self._write()
+                self.beat += 1
+                with contextlib.suppress(LeaseLost):   # the write fences itself; lost in its window: taken back
+                    self._write()
             self._bounded_stop()
 
     def _watch(self) -> None:
