@@ -28,7 +28,7 @@ def _extractors(results: dict) -> list[str]:
 
 
 def _memory_plan(results: dict) -> list[str]:
-    """Plan vs measured per training layout (issue 22), from the memory_plan topic's metrics."""
+    """Plan vs measured per training layout, from the memory_plan topic's metrics."""
     by = {m["name"]: m for m in results.get("metrics", []) if m["topic"] == "memory_plan"}
     layouts = [n[len("memory_plan."):-len("_peak_error")] for n in by if n.endswith("_peak_error")]
     runs = results.get("topics", {}).get("memory_plan", {}).get("results", {}).get("memory_plan.json", {})
@@ -45,7 +45,7 @@ def _memory_plan(results: dict) -> list[str]:
         err = by[f"memory_plan.{lay}_peak_error"]
         rows.append([f"`{lay}`", val("exact_bytes"), val("predicted_mb"), val("peak_rss_mb"), val("peak_error"),
                      {True: "yes", False: "**no**", None: "–"}[err["met"]]])
-    return ["", "Memory plan vs this CPU (issue 22; peak RSS of the largest rank stands in for device memory; "
+    return ["", "Memory plan vs this CPU (peak RSS of the largest rank stands in for device memory; "
                 "predicted = framework floor + plan):", "",
             *report.table(["Layout", "Plan bytes = allocated", "Predicted MB", "Peak RSS MB", "Error",
                            "Within 15 %"], rows)]
