@@ -109,7 +109,7 @@ def _apply_dotted(data: dict, overrides: dict[str, Any]) -> dict:
 
 
 def _resolve_paths(data: dict, base_dir: Path) -> dict:
-    """Make data_root and source paths absolute, relative to the config file's folder."""
+    """Make data_root, source, tokenizer model and eval-file paths absolute, relative to the config file's folder."""
     out = copy.deepcopy(data)
     if "data_root" in out and isinstance(out["data_root"], str) and not Path(out["data_root"]).is_absolute():
         out["data_root"] = str((base_dir / out["data_root"]).resolve())
@@ -117,6 +117,11 @@ def _resolve_paths(data: dict, base_dir: Path) -> dict:
     if isinstance(tok, dict) and isinstance(tok.get("model_path"), str) and tok["model_path"] \
             and not Path(tok["model_path"]).is_absolute():
         tok["model_path"] = str((base_dir / tok["model_path"]).resolve())
+    quality = out.get("quality")
+    dec = quality.get("decontamination") if isinstance(quality, dict) else None
+    if isinstance(dec, dict) and isinstance(dec.get("paths"), list):
+        dec["paths"] = [p if (not isinstance(p, str) or "://" in p or Path(p).is_absolute())
+                        else str((base_dir / p).resolve()) for p in dec["paths"]]
     for src in out.get("sources") or []:
         if isinstance(src, dict) and isinstance(src.get("paths"), list):
             src["paths"] = [p if (not isinstance(p, str) or "://" in p or Path(p).is_absolute())

@@ -9,6 +9,44 @@ from typing import Any
 from pipeline.configkit import ConfigError, _build, _f
 from pipeline.quality.filters.params import PARAMS, PiiConfig, QualityChainConfig, default_chains
 
+#: Item fields indexed by default, in this order (n-grams spanning two fields count too).
+DEFAULT_TEXT_FIELDS = ("context", "question", "choices", "answer", "text")
+
+
+@dataclass
+class DecontaminationConfig:
+    """Benchmark decontamination: drop documents sharing a word n-gram with an evaluation item
+    (:mod:`pipeline.quality.decontaminate`; GPT-3 and DCLM use 13-grams, datatrove 12)."""
+
+    enabled: bool = _f(True, desc="Remove documents that share an n-gram with an item of `paths` (reason "
+                       "decontaminated), whatever quality.enabled says; nothing runs while `paths` is empty.")
+    n: int = _f(13, desc="Words per n-gram (after lowercasing, stripping punctuation and diacritics, numbers -> 0; "
+                "every Han/kana character is one word). Items with fewer words are never matched.", ge=5, le=50)
+    paths: list[str] = _f(factory=list, desc="Evaluation item files: .jsonl (one object per line with `id_field` "
+                          "and `text_fields`) or .txt (one item per non-empty line, id = line number); relative "
+                          "paths are taken from the config file.")
+    id_field: str = _f("id", desc="Key of a JSONL item's id (required in every line).")
+    text_fields: list[str] = _f(factory=lambda: list(DEFAULT_TEXT_FIELDS),
+                                desc="Keys of a JSONL item whose text is indexed, joined in this order; a list "
+                                "value (answer choices) is joined with spaces; at least one must be present.")
+
+    def __post_init__(self) -> None:
+        where = "quality.decontamination"
+        if not self.id_field:
+            raise ConfigError(f"{where}.id_field: must be non-empty")
+        if not self.text_fields or any(not f for f in self.text_fields):
+            raise ConfigError(f"{where}.text_fields: must be a non-empty list of non-empty keys, "
+                              f"got {self.text_fields!r}")
+        for i, path in enumerate(self.paths):
+            if not path.endswith((".jsonl", ".txt")) or "://" in path:
+                raise ConfigError(f"{where}.paths[{i}]: expected a local .jsonl or .txt file, got {path!r}")
+        if len(set(self.paths)) != len(self.paths):
+            raise ConfigError(f"{where}.paths: lists a file twice {self.paths}")
+
+    @property
+    def active(self) -> bool:
+        return self.enabled and bool(self.paths)
+
 
 @dataclass
 class QualityConfig:
@@ -25,6 +63,7 @@ class QualityConfig:
     chains: list[QualityChainConfig] = _f(factory=default_chains, desc="Filters per domain, in order; domain '*' "
                                           "serves every domain without a chain of its own.")
     pii: PiiConfig = _f(factory=PiiConfig)
+    decontamination: DecontaminationConfig = _f(factory=DecontaminationConfig)
     audit_samples: int = _f(20, desc="Removed documents kept per reason and shard under removed/quality/ (all "
                             "are counted).", ge=0)
     audit_max_chars: int = _f(20_000, desc="Characters kept of each sampled removed document.", ge=100)

@@ -49,6 +49,7 @@ from pipeline.io import (
     write_parquet,
     write_stats,
 )
+from pipeline.quality import decontaminate
 from pipeline.quality.config import QualityConfig
 from pipeline.quality.filters.audit import quality_report, render_quality_report, write_removed
 from pipeline.quality.filters.basic import LANG_COLUMNS
@@ -79,10 +80,12 @@ def scores_path(rdir: Path, shard: str) -> Path:
     return Path(rdir) / "quality" / "scores" / f"{shard}.parquet"
 
 
-def _digest(q: QualityConfig, input_stage: str, input_sha256: str) -> str:
+def _digest(q: QualityConfig, input_stage: str, input_sha256: str, decont: dict | None = None) -> str:
     """The marker's config digest: the settings (not ``workers``: how many processes score changes nothing they
-    write), the input stage and the sha256 the input's marker recorded (a rewritten input redoes the shard)."""
-    return config_digest("quality", settings(q, "workers"), input_stage, input_sha256)
+    write), the input stage and the sha256 the input's marker recorded (a rewritten input redoes the shard); with
+    decontamination on, the digest of its index (eval files and settings), else nothing of it."""
+    parts = ("quality", settings(q, "workers", "decontamination"), input_stage, input_sha256)
+    return config_digest(*parts, "decontamination", decont["digest"]) if decont else config_digest(*parts)
 
 
 def _check_language_columns(chains: dict[str, Chain], table: Any, input_stage: str, shard: str) -> list[str]:
@@ -155,13 +158,14 @@ def _finish_kept(q: QualityConfig, doc: Doc, original: str, chain: Chain, reused
 _WORKER: dict = {}
 
 
-def _init_worker(q: QualityConfig) -> None:
+def _init_worker(q: QualityConfig, decont_dir: str | None = None) -> None:
     """A worker's state: the settings, never the shard, so the shards of a batch task share one pool (with the shard
     in its arguments every shard started a pool of its own that lived until the task ended: 29 shards, 58 idle
     workers, a 9.9 GB process tree in the 1 GB bench-scale run)."""
     masker = PiiMasker(q.pii.emails, q.pii.ips, q.pii.phones, q.pii.only_public_ips) if q.pii.enabled else None
     _WORKER.clear()
-    _WORKER.update(q=q, masker=masker, chains={})
+    decont = decontaminate.Decontaminator(decont_dir, q.decontamination.n) if decont_dir else None
+    _WORKER.update(q=q, masker=masker, chains={}, decont=decont)
 
 
 def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: dict, stored: dict | None) -> tuple:
@@ -177,6 +181,8 @@ def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: 
         raise QualityError(f"quality/{w['shard']}: scoring document {doc_id} (row {i}) with chain "
                            f"{chain.names()} failed: {type(exc).__name__}: {exc}") from exc
     drop = chain.decide(row) if q.enabled else None
+    if w["decont"] and (hit := w["decont"].first_hit(text)):       # eval text outranks every other reason
+        row, drop = {**row, **hit}, decontaminate.drop_of(hit)
     if drop:
         return row, drop, ntok, None, 0, ()
     counts: list = []
@@ -253,7 +259,8 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
     src = rdir / input_stage / f"{shard}.parquet"
     if not src.exists():
         raise QualityError(f"quality/{shard}: input {src} does not exist (input_stage={input_stage!r})")
-    digest = _digest(q, input_stage, recorded_sha256(src))
+    decont = decontaminate.index_manifest(q.decontamination, rdir)
+    digest = _digest(q, input_stage, recorded_sha256(src), decont)
     if done := completed(out, digest):
         return done["stats"]
     table = read_parquet(src)
@@ -264,6 +271,8 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
     stats.update(in_chars=0, kept_chars=0, in_tokens_est=0, kept_tokens_est=0, enabled=q.enabled,
                  input_stage=input_stage, chains={d: c.names() for d, c in chains.items()}, transforms={}, pii={},
                  warnings=_check_language_columns(chains, table, input_stage, shard))
+    if decont:
+        stats["decontamination"] = {k: decont[k] for k in ("items", "ngrams", "digest")} | {"n": q.decontamination.n}
     cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
             for c in ("doc_id", "text", "source", "meta", *LANG_COLUMNS)}
     stored = (_load_scores(rdir, shard, table, chains) if reuse_scores
@@ -278,7 +287,8 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
               stored[i]) for i in range(n))
 
     rows, keep, texts, removed = [], [], [], []
-    results = _results(items, nbytes_col, workers, (q,), shard)
+    init = (q, str(decontaminate.index_dir(rdir))) if decont else (q,)
+    results = _results(items, nbytes_col, workers, init, shard)
     for i, (row, drop, ntok, final, kept_tok, counts) in enumerate(results):
         text, domain, doc_id = cols["text"][i], domains[i], cols["doc_id"][i]
         nbytes, nchars = nbytes_col[i], len(text)
@@ -293,7 +303,7 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
             _add(stats["removed"][drop[0]], "tokens", ntok)
             removed.append({"doc_id": doc_id, "domain": domain, "source": cols["source"][i] or "",
                             "reason": drop[0], "detail": drop[1], "n_chars": nchars, "n_tokens_est": ntok,
-                            "text": text})
+                            "text": text, **{k: row[k] for k in decontaminate.AUDIT_KEYS if k in row}})
             continue
         for section, key, v in counts:
             _add(stats[section], key, v)

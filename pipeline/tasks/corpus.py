@@ -24,6 +24,7 @@ from pipeline.ingest import output as ingest_output
 from pipeline.ingest import run as ingest
 from pipeline.io import claim_run_dir, read_json, run_dir, write_json
 from pipeline.profile import measured
+from pipeline.quality import decontaminate
 from pipeline.quality import run as quality
 from pipeline.report.html import write_report
 from pipeline.sink import mindrecord
@@ -61,6 +62,7 @@ def prepare_run(params: dict | MindloomConfig, run_id: str, config_path: str | N
     rdir = run_dir(cfg.data_root, run_id)
     claim_run_dir(rdir, dag_id, run_id)
     write_json(rdir / "config.json", cfg.to_dict())
+    decontaminate.build_index(cfg.quality.decontamination, rdir)    # once per run; every quality shard reads it
     empty: list[dict] = []
     specs = [{**s, "run_dir": str(rdir)} for s in ingest.plan_ingest(cfg, empty)]
     for spec in specs if confined else []:     # every local file a listing found, symlinks resolved
@@ -90,6 +92,8 @@ def _check_inputs_confined(cfg: MindloomConfig, config_path: str | None) -> list
         if not cfg.domains or src.domain in cfg.domains:
             for j, pattern in enumerate(src.paths):
                 confine.check_path(confine.static_root(pattern), roots, f"sources[{i}].paths[{j}]")
+    for j, path in enumerate(cfg.quality.decontamination.paths if cfg.quality.decontamination.enabled else []):
+        confine.check_path(path, roots, f"quality.decontamination.paths[{j}]")
     return roots
 
 
