@@ -42,6 +42,23 @@ def test_an_abandoned_map_drops_its_shared_pool():
         assert pools.task_executor(2, "pipeline.io")[0] is not pool
 
 
+def _loaded_here() -> tuple[int, int, bool]:
+    from pipeline.dedup.minhash import kernels as minhash_kernels
+    from pipeline.ingest import langid
+    from pipeline.quality.filters import kernels as quality_kernels
+
+    return (len(quality_kernels.word_spans.overloads), len(minhash_kernels.signature_batch.overloads),
+            bool(langid._DETECTOR))
+
+
+def test_pool_workers_start_with_the_compiled_kernels_and_language_model_loaded():
+    """pipeline.warm runs in the forkserver before it forks: a worker's first shard does not load them again
+    (about 1 CPU-s per worker for the quality kernels alone, paid by every task's pool before)."""
+    with pools.task_pools():
+        pool, _ = pools.task_executor(2, "pipeline.io")
+        assert pool.submit(_loaded_here).result() == (1, 1, True)
+
+
 def test_a_batch_of_one_shard_runs_without_a_pool(tmp_path, monkeypatch):
     handles = batches.plan_batches(tmp_path, 3, 2)
     batches.split_plan([{"shard": f"s{k}", "bytes": k} for k in range(3)], handles)

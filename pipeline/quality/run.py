@@ -10,8 +10,9 @@ Inputs and outputs of :func:`run_quality_shard` (``<rdir>`` is the run folder)::
     <rdir>/removed/quality/...                  per-reason samples and counts (pipeline/quality/filters/audit.py)
     <rdir>/stats/quality/<shard>.json           in = kept + removed by reason, plus chars, est. tokens, PII counts
 
-Documents are scored in a pool of ``quality.workers`` processes (0: every core; shards under 2 MB of text stay in
-the task's own process) in batches; results are consumed in document order and every count is added in the main
+Documents are scored in a pool of ``quality.workers`` processes (0: every core; a shard with under 2 MB of text
+left to score or rewrite, which is most shards once MinHash stage 1 has scored them, stays in the task's own
+process) in batches; results are consumed in document order and every count is added in the main
 process, so the output is byte-identical whatever the pool size.  The worker count is not part of the stage's
 completion digest.
 
@@ -67,7 +68,7 @@ from pipeline.quality.prescored import read_prescores
 
 log = logging.getLogger(__name__)
 
-#: shards with less text than this are scored in the task's own process (a pool costs ~1 s to start)
+#: shards with less text to work on than this are handled in the task's own process (:func:`_work_bytes`)
 PARALLEL_MIN_BYTES = 2 << 20
 BATCH_DOCS = 64
 BATCH_BYTES = 4 << 20
@@ -126,6 +127,19 @@ def _utf8_lengths(column: Any) -> list[int]:
     return pc.binary_length(column).to_pylist()
 
 
+def _work_bytes(q: QualityConfig, chains: dict[str, Chain], domains: list[str], stored: list, nbytes: list[int],
+                decont: Any) -> int:
+    """Bytes of text that still need per-document work here, which decides whether a pool pays off: documents
+    without stored scores, plus those a text-changing filter (C4 line cleaning) still rewrites; every document
+    when PII masking or decontamination reads them all.  MinHash stage 1 scores nearly every document, so most
+    shards are decided from their scores, and shipping their text to pool workers and back cost more than it saved.
+    """
+    if decont or q.pii.enabled:
+        return sum(nbytes)
+    rewrite = {d for d, c in chains.items() if any(f.modifies_text for f in c.filters)} if q.enabled else set()
+    return sum(b for b, s, d in zip(nbytes, stored, domains, strict=True) if s is None or d in rewrite)
+
+
 def _add(stats: dict, key: str, n: int) -> None:
     stats[key] = stats.get(key, 0) + n
 
@@ -178,7 +192,7 @@ def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: 
     try:
         row = stored if stored is not None else chain.score(doc)
     except Exception as exc:            # a filter bug must name the document, not just crash the shard
-        raise QualityError(f"quality/{w['shard']}: scoring document {doc_id} (row {i}) with chain "
+        raise QualityError(f"quality: scoring document {doc_id} of domain {domain} (row {i}) with chain "
                            f"{chain.names()} failed: {type(exc).__name__}: {exc}") from exc
     drop = chain.decide(row) if q.enabled else None
     if w["decont"] and (hit := w["decont"].first_hit(text)):       # eval text outranks every other reason
@@ -282,7 +296,7 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
              n if reuse_scores else stats["prescored_docs"])
     present = [c for c in LANG_COLUMNS if c in table.column_names]
     nbytes_col = _utf8_lengths(table.column("text")) if n else []
-    workers = worker_count(q.workers) if sum(nbytes_col) >= PARALLEL_MIN_BYTES else 1
+    workers = worker_count(q.workers) if _work_bytes(q, chains, domains, stored, nbytes_col, decont) >= PARALLEL_MIN_BYTES else 1
     items = ((i, cols["text"][i], cols["doc_id"][i], domains[i], cols["meta"][i], {c: cols[c][i] for c in present},
               stored[i]) for i in range(n))
 

@@ -45,6 +45,9 @@ log = logging.getLogger(__name__)
 _NAME = re.compile(r"^[A-Za-z0-9._-]+$")
 
 
+#: memory for the band keys add_release holds at once (8 bytes per shipped document per band)
+RELEASE_KEY_BYTES = 256 << 20
+
 def index_root(data_root: str | Path, cfg: MinhashConfig) -> Path:
     base = Path(cfg.index_dir) if cfg.index_dir else Path(data_root) / "dedup_index"
     return base / cfg.fingerprint()
@@ -136,8 +139,11 @@ def add_release(rdir: Path, cfg: MinhashConfig, data_root: str | Path, release: 
                 kept_stage: str = "minhash") -> dict:
     """Add the documents this run shipped (``<rdir>/<kept_stage>/<shard>.parquet`` doc ids) to the index.
 
-    Streams shard by shard (signatures into a memory-mapped ``.npy``) and band by band, so memory is about
-    8 bytes × shipped documents, not the signatures.  Idempotent: adding a release again rewrites identical files.
+    Streams shard by shard (signatures into a memory-mapped ``.npy``), then reads the band keys of as many bands at
+    once as fit in :data:`RELEASE_KEY_BYTES` (all 14 up to about 2 million shipped documents: one read of each
+    shard instead of one per band, which cost more than the keys themselves), so memory stays bounded, not the
+    signatures.  This is the one part of ``publish`` that grows with the corpus: the index holds a key per band
+    per shipped document, so a later refresh can remove what this release already shipped (``use_index``).  Idempotent: adding a release again rewrites identical files.
     """
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -182,13 +188,18 @@ def add_release(rdir: Path, cfg: MinhashConfig, data_root: str | Path, release: 
                 pos += len(rows)
             sig.flush()
             del sig
-        for j in range(cfg.bands):
-            keys = [pq.read_table(signature_path(rdir, e["shard"]), columns=[band_column(j)]).column(0)
-                    .to_numpy()[rows] for e, rows in zip(manifest["shards"], shipped, strict=True)]
-            k = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
-            uniq, first = np.unique(k, return_index=True)
-            _save_npy(rel_dir / f"{band_column(j)}.keys.npy", uniq.astype(np.uint64))
-            _save_npy(rel_dir / f"{band_column(j)}.ords.npy", first.astype(np.uint64))
+        per_pass = max(1, min(cfg.bands, RELEASE_KEY_BYTES // max(1, 8 * n)))   # bands whose keys fit at once
+        for first_band in range(0, cfg.bands, per_pass):
+            group = [band_column(j) for j in range(first_band, min(cfg.bands, first_band + per_pass))]
+            tables = [pq.read_table(signature_path(rdir, e["shard"]), columns=group)
+                      for e, rows in zip(manifest["shards"], shipped, strict=True)]
+            for col in group:
+                keys = [t.column(col).to_numpy()[rows] for t, rows in zip(tables, shipped, strict=True)]
+                k = np.concatenate(keys) if keys else np.zeros(0, np.uint64)
+                uniq, first = np.unique(k, return_index=True)
+                _save_npy(rel_dir / f"{col}.keys.npy", uniq.astype(np.uint64))
+                _save_npy(rel_dir / f"{col}.ords.npy", first.astype(np.uint64))
+            del tables
         listing = root / "releases.json"
         info = read_json(listing) if listing.exists() else {"fingerprint": cfg.fingerprint(),
                                                             "signature_fields": cfg.signature_fields(),
