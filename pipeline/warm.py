@@ -34,11 +34,10 @@ def warm_kernels() -> None:
     try:
         from pipeline.dedup.minhash.config import MinhashConfig
         from pipeline.dedup.minhash.signatures import SignatureEngine, numba_available
+        from pipeline.ingest import langid
         from pipeline.quality.config import QualityConfig
         from pipeline.quality.filters.chain import FILTER_CLASSES, Chain
         from pipeline.quality.filters.text import Doc
-
-        from pipeline.ingest import langid
 
         langid.identify(_PROSE)
         if not numba_available():
