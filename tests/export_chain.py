@@ -1,5 +1,6 @@
-"""A small trained model for the export tests: the real corpus chain (SentencePiece tokenizer, MindRecord, held-out
-sets) over stdlib text, then two stages, ``main`` and a NTK ``long_context`` at 4x the context.
+"""A small trained model for the export tests: the real corpus chain (SentencePiece tokenizer, MindRecord and
+Megatron files, held-out sets) over stdlib text, then two stages, ``main`` and a NTK ``long_context`` at 4x the
+context.
 
 Built once per test session (both export test modules share it; about 1.5 min on 2 cores), plus mindloom's own
 logits from the trainer's own checkpoint loader, which the clients' logits are compared with.
@@ -36,6 +37,7 @@ def build(tmp_path_factory) -> dict:
     path = tiny_config(tmp)
     data = yaml.safe_load(path.read_text(encoding="utf-8"))
     data["train"].update({"steps": 6, "warmup_steps": 2, "checkpoint_every": 3, "eval_tokens": 0, "stages": STAGES})
+    data["pack"]["formats"] = ["mindrecord", "megatron"]   # the mindformers 2.x YAML reads the Megatron files
     path.write_text(yaml.safe_dump(data), encoding="utf-8")
     cfg = load_config(path)
     corpus = run_all(cfg, "corpus1", progress=False)

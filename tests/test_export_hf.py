@@ -128,6 +128,8 @@ def test_tensor_parallel_shards_are_merged_before_export(chain, tmp_path):
     assert sorted(merged) == sorted(single) and len(single) == 21
     assert all(np.array_equal(merged[k], single[k]) for k in single)
     assert m_tp["files"]["model.safetensors"] == m_one["files"]["model.safetensors"]
+    mf = export_stage(tp_dir, "mindformers", out=tmp_path / "tp_mf")   # its safetensors (mindformers 2.x): the same
+    assert mf["tensor_parallel"] == 2 and mf["files"]["model.safetensors"] == m_one["files"]["model.safetensors"]
 
 
 def test_cli_export_and_its_errors(chain, capsys):
@@ -156,8 +158,10 @@ def test_export_task_publishes_every_configured_format(chain, monkeypatch):
     monkeypatch.setenv("MINDLOOM_CONFIG", str(cfg_path))
     result = export_run({}, "run1")
     assert result["stage"] == "long_context" and sorted(result["formats"]) == ["hf", "mindformers"]
-    assert result["formats"]["mindformers"]["files"] == ["mindloom.ckpt", "model.yaml", "pretrain.yaml",
-                                                         "tokenizer.model"]
+    assert result["formats"]["mindformers"]["files"] == [
+        "config.json", "generation_config.json", "mindloom.ckpt", "model.safetensors", "model.yaml", "pretrain.yaml",
+        "pretrain_megatron.yaml", "special_tokens_map.json", "tokenizer.json", "tokenizer.model",
+        "tokenizer_config.json"]
     assert json.loads(latest_model_path(chain["cfg"].data_root).read_text()) == result
     with pytest.raises(ConfigError, match=r"export\.formats\[1\]: 'onnx' is not one of mindformers, hf"):
         config_from_dict({**data, "export": {"formats": ["hf", "onnx"]}})

@@ -30,6 +30,7 @@ class StageSource:
     model: ModelConfig
     device: str                      # the device the stage trained on
     data_dir: str                    # the MindRecord folder the stage trained on (re-packed for another seq_len)
+    corpus_dir: str                  # the corpus' own MindRecord folder (its manifest.json, Megatron .bin/.idx)
     corpus_run_dir: Path | None      # the corpus run folder (tokenizer, corpus_summary.json), when known
     tokenizer: Path | None
 
@@ -78,7 +79,7 @@ def stage_source(stage_dir: str | Path) -> StageSource:
     tok = run_dir / "tokenizer" / "spm.model" if run_dir else None
     return StageSource(stage_dir=stage_dir, stage=summary.get("stage") or stage_dir.name, step=final["step"],
                        checkpoint=final["path"], shards=final["shards"], model=model,
-                       device=summary.get("device") or "CPU", data_dir=data_dir,
+                       device=summary.get("device") or "CPU", data_dir=data_dir, corpus_dir=corpus_dir or "",
                        corpus_run_dir=run_dir if run_dir and run_dir.is_dir() else None,
                        tokenizer=tok if tok and tok.is_file() else None)
 
