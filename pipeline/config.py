@@ -122,6 +122,13 @@ def _resolve_paths(data: dict, base_dir: Path) -> dict:
     if isinstance(dec, dict) and isinstance(dec.get("paths"), list):
         dec["paths"] = [p if (not isinstance(p, str) or "://" in p or Path(p).is_absolute())
                         else str((base_dir / p).resolve()) for p in dec["paths"]]
+    clf = quality.get("classifier") if isinstance(quality, dict) else None
+    if isinstance(clf, dict) and isinstance(clf.get("positive_paths"), list):
+        clf["positive_paths"] = [p if (not isinstance(p, str) or "://" in p or Path(p).is_absolute())
+                                 else str((base_dir / p).resolve()) for p in clf["positive_paths"]]
+    if isinstance(clf, dict) and isinstance(clf.get("model_path"), str) and clf["model_path"] \
+            and not Path(clf["model_path"]).is_absolute():
+        clf["model_path"] = str((base_dir / clf["model_path"]).resolve())
     for src in out.get("sources") or []:
         if isinstance(src, dict) and isinstance(src.get("paths"), list):
             src["paths"] = [p if (not isinstance(p, str) or "://" in p or Path(p).is_absolute())

@@ -30,6 +30,8 @@ PARAM_FIELDS: dict[str, str] = {
     "mixture_weights": "mixture.weights",
     "quality_filter": "quality.enabled",
     "min_words": "quality.min_words",
+    "quality_classifier": "quality.classifier.enabled",
+    "classifier_keep_top_percent": "quality.classifier.keep_top_percent",
     "vocab_size": "tokenizer.vocab_size",
     "seq_len": "pack.seq_len",
     "mindrecord_shards": "pack.shard_num",
@@ -58,7 +60,7 @@ FORMS: dict[str, dict[str, tuple[str, ...]]] = {
         "Run": ("run_name", "domains", "seed"),
         "Ingest": ("docs_per_shard", "strict_ingest"),
         "Deduplication": ("exact_dedup", "near_dedup", "near_dedup_threshold", "incremental_dedup"),
-        "Quality": ("quality_filter", "min_words"),
+        "Quality": ("quality_filter", "min_words", "quality_classifier", "classifier_keep_top_percent"),
         "Tokenizer and MindRecord": ("vocab_size", "seq_len", "mindrecord_shards", "mixture_weights"),
     },
     "train": {

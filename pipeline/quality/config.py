@@ -49,6 +49,73 @@ class DecontaminationConfig:
 
 
 @dataclass
+class ClassifierConfig:
+    """A fastText quality classifier trained inside the run (:mod:`pipeline.quality.classifier`): reference domains
+    against raw web, a ``q_classifier_score`` column for every document, a per-domain cut.  Off by default."""
+
+    enabled: bool = _f(False, desc="Train (or load) the classifier before the quality stage, store its score for "
+                       "every document and remove documents below their domain's cut (reason classifier).")
+    model_path: str = _f("", desc="A supplied model file that replaces training (empty: train one per run); relative "
+                         "paths are taken from the config file.")
+    model_format: str = _f("fasttext", desc="Format of `model_path`: fasttext (a fastText .bin, e.g. DCLM's; read "
+                           "with fasttext-predict) or floret (a model this stage trained).",
+                           choices=("fasttext", "floret"))
+    label: str = _f("hq", desc="The positive label (`__label__<label>`); the score is its probability.")
+    positive_domains: list[str] = _f(factory=lambda: ["encyclopedia", "books", "academic"],
+                                     desc="Domains whose documents are the positive (reference) examples.")
+    positive_paths: list[str] = _f(factory=list, desc="Curated positive examples besides those domains: .jsonl "
+                                   "files with a `text` key per line; relative paths are taken from the config file.")
+    negative_domains: list[str] = _f(factory=lambda: ["web"], desc="Domains whose documents are the negative "
+                                     "examples (raw web).")
+    keep_top_percent: dict = _f(factory=lambda: {"web": 30.0}, desc="Per domain, the percentage of its documents "
+                                "kept, the best-scored (the cut is fixed at training time from the scores of a "
+                                "held-out sample of the domain); domains in neither this nor `min_score` are scored, "
+                                "never removed.")
+    min_score: dict = _f(factory=dict, desc="Per domain, a fixed score threshold in [0, 1] instead of a percentage.")
+    max_docs_per_class: int = _f(10_000, desc="Documents sampled (by a hash of doc id and seed) per class, and per "
+                                 "domain for the cuts; bounds the stage's memory.", ge=10)
+    balance: str = _f("equal", desc="equal: the larger class is cut to the smaller one's size; natural: as sampled.",
+                      choices=("equal", "natural"))
+    held_out_fraction: float = _f(0.1, desc="Share of the sample held out from training, for the accuracy and the "
+                                  "percentile cuts.", ge=0.01, le=0.5)
+    max_chars: int = _f(20_000, desc="Characters of a document's start that are trained on and scored.", ge=100)
+    word_ngrams: int = _f(2, desc="fastText wordNgrams (DCLM: 2).", ge=1, le=5)
+    epochs: int = _f(5, desc="fastText epochs (fastText's default).", ge=1, le=100)
+    lr: float = _f(0.1, desc="fastText learning rate (fastText's default).", ge=0.001, le=2.0)
+    dim: int = _f(16, desc="fastText vector size; the model file is about 4 x dim x buckets bytes.", ge=2, le=300)
+    buckets: int = _f(262_144, desc="fastText hash buckets for word n-grams (fastText's default: 2,000,000).",
+                      ge=1024)
+    min_count: int = _f(1, desc="fastText minCount: words seen fewer times are left out.", ge=1)
+
+    def __post_init__(self) -> None:
+        where = "quality.classifier"
+        if not self.label or any(c.isspace() for c in self.label):
+            raise ConfigError(f"{where}.label: must be a non-empty word, got {self.label!r}")
+        for name in ("positive_domains", "negative_domains"):
+            values = getattr(self, name)
+            if any(not d for d in values) or len(set(values)) != len(values):
+                raise ConfigError(f"{where}.{name}: must list distinct non-empty domains, got {values!r}")
+        if both := sorted(set(self.positive_domains) & set(self.negative_domains)):
+            raise ConfigError(f"{where}.negative_domains: {both} are also positive_domains")
+        if not self.model_path and self.enabled:
+            if not (self.positive_domains or self.positive_paths):
+                raise ConfigError(f"{where}.positive_domains: training needs positives (or positive_paths)")
+            if not self.negative_domains:
+                raise ConfigError(f"{where}.negative_domains: training needs negatives")
+        for i, path in enumerate(self.positive_paths):
+            if not path.endswith(".jsonl") or "://" in path:
+                raise ConfigError(f"{where}.positive_paths[{i}]: expected a local .jsonl file, got {path!r}")
+        for name, lo, hi in (("keep_top_percent", 0.0, 100.0), ("min_score", 0.0, 1.0)):
+            for domain, value in getattr(self, name).items():
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and lo <= value <= hi
+                if not domain or not ok or (name == "keep_top_percent" and value == 0):
+                    raise ConfigError(f"{where}.{name}.{domain}: expected a number in "
+                                      f"{'(0, 100]' if name == 'keep_top_percent' else '[0, 1]'}, got {value!r}")
+        if both := sorted(set(self.keep_top_percent) & set(self.min_score)):
+            raise ConfigError(f"{where}.min_score: {both} also have keep_top_percent; one rule per domain")
+
+
+@dataclass
 class QualityConfig:
     """Quality filtering: per-domain chains of published rule sets; scores kept as columns, removals audited.
 
@@ -64,6 +131,7 @@ class QualityConfig:
                                           "serves every domain without a chain of its own.")
     pii: PiiConfig = _f(factory=PiiConfig)
     decontamination: DecontaminationConfig = _f(factory=DecontaminationConfig)
+    classifier: ClassifierConfig = _f(factory=ClassifierConfig)
     audit_samples: int = _f(20, desc="Removed documents kept per reason and shard under removed/quality/ (all "
                             "are counted).", ge=0)
     audit_max_chars: int = _f(20_000, desc="Characters kept of each sampled removed document.", ge=100)

@@ -31,10 +31,10 @@ DIGEST_KEY = b"mindloom.quality.settings_digest"
 def quality_digest(quality: Any) -> str:
     """sha256 of the quality config (empty when none).  ``workers`` is left out: how many processes score the
     documents does not change a verdict; so is ``decontamination``: it changes no score (the quality stage checks
-    every document against the index itself)."""
+    every document against the index itself); nor ``classifier``: the quality stage scores with it itself."""
     if quality is None:
         return ""
-    settings = {k: v for k, v in dataclasses.asdict(quality).items() if k not in ("workers", "decontamination")}
+    settings = {k: v for k, v in dataclasses.asdict(quality).items() if k not in ("workers", "decontamination", "classifier")}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 

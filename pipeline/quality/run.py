@@ -50,7 +50,7 @@ from pipeline.io import (
     write_parquet,
     write_stats,
 )
-from pipeline.quality import decontaminate
+from pipeline.quality import classifier, decontaminate
 from pipeline.quality.config import QualityConfig
 from pipeline.quality.filters.audit import quality_report, render_quality_report, write_removed
 from pipeline.quality.filters.basic import LANG_COLUMNS
@@ -81,12 +81,16 @@ def scores_path(rdir: Path, shard: str) -> Path:
     return Path(rdir) / "quality" / "scores" / f"{shard}.parquet"
 
 
-def _digest(q: QualityConfig, input_stage: str, input_sha256: str, decont: dict | None = None) -> str:
+def _digest(q: QualityConfig, input_stage: str, input_sha256: str, decont: dict | None = None,
+            clf: dict | None = None) -> str:
     """The marker's config digest: the settings (not ``workers``: how many processes score changes nothing they
     write), the input stage and the sha256 the input's marker recorded (a rewritten input redoes the shard); with
-    decontamination on, the digest of its index (eval files and settings), else nothing of it."""
-    parts = ("quality", settings(q, "workers", "decontamination"), input_stage, input_sha256)
-    return config_digest(*parts, "decontamination", decont["digest"]) if decont else config_digest(*parts)
+    decontamination on, the digest of its index (eval files and settings), else nothing of it; the same for the
+    classifier (its manifest's digest: model, cuts, settings)."""
+    parts = ("quality", settings(q, "workers", "decontamination", "classifier"), input_stage, input_sha256)
+    extra = (*(("decontamination", decont["digest"]) if decont else ()),
+             *(("classifier", clf["digest"]) if clf else ()))
+    return config_digest(*parts, *extra)
 
 
 def _check_language_columns(chains: dict[str, Chain], table: Any, input_stage: str, shard: str) -> list[str]:
@@ -172,14 +176,15 @@ def _finish_kept(q: QualityConfig, doc: Doc, original: str, chain: Chain, reused
 _WORKER: dict = {}
 
 
-def _init_worker(q: QualityConfig, decont_dir: str | None = None) -> None:
+def _init_worker(q: QualityConfig, decont_dir: str | None = None, clf_dir: str | None = None) -> None:
     """A worker's state: the settings, never the shard, so the shards of a batch task share one pool (with the shard
     in its arguments every shard started a pool of its own that lived until the task ended: 29 shards, 58 idle
     workers, a 9.9 GB process tree in the 1 GB bench-scale run)."""
     masker = PiiMasker(q.pii.emails, q.pii.ips, q.pii.phones, q.pii.only_public_ips) if q.pii.enabled else None
     _WORKER.clear()
     decont = decontaminate.Decontaminator(decont_dir, q.decontamination.n) if decont_dir else None
-    _WORKER.update(q=q, masker=masker, chains={}, decont=decont)
+    clf = classifier.Scorer(clf_dir) if clf_dir else None
+    _WORKER.update(q=q, masker=masker, chains={}, decont=decont, clf=clf)
 
 
 def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: dict, stored: dict | None) -> tuple:
@@ -195,6 +200,8 @@ def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: 
         raise QualityError(f"quality: scoring document {doc_id} of domain {domain} (row {i}) with chain "
                            f"{chain.names()} failed: {type(exc).__name__}: {exc}") from exc
     drop = chain.decide(row) if q.enabled else None
+    if w["clf"]:                                                    # the last rule of every chain
+        row, drop = w["clf"].apply(row, text, domain, drop, q.enabled)
     if w["decont"] and (hit := w["decont"].first_hit(text)):       # eval text outranks every other reason
         row, drop = {**row, **hit}, decontaminate.drop_of(hit)
     if drop:
@@ -241,11 +248,13 @@ def _results(items: Iterator[tuple], sizes: list[int], workers: int, init_args: 
                            "quality.workers: 1 to see which document kills it") from None
 
 
-def _tables(table: Any, chains: dict[str, Chain], rows: list[dict], keep: list[bool], texts: list[str]):
+def _tables(table: Any, chains: dict[str, Chain], rows: list[dict], keep: list[bool], texts: list[str],
+            clf: dict | None = None):
     """(scores of every document with the chain signatures, kept rows with new text and their score columns)."""
     import pyarrow as pa
 
-    columns = list(dict.fromkeys(c for ch in chains.values() for c in ch.columns()))
+    columns = list(dict.fromkeys([*(c for ch in chains.values() for c in ch.columns()),
+                                  *([(classifier.COLUMN, False)] if clf else [])]))
     scores = pa.table({"doc_id": pa.array([r["doc_id"] for r in rows], pa.string()),
                        "domain": pa.array([r["domain"] for r in rows], pa.string()),
                        **{c: pa.array([r.get(c) for r in rows], pa.string() if is_str else pa.float64())
@@ -253,7 +262,8 @@ def _tables(table: Any, chains: dict[str, Chain], rows: list[dict], keep: list[b
                        "q_reason": pa.array([r["q_reason"] for r in rows], pa.string()),
                        "q_detail": pa.array([r["q_detail"] for r in rows], pa.string())})
     signatures = {d: c.signature() for d, c in chains.items()}
-    scores = scores.replace_schema_metadata({SIGNATURE_KEY: json.dumps(signatures, sort_keys=True)})
+    scores = scores.replace_schema_metadata({SIGNATURE_KEY: json.dumps(signatures, sort_keys=True),
+                                             **({classifier.META_KEY: clf["digest"]} if clf else {})})
     mask = pa.array(keep, pa.bool_())
     kept = table.filter(mask)
     for name, values in (("text", texts), ("n_chars", [len(t) for t in texts])):
@@ -274,7 +284,8 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
     if not src.exists():
         raise QualityError(f"quality/{shard}: input {src} does not exist (input_stage={input_stage!r})")
     decont = decontaminate.index_manifest(q.decontamination, rdir)
-    digest = _digest(q, input_stage, recorded_sha256(src), decont)
+    clf = classifier.manifest(q.classifier, rdir)
+    digest = _digest(q, input_stage, recorded_sha256(src), decont, clf)
     if done := completed(out, digest):
         return done["stats"]
     table = read_parquet(src)
@@ -287,6 +298,9 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
                  warnings=_check_language_columns(chains, table, input_stage, shard))
     if decont:
         stats["decontamination"] = {k: decont[k] for k in ("items", "ngrams", "digest")} | {"n": q.decontamination.n}
+    if clf:
+        stats["classifier"] = {"model_sha256": clf["model"]["sha256"], "digest": clf["digest"],
+                               "cuts": {d: c["cut"] for d, c in clf["cuts"].items()}}
     cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
             for c in ("doc_id", "text", "source", "meta", *LANG_COLUMNS)}
     stored = (_load_scores(rdir, shard, table, chains) if reuse_scores
@@ -302,6 +316,8 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
 
     rows, keep, texts, removed = [], [], [], []
     init = (q, str(decontaminate.index_dir(rdir))) if decont else (q,)
+    if clf:
+        init = (q, init[1] if decont else None, str(classifier.classifier_dir(rdir)))
     results = _results(items, nbytes_col, workers, init, shard)
     for i, (row, drop, ntok, final, kept_tok, counts) in enumerate(results):
         text, domain, doc_id = cols["text"][i], domains[i], cols["doc_id"][i]
@@ -326,7 +342,7 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
                        ("kept_tokens_est", kept_tok)):
             _add(stats, key, v)
 
-    scores, kept = _tables(table, chains, rows, keep, texts)
+    scores, kept = _tables(table, chains, rows, keep, texts, clf)
     write_parquet(scores, scores_path(rdir, shard))
     write_removed(rdir, shard, removed, stats["removed"], q.audit_samples, q.audit_max_chars)
     kept_sha256 = write_parquet(kept, out)

@@ -94,6 +94,10 @@ def _check_inputs_confined(cfg: MindloomConfig, config_path: str | None) -> list
                 confine.check_path(confine.static_root(pattern), roots, f"sources[{i}].paths[{j}]")
     for j, path in enumerate(cfg.quality.decontamination.paths if cfg.quality.decontamination.enabled else []):
         confine.check_path(path, roots, f"quality.decontamination.paths[{j}]")
+    clf = cfg.quality.classifier
+    for where, path in ([("model_path", clf.model_path)] if clf.enabled and clf.model_path else []) + \
+            [(f"positive_paths[{j}]", p) for j, p in enumerate(clf.positive_paths if clf.enabled else [])]:
+        confine.check_path(path, roots, f"quality.classifier.{where}")
     return roots
 
 
@@ -232,6 +236,22 @@ def quality_shard(spec: dict) -> dict:
     rdir = Path(spec["run_dir"])
     return quality.run_quality_shard(load_run_config(rdir).quality, rdir, spec["shard"], input_stage="minhash",
                                      prescored=prescores_path(rdir, spec["shard"]))
+
+
+def train_classifier(specs: list[dict]) -> dict:
+    """The quality classifier (:mod:`pipeline.quality.classifier`): trained on a sample of the deduplicated shards,
+    or a supplied model calibrated on it, before the quality tasks score with it.  Off: returns at once (no
+    profile, no file)."""
+    from pipeline.quality import classifier
+
+    rdir = Path(specs[0]["run_dir"])
+    cfg = load_run_config(rdir)
+    if not cfg.quality.classifier.enabled:
+        return {"enabled": False}
+    with measured(rdir, "train_classifier", "all"):
+        _, shards = run_of(specs)
+        found = classifier.train_classifier(cfg.quality.classifier, rdir, shards, cfg.seed, input_stage="minhash")
+    return {"enabled": True, **{k: found[k] for k in ("held_out", "cuts", "train")}}
 
 
 @profiled("train_tokenizer")
