@@ -37,7 +37,7 @@ def test_corpus_then_pretrain_through_airflow(dagbag, airflow_db, tiny_config_pa
     stats = json.loads((Path(summary["run_dir"]) / "corpus_summary.json").read_text())["stats"]
     assert stats["exact_dedup"]["prose"]["removed"] == {"exact_duplicate": 3}
     plan = json.loads((Path(summary["run_dir"]) / "plan.json").read_text())
-    for task_id in ("ingest.ingest_shard", "clean.exact_hash", "filter.quality_filter", "tokenize.encode"):
+    for task_id in ("ingest.ingest_shard", "clean.exact_dedup", "filter.quality_filter", "tokenize.encode"):
         tis = [ti for ti in corpus_run.get_task_instances() if ti.task_id == task_id]
         assert len(tis) == 2 < len(plan), (task_id, len(tis), len(plan))   # parallelism 2, not one per shard
     # the sink is mapped too: scatter per shard batch, one writer task per batch of output files
@@ -47,7 +47,9 @@ def test_corpus_then_pretrain_through_airflow(dagbag, airflow_db, tiny_config_pa
     assert len(writers) == min(2, len(files)) and summary["shards"] == len(files)
     # every task reported its cost under profile/: wall, CPU-seconds and the peak RSS of its process tree
     prof = read_profiles(summary["run_dir"])
-    assert {"ingest", "quality", "tokenize", "sink_scatter", "sink_write", "sink_finalize"} <= set(prof)
+    assert {"ingest", "exact_hash", "minhash_signatures", "quality", "tokenize", "sink_scatter", "sink_write",
+            "sink_finalize"} <= set(prof)
+    assert len(prof["exact_hash"]) == len(prof["minhash_signatures"]) == 2     # in the ingest / exact dedup tasks
     assert all(p["cpu_s"] >= 0 and p["peak_rss_mb"] > 0 for p in prof["sink_write"]) and len(prof["ingest"]) == 2
 
     train_run = dagbag.get_dag("pretrain").test(logical_date=None, run_conf={"fail_at_step": 8})

@@ -14,18 +14,37 @@ from pipeline.tasks.steps import STEPS, Step, check_steps
 
 def test_the_declared_chain_runs_top_to_bottom():
     check_steps()
-    assert [s.task_id for s in STEPS][:3] == ["plan", "ingest.ingest_shard", "clean.exact_hash"]
+    assert [s.task_id for s in STEPS][:3] == ["plan", "ingest.ingest_shard", "clean.partitions"]
     assert STEPS[-1].task_id == "publish" and STEPS[-1].outlet
-    batch = {s.stage for s in STEPS if s.kind == "batch"}
-    assert batch == {"ingest", "exact_hash", "exact_dedup", "minhash_signatures", "minhash_removal", "quality",
-                     "tokenize", "sink_scatter"}
+    batch = [stage for s in STEPS if s.kind == "batch" for stage in (s.stage, *s.then)]
+    assert batch == ["ingest", "exact_hash", "exact_dedup", "minhash_signatures", "minhash_removal", "quality",
+                     "tokenize", "sink_scatter"]
+    # stages with no barrier between them share a mapped task: 6 mapped batch tasks per run, not 8
+    assert [s.task_id for s in STEPS if s.kind == "batch"] == [
+        "ingest.ingest_shard", "clean.exact_dedup", "near_dedup.removal", "filter.quality_filter", "tokenize.encode",
+        "sink.scatter"]
+
+
+def test_a_batch_step_runs_its_later_stages_in_the_same_task(monkeypatch):
+    from pipeline.tasks import corpus
+
+    calls = []
+
+    def fake(stage, batch):
+        calls.append((stage, batch["task"]))
+        return {"shards": 1, "wall_s": 0.5, "cpu_s": 0.25, "peak_rss_mb": 9.0, "input_bytes": 3}
+
+    monkeypatch.setattr(corpus, "run_stage_batch", fake)
+    out = corpus.run_step("clean.exact_dedup", {"task": 3})
+    assert calls == [("exact_dedup", 3), ("minhash_signatures", 3)]
+    assert out["then"] == {"minhash_signatures": {"wall_s": 0.5, "cpu_s": 0.25, "peak_rss_mb": 9.0}}
 
 
 @pytest.mark.parametrize("bad,message", [
     (lambda s: (s[0], s[2], s[1], *s[3:]), "not an earlier step"),
     (lambda s: (*s, s[-1]), "listed twice"),
     (lambda s: (s[1], s[0], *s[2:]), "plan step must come first"),
-    (lambda s: (*s[:4], dataclasses.replace(s[4], over="clean.exact_hash"), *s[5:]), "not a fan step"),
+    (lambda s: (*s[:3], dataclasses.replace(s[3], over="ingest.ingest_shard"), *s[4:]), "not a fan step"),
     (lambda s: (*s, Step("x", None, "loop")), "kind 'loop'"),
 ])
 def test_a_chain_that_cannot_run_in_order_is_refused(bad, message):
@@ -39,7 +58,8 @@ def test_every_step_calls_an_existing_task_function():
     for s in STEPS:
         assert callable(getattr(corpus, s.call)), s
         if s.kind == "batch":
-            assert s.stage in corpus.SHARD_STAGES or s.stage in corpus.BATCH_STAGES, s
+            for stage in (s.stage, *s.then):
+                assert stage in corpus.SHARD_STAGES or stage in corpus.BATCH_STAGES, s
 
 
 def test_shard_index_round_trips_and_stays_small(tmp_path):

@@ -346,7 +346,13 @@ def run_step(task_id: str, item=None, **plan_args):
     fn = globals()[step.call]          # looked up at call time: a profiler may wrap the module's functions
     if step.kind == "plan":
         return fn(**plan_args)
-    return fn(step.stage, item) if step.kind == "batch" else fn(item)
+    if step.kind != "batch":
+        return fn(item)
+    out = fn(step.stage, item)
+    if step.then:           # the batch's later stages in the same task: their own profile, markers and stats
+        out["then"] = {stage: {k: v for k, v in fn(stage, item).items() if k in ("wall_s", "cpu_s", "peak_rss_mb")}
+                       for stage in step.then}
+    return out
 
 
 def run_all(params: dict | MindloomConfig, run_id: str, config_path: str | None = None, progress: bool = True) -> dict:

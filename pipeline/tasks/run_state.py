@@ -14,9 +14,28 @@ from pipeline.io import read_json
 from pipeline.profile import measured
 from pipeline.tasks import batches
 
+_CONFIGS: dict[str, tuple[tuple[int, int], MindloomConfig]] = {}     # path -> ((mtime_ns, size), config)
+
 
 def load_run_config(rdir: str | Path) -> MindloomConfig:
-    return config_from_dict(read_json(Path(rdir) / "config.json"))
+    """The run's frozen configuration (``config.json``), as a copy the caller may change.
+
+    Every task and every shard of a task reads it: building the typed config from JSON costs about 17 ms (type
+    hints, checks), which at 300 shards times 8 stages was 40 CPU-seconds of a 1 GB run.  A process keeps the
+    built config per file (checked against its mtime and size) and hands out deep copies (under 1 ms).
+    """
+    import copy
+    import os
+
+    path = str(Path(rdir) / "config.json")
+    st = os.stat(path)
+    key = (st.st_mtime_ns, st.st_size)
+    hit = _CONFIGS.get(path)
+    if hit is None or hit[0] != key:
+        hit = _CONFIGS[path] = (key, config_from_dict(read_json(path)))
+        if len(_CONFIGS) > 8:                         # a long-lived worker sees many runs: keep the latest few
+            _CONFIGS.pop(next(iter(_CONFIGS)))
+    return copy.deepcopy(hit[1])
 
 
 def run_of(items: list[dict]) -> tuple[Path, list[str]]:

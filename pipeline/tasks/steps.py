@@ -8,10 +8,17 @@ walks the same list in order, in one process; both call :func:`pipeline.tasks.co
 Kinds of step (``item`` is what one task receives):
 
 ``plan``   the run's planning task; returns the shard batch handles (``parallelism`` of them at most)
-``batch``  mapped over those handles: a per-shard ``stage`` over the batch's shards (``run_stage_batch``)
+``batch``  mapped over those handles: a per-shard ``stage`` over the batch's shards (``run_stage_batch``), then
+           the stages in ``then`` over the same batch
 ``run``    one fan-in task; receives the list of handles (a few numbers each, never the plan)
 ``fan``    one task that returns the items a ``map`` step is mapped over (hash partitions, bands, file batches)
 ``map``    mapped over the items returned by the ``fan`` step named in ``over``
+
+Stages with no barrier between them share a task (``then``): ingest hashes its batch for exact dedup, and exact
+dedup's task computes the survivors' MinHash signatures.  Each mapped task instance costs a fixed amount whatever
+it does (in Airflow's own bookkeeping about 0.2 CPU-s under ``dags test``, a new process per task on Celery), so at
+the shipped ``parallelism`` of 64 two fewer mapped steps are 128 fewer task instances per run; every stage still
+writes its own profile, markers and stats.
 
 The list is in an order that respects every dependency, so running it top to bottom is a valid schedule.  A step's
 upstream tasks are ``after`` plus the step whose output it consumes (the plan, or ``over``).
@@ -31,6 +38,7 @@ class Step:
     kind: str                      # one of KINDS
     call: str = "run_stage_batch"  # function of pipeline.tasks.corpus that the task body calls
     stage: str | None = None       # batch steps: the per-shard stage (pipeline.tasks.corpus.SHARD_STAGES)
+    then: tuple[str, ...] = ()     # batch steps: stages the same task runs next over the same batch (no barrier)
     after: tuple[str, ...] = ()    # task ids that must finish first (besides the data dependency)
     over: str | None = None        # map steps: the fan step whose items they are mapped over
     label: str | None = None       # map steps: UI label of one item, ``str.format(**item)`` (None: batch label)
@@ -45,20 +53,19 @@ class Step:
         return self.kind in ("batch", "map")
 
 
-def _batch(name: str, group: str, stage: str, *after: str) -> Step:
-    return Step(name, group, "batch", stage=stage, after=after)
+def _batch(name: str, group: str, stage: str | tuple[str, ...], *after: str) -> Step:
+    first, *then = (stage,) if isinstance(stage, str) else stage
+    return Step(name, group, "batch", stage=first, then=tuple(then), after=after)
 
 
 STEPS: tuple[Step, ...] = (
     Step("plan", None, "plan", "plan_tasks"),
-    _batch("ingest_shard", "ingest", "ingest"),
-    _batch("exact_hash", "clean", "exact_hash", "ingest.ingest_shard"),
-    Step("partitions", "clean", "fan", "exact_partitions", after=("clean.exact_hash",)),
+    _batch("ingest_shard", "ingest", ("ingest", "exact_hash")),
+    Step("partitions", "clean", "fan", "exact_partitions", after=("ingest.ingest_shard",)),
     Step("exact_partition", "clean", "map", "exact_partition", over="clean.partitions",
          label="partition-{partition:03d}"),
-    _batch("exact_dedup", "clean", "exact_dedup", "clean.exact_partition"),
-    _batch("signatures", "near_dedup", "minhash_signatures", "clean.exact_dedup"),
-    Step("bands", "near_dedup", "fan", "minhash_bands", after=("near_dedup.signatures",)),
+    _batch("exact_dedup", "clean", ("exact_dedup", "minhash_signatures"), "clean.exact_partition"),
+    Step("bands", "near_dedup", "fan", "minhash_bands", after=("clean.exact_dedup",)),
     Step("band", "near_dedup", "map", "minhash_band", over="near_dedup.bands", label="band-{band:03d}"),
     Step("clusters", "near_dedup", "run", "minhash_clusters", after=("near_dedup.band",)),
     _batch("removal", "near_dedup", "minhash_removal", "near_dedup.clusters"),
