@@ -68,12 +68,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import scale_corpus  # noqa: E402
 import scale_peer  # noqa: E402
 import scale_stats  # noqa: E402
+import scale_targets  # noqa: E402
 import scale_truth  # noqa: E402
 from common import REPO, RESULTS_DIR, SHARED_CORPORA, machine  # noqa: E402
 from scale_report import markdown  # noqa: E402,F401  (report.py renders the topic through bench_scale)
 from scale_targets import TARGETS, targets  # noqa: E402,F401  (bench_scale.targets: tests, re-scoring)
 
 QUICK_GB = 0.03
+SHIPPED_PARALLELISM = 64          # pipeline.config's default: the bench runs what users run
 WORK = REPO / ".cache" / "bench-scale"
 SAMPLE_S = 0.2
 
@@ -266,7 +268,7 @@ def run_size(size_gb: float, a: argparse.Namespace) -> dict:
     corpus = scale_corpus.build(a.source, corpus_dir, size_gb * 1000, seed=a.seed, file_mb=a.file_mb,
                                 dup_exact=a.dup_exact, dup_near=a.dup_near)
     corpus_mb = corpus["text_bytes"] / 1e6
-    run = a.work / f"run-{tag}"
+    run = a.work / f"run-{tag}-p{a.parallelism}"       # each parallelism of a sweep keeps its own run
     shutil.rmtree(run, ignore_errors=True)
     home = run / "airflow"
     home.mkdir(parents=True)
@@ -285,7 +287,8 @@ def run_size(size_gb: float, a: argparse.Namespace) -> dict:
     rc, wall, cpu, samples = m["rc"], m["wall_s"], m["cpu_s"], m.pop("samples")
     (run / "timeline.csv").write_text("unix_time,tree_rss_mb,tree_cpu_s\n" + "".join(
         f"{t:.2f},{r:.1f},{c:.2f}\n" for t, r, c in samples))            # for re-attribution later
-    res = {"size_gb": size_gb, "corpus": corpus, "corpus_mb": round(corpus_mb, 1), **m, "db_migrate_s": migrate_s,
+    res = {"size_gb": size_gb, "parallelism": a.parallelism, "corpus": corpus, "corpus_mb": round(corpus_mb, 1), **m,
+           "db_migrate_s": migrate_s,
            "peak_tree_rss_mb": m["peak_rss_mb"], "mb_per_cpu_s": round(corpus_mb / cpu, 3) if cpu else None,
            "config": str(cfg_path), "log": str(run / "dags_test.log")}
     run_id, tis = task_instances(home / "airflow.db")
@@ -308,7 +311,9 @@ def run_size(size_gb: float, a: argparse.Namespace) -> dict:
                                "kept": sum(v["kept_docs"] for v in doms.values())} for stage, doms in stats.items()}
         res["quality_by_domain"] = {d: [v["in_docs"], v["kept_docs"]] for d, v in stats.get("quality", {}).items()}
         man = rdir / "mindrecord" / "manifest.json"
-        res["tokens"] = json.loads(man.read_text())["tokens"] if man.exists() else None
+        manifest = json.loads(man.read_text()) if man.exists() else {}
+        res["tokens"] = manifest.get("tokens")
+        res["outputs_sha256"] = manifest.get("rows_sha256")        # every row of every file, in order
         mh = json.loads((rdir / "config.json").read_text())["minhash"]
         res["dedup_truth"] = scale_truth.evaluate(rdir, corpus_dir / "truth.jsonl", mh["bands"], mh["rows"],
                                                   mh["threshold"])
@@ -336,6 +341,25 @@ def cli_path(cfg_path: Path, run: Path, env: dict, a: argparse.Namespace, corpus
     return {"cli_rc": m["rc"], "cli_wall_s": m["wall_s"], "cli_cpu_s": m["cpu_s"], "cli_stages": cli_stages,
             "cli_mb_per_cpu_s": round(corpus_mb / m["cpu_s"], 3) if m["cpu_s"] else None,
             "cli_tokens_equal": cli_tokens == tokens if tokens is not None else None}
+
+
+def sweep(first: dict, a: argparse.Namespace) -> list[dict]:
+    """The smallest size at each parallelism of ``--sweep`` (one run each, no CLI) next to the main runs' own
+    parallelism, plus earlier single runs (``--add-sweep``) of the same size: CPU against task instances."""
+    points = {a.parallelism: scale_targets.sweep_point({**first, "parallelism": a.parallelism})}
+    for path in a.add_sweep:
+        for run in json.loads(path.read_text())["runs"]:
+            if run["size_gb"] == first["size_gb"] and run.get("parallelism"):
+                points[run["parallelism"]] = scale_targets.sweep_point(run)
+    main_p, main_cli = a.parallelism, a.cli
+    for p in [int(x) for x in a.sweep.split(",") if x.strip()]:
+        if p not in points:
+            a.parallelism, a.cli = p, False
+            try:
+                points[p] = scale_targets.sweep_point(run_size(first["size_gb"], a))
+            finally:
+                a.parallelism, a.cli = main_p, main_cli
+    return [points[p] for p in sorted(points)]
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -388,7 +412,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--file-mb", type=float, default=256.0, help="max MB per generated JSONL file")
-    ap.add_argument("--parallelism", type=int, default=8, help="mapped tasks per per-shard stage")
+    ap.add_argument("--parallelism", type=int, default=SHIPPED_PARALLELISM,
+                    help=f"mapped tasks per per-shard stage (default: the shipped {SHIPPED_PARALLELISM})")
+    ap.add_argument("--sweep", default="8,256", help="other parallelisms to run once on the smallest size (issue "
+                                                     "33: the fixed cost per task as a slope); '' for none")
+    ap.add_argument("--add-sweep", action="append", type=Path, default=[],
+                    help="an earlier bench_scale output (one run, one size) to use as a sweep point")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--tok-mb", type=float, default=64.0, help="MB of kept text for the tokenization / sink checks")
     ap.add_argument("--repeats", type=int, default=2, help="repeats of the tokenization / MindRecord side checks")
@@ -423,7 +452,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.add_runs:
         res["added_runs"] = {"files": [str(p) for p in a.add_runs],
                              "per_size": {f"{size:g}": len(repeats[size]) for size in sizes}}
-    for i in range(max(1, a.runs)):          # interleaved (1, 4, 1, 4, ...): drift over hours does not map onto size
+    for i in range(a.runs if a.add_runs else max(1, a.runs)):       # interleaved (1, 4, 1, 4, ...): drift over
+        #                                                                hours does not map onto size
         for size in sizes:
             before = scale_stats.yardstick()
             run = run_size(size, a)
@@ -434,6 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             raw.parent.mkdir(parents=True, exist_ok=True)        # for --add-runs of a later invocation
             raw.write_text(json.dumps(run, default=str) + "\n", encoding="utf-8")
     res["runs"] = [scale_stats.combine(repeats[size]) for size in sizes]
+    res["sweep"] = sweep(res["runs"][0], a)
+    res["sweep_targets"] = scale_targets.sweep_targets(res["sweep"], a.parallelism)
     if len(res["runs"]) > 1:
         res["stage_exponents"] = scale_stats.stage_exponents(res["runs"][0], res["runs"][-1])
     first = res["runs"][0]
@@ -446,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
             corpus = a.work / f"corpus-{first['size_gb']:g}gb"
             base = chain_config(corpus, a.work / "unused", a.seq_len, a.parallelism, "scale-shared")
             peer["mindloom"] = scale_peer.run_mindloom_shared(first, a, base, measured)
-    res["targets"] = targets(res["runs"], side, peer)
+    res["targets"] = targets(res["runs"], side, peer) + res["sweep_targets"]
     res["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")

@@ -36,7 +36,7 @@ import topics  # noqa: E402
 from common import REPO  # noqa: E402
 
 TOPIC_ORDER = ("ingest", "filters", "minhash", "datasketch", "tokenize", "mindrecord", "train", "parallel",
-               "memory_plan", "scaling")
+               "memory_plan", "scaling", "task_cost")
 OPT_IN = ("scale",)            # run only when named in --topics (make bench-scale)
 
 

@@ -168,3 +168,38 @@ def _median(run: dict, key: str):
 
 def _range(sp: dict | None) -> str:
     return f" ({sp['min']}-{sp['max']}, {sp['n']} runs)" if sp and sp.get("n", 1) > 1 else ""
+
+
+#: issue 33: the shipped parallelism may cost at most this much CPU over parallelism 8 at the smallest size
+SWEEP_OVER_8 = 1.15
+
+
+def sweep_point(run: dict) -> dict:
+    """One parallelism of the sweep: what it cost (the whole ``airflow dags test`` tree) and what it made."""
+    inst = run.get("task_states") or {}
+    return {"parallelism": run.get("parallelism"), "size_gb": run["size_gb"], "corpus_mb": run["corpus_mb"],
+            "rc": run.get("rc"), "cpu_s": run["cpu_s"], "wall_s": run["wall_s"], "mb_per_cpu_s": run.get("mb_per_cpu_s"),
+            "task_instances": sum(inst.values()), "tasks_cpu_s": run.get("tasks_cpu_s"),
+            "profile_cpu_s": round(sum(s["cpu_s"] for s in run.get("stages_profile") or []), 1),
+            "tokens": run.get("tokens"), "outputs_sha256": run.get("outputs_sha256"),
+            "peak_task_rss_mb": run.get("peak_task_rss_mb")}
+
+
+def sweep_targets(points: list[dict], shipped: int) -> list[dict]:
+    """CPU of the shipped parallelism over parallelism 8 on the same corpus, and whether every point made the same
+    corpus (the MindRecord manifest's sha256, which lists every file's digest)."""
+    by = {p["parallelism"]: p for p in points if p.get("rc") == 0}
+    if 8 not in by or shipped not in by or shipped == 8:
+        return []
+    ratio = round(by[shipped]["cpu_s"] / by[8]["cpu_s"], 3)
+    per_task = [(p["cpu_s"] - by[8]["cpu_s"]) / (p["task_instances"] - by[8]["task_instances"])
+                for k, p in sorted(by.items()) if k != 8 and p["task_instances"] > by[8]["task_instances"]]
+    digests = {p["outputs_sha256"] for p in by.values()}
+    same = len(digests) == 1 and None not in digests
+    return [_t(f"parallelism_{shipped}_over_8_cpu", ratio, SWEEP_OVER_8, "<=", _cmp(ratio, SWEEP_OVER_8, "<="),
+               f"{by[8]['size_gb']:g} GB, whole airflow dags test tree: {by[shipped]['cpu_s']} CPU-s at "
+               f"{shipped} ({by[shipped]['task_instances']} task instances) vs {by[8]['cpu_s']} at 8 "
+               f"({by[8]['task_instances']}); slope " + ", ".join(f"{v:.3f}" for v in per_task)
+               + " CPU-s per extra task instance"),
+            _t("sweep_outputs_identical", 1.0 if same else 0.0, 1.0, ">=", same,
+               "MindRecord manifest sha256 at parallelism " + ", ".join(str(k) for k in sorted(by)))]

@@ -276,13 +276,30 @@ def datasketch_metrics(runs: list[dict]) -> list[dict]:
                    compared=f"datasketch hashvalues of {res.get('checked_docs')} documents", target=1.0)]
 
 
+def task_cost_metrics(runs: list[dict]) -> list[dict]:
+    """Per mapped step: one task's CPU-s on a near-empty shard (its fixed cost), warm and cold; the 1 MB shard's
+    figures and the wall times in the note."""
+    res = runs[-1].get("task_cost.json", {}) if runs else {}
+    tiny, big = res.get("cases", {}).get("tiny", {}), res.get("cases", {}).get("1mb", {})
+    out = []
+    for mode, where in (("warm", "in a process that ran a chain before (airflow dags test, mindloom corpus)"),
+                        ("cold", "in a fresh Python process (one task per process, as Celery/LocalExecutor run it)")):
+        for step, c in tiny.get(mode, {}).items():
+            one = big.get(mode, {}).get(step, {})
+            out.append(metric("task_cost", f"{step}_{mode}_cpu_s", "CPU-s", [c["cpu_s"]], compared=where,
+                              note=f"near-empty shard: {c['cpu_s']} CPU-s, {c['wall_s']} s wall; "
+                                   f"{res.get('mb', 1):g} MB shard: {one.get('cpu_s')} CPU-s, {one.get('wall_s')} s "
+                                   f"wall; mean of {c['tasks']} task(s)"))
+    return out
+
+
 def scaling_metrics(runs: list[dict]) -> list[dict]:
     import scaling
 
     return scaling.metrics(runs[-1].get("scaling.json", {})) if runs else []
 
 
-SCALE_UNITS = {"run_4gb_completes": "bool", "peak_task_rss_mb": "MB", "peak_rss_move": "share",
+SCALE_UNITS = {"parallelism_64_over_8_cpu": "×", "sweep_outputs_identical": "bool", "run_4gb_completes": "bool", "peak_task_rss_mb": "MB", "peak_rss_move": "share",
                "chain_mb_per_cpu_s": "MB/CPU-s", "cost_exponent": "exponent", "tokenize_1_to_2_processes": "×",
                "mindrecord_vs_filewriter": "×", "vs_datatrove_mb_per_cpu_s": "×"}
 
@@ -355,6 +372,9 @@ TOPICS: dict[str, dict] = {
                     "needs": [], "files": ["memory_plan.json"], "timeout": 5400,
                     "argv": _bench("bench_memory_plan.py", ["--presets", "debug,125m"], ["--presets", "debug"]),
                     "outer_runs": lambda r: 1, "metrics": memory_plan_metrics},
+    "task_cost": {"title": "Fixed cost of one mapped task per step", "issue": 33, "python": "project", "needs": [],
+                  "files": ["task_cost.json"], "argv": _bench("bench_task_cost.py", [], ["--mb", "0.3"]),
+                  "outer_runs": lambda r: 1, "metrics": task_cost_metrics},
     "scaling": {"title": "The whole data chain at 1×–8×", "issue": 10, "python": "project", "needs": [],
                 "files": ["scaling.json"], "argv": _bench("scaling.py", [], ["--quick"]),
                 "outer_runs": lambda r: 1, "metrics": scaling_metrics},

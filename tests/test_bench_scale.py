@@ -349,3 +349,21 @@ def test_every_target_of_repeated_runs_carries_its_repeats():
     one = {x["name"]: x for x in targets([scale_stats.combine([run(1.0, 300, 1700, 1.0, 0.01)]),
                                            scale_stats.combine([run(4.0, 1200, 1800, 1.0, 0.01)])], None, None)}
     assert all("values" not in x for x in one.values())
+
+
+def test_parallelism_sweep_judges_the_shipped_parallelism_against_8_on_the_same_outputs():
+    import scale_targets
+
+    def run(p, cpu, instances, digest="abc"):
+        return scale_targets.sweep_point({"parallelism": p, "size_gb": 1.0, "corpus_mb": 1000.0, "rc": 0,
+                                          "cpu_s": cpu, "wall_s": cpu, "mb_per_cpu_s": 1000.0 / cpu,
+                                          "task_states": {"success": instances}, "outputs_sha256": digest})
+
+    points = [run(8, 400.0, 90), run(64, 440.0, 350), run(256, 500.0, 1150)]
+    ratio, same = scale_targets.sweep_targets(points, 64)
+    assert ratio["name"] == "parallelism_64_over_8_cpu" and ratio["value"] == 1.1 and ratio["met"] is True
+    assert "0.154, 0.094 CPU-s per extra task instance" in ratio["note"]
+    assert same["met"] is True
+    ratio, same = scale_targets.sweep_targets([run(8, 400.0, 90), run(64, 480.0, 350, digest="other")], 64)
+    assert ratio["met"] is False and same["met"] is False and same["value"] == 0.0
+    assert scale_targets.sweep_targets([run(64, 440.0, 350)], 64) == []         # no parallelism 8: nothing judged
