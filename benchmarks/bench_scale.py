@@ -362,6 +362,27 @@ def sweep(first: dict, a: argparse.Namespace) -> list[dict]:
     return [points[p] for p in sorted(points)]
 
 
+def merge_sweep(out: Path, files: list[Path], shipped: int) -> int:
+    """``--sweep-only``: the sweep points of earlier single runs (one size, one parallelism each, same code) into an
+    existing results file, which keeps its own runs; its targets are re-judged with the sweep's."""
+    res = json.loads(out.read_text())
+    points = {}
+    for path in files:
+        doc = json.loads(path.read_text())
+        for run in doc["runs"]:
+            points[run["parallelism"]] = {**scale_targets.sweep_point(run), "machine": doc["machine"]}
+    res["sweep"] = [points[p] for p in sorted(points)]
+    res["sweep_targets"] = scale_targets.sweep_targets(res["sweep"], shipped)
+    names = {t["name"] for t in res["sweep_targets"]}
+    res["targets"] = [t for t in res.get("targets", []) if t["name"] not in names
+                      and not t["name"].startswith("parallelism_")] + res["sweep_targets"]
+    res["sweep_files"] = [str(p) for p in files]
+    out.write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")
+    print("\n".join(f"{t['name']}: {t['value']} (target {t['op']} {t['target']}, met {t['met']}) {t['note']}"
+                    for t in res["sweep_targets"]))
+    return 0
+
+
 # ------------------------------------------------------------------------------------------------------------
 # Tokenization, MindRecord and datatrove on the smallest size
 
@@ -418,6 +439,8 @@ def main(argv: list[str] | None = None) -> int:
                                                      "33: the fixed cost per task as a slope); '' for none")
     ap.add_argument("--add-sweep", action="append", type=Path, default=[],
                     help="an earlier bench_scale output (one run, one size) to use as a sweep point")
+    ap.add_argument("--sweep-only", action="store_true",
+                    help="run nothing: put the --add-sweep points into the --out file's sweep and targets")
     ap.add_argument("--seq-len", type=int, default=2048)
     ap.add_argument("--tok-mb", type=float, default=64.0, help="MB of kept text for the tokenization / sink checks")
     ap.add_argument("--repeats", type=int, default=2, help="repeats of the tokenization / MindRecord side checks")
@@ -433,6 +456,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=6 * 3600)
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json")
     a = ap.parse_args(argv)
+    if a.sweep_only:
+        return merge_sweep(a.out, a.add_sweep, a.parallelism)
     if not (a.source.is_dir() and any(a.source.glob("*.jsonl"))):
         print(f"[scale] bench-scale builds its corpus from real text and found no {a.source}/*.jsonl (the shared "
               "corpora are absent on this machine, e.g. in CI); pass --source DIR with <domain>.jsonl files",
