@@ -15,8 +15,10 @@ class ExportConfig:
     """Which client formats the last stage's final checkpoint is written in (``<stage dir>/export/<format>``)."""
 
     formats: list[str] = _f(factory=list, desc="Client formats the pretrain DAG's export task writes after the "
-                            "last stage: mindformers (weights-only checkpoint + model and pretraining YAML), hf "
-                            "(safetensors + config.json + tokenizer for transformers). Empty: no export task.")
+                            "last stage: mindformers (1.9: weights-only .ckpt + model and pretraining YAML; 2.x: "
+                            "model.safetensors + Hugging Face config folder, and a Megatron-dataset pretraining YAML "
+                            "when the corpus has Megatron files), hf (safetensors + config.json + tokenizer for "
+                            "transformers). Empty: no export task.")
     device: str = _f("", desc="Device the mindformers model YAML is written for (use_flash_attention on Ascend "
                      "only); empty: the device the stage trained on.", choices=DEVICES)
 
