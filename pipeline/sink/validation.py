@@ -116,19 +116,43 @@ def write_validation(rdir: Path, *, seq_len: int, add_bos: bool, eos_id: int, bo
     """Write ``mindrecord_val/<domain>/`` (one MindRecord set per domain) and ``mindrecord_val/manifest.json``.
 
     Needs :func:`pipeline.sink.mixture.plan_mixture` to have written ``mixture/heldout.parquet``.  Returns the
-    top-level manifest: per domain its folder, documents, rows and tokens.
+    top-level manifest: per domain its folder, documents, rows and tokens.  The three steps (:func:`finished`,
+    :func:`write_sets`, :func:`commit_sets`) are separate so a task can write in a child process and verify from
+    its own (``pipeline.tasks.sink_steps.write_validation``).
     """
+    done = finished(rdir)
+    if done is not None:
+        return done
+    return commit_sets(rdir, write_sets(rdir, seq_len=seq_len, add_bos=add_bos, eos_id=eos_id, bos_id=bos_id,
+                                        pad_id=pad_id, vocab_size=vocab_size, tokenizer_sha256=tokenizer_sha256,
+                                        config_sha256=config_sha256, domain_field=domain_field,
+                                        boundaries=boundaries))
+
+
+def finished(rdir: Path) -> dict | None:
+    """The manifest of a validation set already written (its files' sizes checked), or None."""
+    from pipeline.io import read_json
+    from pipeline.sink import mindrecord
+
+    final = Path(rdir) / VAL_DIR
+    if not (final / mindrecord.MANIFEST).exists():
+        return None
+    manifest = read_json(final / mindrecord.MANIFEST)
+    mindrecord.verify(final, full_read=False, hashes=False)
+    return manifest
+
+
+def write_sets(rdir: Path, *, seq_len: int, add_bos: bool, eos_id: int, bos_id: int, pad_id: int,
+               vocab_size: int, tokenizer_sha256: str, config_sha256: str, domain_field: bool = True,
+               boundaries: bool = False) -> Path:
+    """Write every domain's set and the manifest into a temporary folder, unverified; returns the folder."""
     import numpy as np
     import pyarrow.compute as pc
 
-    from pipeline.io import read_json, read_parquet, write_json
+    from pipeline.io import read_parquet, write_json
     from pipeline.sink import mindrecord
 
-    final = rdir / VAL_DIR
-    if (final / mindrecord.MANIFEST).exists():
-        manifest = read_json(final / mindrecord.MANIFEST)
-        mindrecord.verify(final, full_read=False, hashes=False)
-        return manifest
+    rdir = Path(rdir)
     held = read_parquet(rdir / "mixture" / HELDOUT_FILE)
     tmp = rdir / f".{VAL_DIR}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -155,7 +179,18 @@ def write_validation(rdir: Path, *, seq_len: int, add_bos: bool, eos_id: int, bo
     manifest = {"format": "mindrecord-collection", "split": "validation", "sets": sets,
                 "tokenizer_sha256": tokenizer_sha256, "config_sha256": config_sha256, "seq_len": seq_len}
     write_json(tmp / mindrecord.MANIFEST, manifest)
-    mindrecord.verify(tmp, full_read=True)      # verified once, where written: later steps check sizes only
+    return tmp
+
+
+def commit_sets(rdir: Path, tmp: Path) -> dict:
+    """Verify the written sets in full (once, where written: later steps check sizes only), then rename them into
+    place; returns the manifest."""
+    from pipeline.io import read_json
+    from pipeline.sink import mindrecord
+
+    final = Path(rdir) / VAL_DIR
+    manifest = read_json(Path(tmp) / mindrecord.MANIFEST)
+    mindrecord.verify(tmp, full_read=True)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

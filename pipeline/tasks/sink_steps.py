@@ -126,22 +126,26 @@ def finalize_mindrecord(specs: list[dict]) -> dict:
 def write_validation(specs: list[dict]) -> dict:
     """Write the held-out MindRecord sets, one per domain (``mindrecord_val/<domain>/``), verified as written.
 
-    In a spawned process: MindSpore's MindRecord writer adds about 0.8 GB to the process that imports it, and a
-    worker that runs task after task (``airflow dags test``, the CLI) kept it for every later task; the scatter
-    tasks that run beside this one then peaked above 2 GB at parallelism 64."""
+    Written in a spawned process and verified from this one: MindSpore's MindRecord writer adds about 0.8 GB to
+    the process that imports it, and a worker that runs task after task (``airflow dags test``, the CLI) kept it
+    for every later task (the scatter tasks beside this one then peaked above 2 GB at parallelism 64); and the
+    writer's process is gone before the verifying reader starts."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
     rdir, _ = run_of(specs)
+    done = validation.finished(rdir)
+    if done is not None:
+        return done
     cfg = load_run_config(rdir)
     tok = _tokenizer_info(rdir)
     with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-        manifest = pool.submit(
-            validation.write_validation, rdir, seq_len=cfg.pack.seq_len, add_bos=cfg.pack.add_bos,
+        tmp = pool.submit(
+            validation.write_sets, rdir, seq_len=cfg.pack.seq_len, add_bos=cfg.pack.add_bos,
             eos_id=tok.get("eos_id", tokenizer.EOS_ID), bos_id=tok.get("bos_id", tokenizer.BOS_ID),
             pad_id=tok.get("pad_id", tokenizer.PAD_ID), vocab_size=tok["vocab_size"], tokenizer_sha256=tok["sha256"],
             config_sha256=cfg.digest(), domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries).result()
-    return manifest
+    return validation.commit_sets(rdir, tmp)
 
 
 def manifest_summary(rdir: Path, manifest: dict) -> dict:
