@@ -71,6 +71,25 @@ def test_a_batch_of_one_shard_runs_without_a_pool(tmp_path, monkeypatch):
     assert seen == ["s1", "s2"]
 
 
+def test_a_batch_with_less_input_than_the_pool_threshold_runs_in_this_process(tmp_path, monkeypatch):
+    """A pool costs ~0.3 CPU-s a task to start and stop: cheap stages keep small batches in the task's process."""
+    handles = batches.plan_batches(tmp_path, 4, 1)
+    batches.split_plan([{"shard": f"s{k}", "bytes": 10 << 20} for k in range(4)], handles)
+    started = []
+
+    class Pool:
+        def map(self, fn, specs):
+            return [fn(spec) for spec in specs]
+
+    monkeypatch.setattr(batches, "task_executor", lambda n, mod: started.append(n) or (Pool(), False))
+    seen = []
+    out = batches.run_batch(lambda spec: seen.append(spec["shard"]), handles[0], workers=2, min_pool_bytes=64 << 20)
+    assert seen == ["s0", "s1", "s2", "s3"] and out["shards"] == 4 and out["input_bytes"] == 40 << 20
+    assert started == []                                   # 40 MB under a 64 MB threshold: no pool
+    batches.run_batch(lambda spec: None, handles[0], workers=2, min_pool_bytes=32 << 20)
+    assert started == [2]                                  # over it: the task's pool of 2
+
+
 def _shared_pool_in_daemon(q) -> None:
     import faulthandler
 

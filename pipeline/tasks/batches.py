@@ -118,15 +118,16 @@ def pool_size(configured: int, items: int) -> int:
 
 
 def run_batch(fn: Callable[[dict], dict], batch: dict, workers: int = 1,
-              expand: Callable[[list[dict]], list[dict]] | None = None) -> dict:
+              expand: Callable[[list[dict]], list[dict]] | None = None, min_pool_bytes: int = 0) -> dict:
     """Run a per-shard stage over the batch's shards in order; with ``workers`` > 1 in a pool of forkserver
     processes (:func:`pipeline.pools.task_executor`: shared within the task; results in shard order).  A batch of
-    one shard, or one worker, runs in this process.  ``expand`` turns the batch's plan specs into the specs the
+    one shard, or one worker, or less input than ``min_pool_bytes`` (where starting the pool costs more than it
+    saves), runs in this process.  ``expand`` turns the batch's plan specs into the specs the
     stage runs over (after ingest: one per output shard, ``pipeline.ingest.output.output_specs``).  Returns counts,
     not the per-shard stats (those are in each shard's marker and ``stats/``)."""
     plan = batch_specs(batch)
     specs = expand(plan) if expand else plan
-    if workers > 1 and len(specs) > 1:
+    if workers > 1 and len(specs) > 1 and sum(s.get("bytes", 0) for s in plan) >= min_pool_bytes:
         pool, owned = task_executor(min(workers, len(specs)), fn.__module__)
         try:
             done = list(pool.map(fn, specs))

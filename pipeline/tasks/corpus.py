@@ -123,11 +123,13 @@ def run_stage_batch(stage: str, batch: dict) -> dict:
     """
     cfg = load_run_config(batch["run_dir"])
     workers = batches.pool_size(cfg.task_workers, batch["last"] - batch["first"] + 1) if stage in POOLED else 1
+    min_pool = POOLED.get(stage, 0)
     with measured(batch["run_dir"], stage, batches.batch_unit(batch)) as prof:
         if stage in BATCH_STAGES:
             out = batches.run_whole_batch(BATCH_STAGES[stage], batch, ingest_output.output_specs)
         else:
-            out = batches.run_batch(SHARD_STAGES[stage], batch, workers, _expander(stage, batch, cfg))
+            out = batches.run_batch(SHARD_STAGES[stage], batch, workers, _expander(stage, batch, cfg),
+                                    min_pool_bytes=min_pool)
         prof.update(shards=out["shards"], input_bytes=out["input_bytes"], workers=workers)
     return {**out, **{k: prof[k] for k in ("wall_s", "cpu_s", "peak_rss_mb")}}      # what the task reports
 
@@ -325,8 +327,13 @@ SHARD_STAGES = {"ingest": ingest_shard, "exact_dedup": exact_dedup_shard,
 #: Stages whose batch task makes one output for the whole batch: ``fn(batch handle, output shard specs)``.
 BATCH_STAGES = {"exact_hash": exact_hash_batch}
 
-#: Stages that handle one shard in one process: their batch tasks run a pool of ``task_workers`` processes.
-POOLED = {"exact_dedup", "minhash_signatures", "minhash_removal", "sink_scatter"}
+#: Stages that handle one shard in one process: their batch tasks run a pool of ``task_workers`` processes when
+#: the batch has at least this much input (plan bytes).  A pool costs about 0.3 CPU-s a task to start and stop
+#: (at the shipped parallelism, 1 GB gives 15 MB batches: the pooled tasks cost twice their in-process CPU in
+#: exact dedup, MinHash removal and the scatter, which do about 0.01-0.02 CPU-s of work per MB); signatures do
+#: about 0.2 CPU-s per MB, so their pool pays from a few tens of MB.
+POOLED = {"exact_dedup": 256 << 20, "minhash_signatures": 32 << 20, "minhash_removal": 256 << 20,
+          "sink_scatter": 256 << 20}
 
 
 def latest_corpus(data_root: str | Path) -> dict:
