@@ -74,13 +74,14 @@ def _sweep(results: dict) -> list[str]:
     if not points:
         return []
     rows = [[str(p["parallelism"]), str(p["task_instances"]), f"{p['cpu_s']}", f"{p['profile_cpu_s']}",
-             f"{p['mb_per_cpu_s']}", f"{p['wall_s']}", "yes" if p.get("outputs_sha256") == points[0].get(
+             f"{p['mb_per_cpu_s']}", f"{p['wall_s']}", f"{p.get('yardstick_cpu_s') or '–'}", "yes" if p.get("outputs_sha256") == points[0].get(
                  "outputs_sha256") and p.get("outputs_sha256") else "**no**"] for p in points]
     return ["", f"`parallelism` sweep at {points[0]['size_gb']:g} GB ({points[0]['corpus_mb']} MB, `make bench-scale`, "
                 "`airflow dags test corpus_build`, one run each): CPU-s of the whole process tree and of the task "
-                "bodies (`profile/`); the rest is Airflow's own work per task instance:", "",
+                "bodies (`profile/`); the rest is Airflow's own work per task instance. *Yardstick*: CPU-s of a fixed "
+                "workload timed around the run (higher: the machine was slower):", "",
             *report.table(["parallelism", "task instances", "CPU-s", "in task bodies", "MB/CPU-s", "wall s",
-                           "same rows"], rows)]
+                           "yardstick CPU-s", "same rows"], rows)]
 
 
 def render_block(results: dict) -> str:

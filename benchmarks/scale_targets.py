@@ -182,7 +182,8 @@ def sweep_point(run: dict) -> dict:
             "task_instances": sum(inst.values()), "tasks_cpu_s": run.get("tasks_cpu_s"),
             "profile_cpu_s": round(sum(s["cpu_s"] for s in run.get("stages_profile") or []), 1),
             "tokens": run.get("tokens"), "outputs_sha256": run.get("outputs_sha256"),
-            "peak_task_rss_mb": run.get("peak_task_rss_mb")}
+            "peak_task_rss_mb": run.get("peak_task_rss_mb"),
+            "yardstick_cpu_s": round(sum(run["yardstick"]) / len(run["yardstick"]), 3) if run.get("yardstick") else None}
 
 
 def sweep_targets(points: list[dict], shipped: int) -> list[dict]:
@@ -195,11 +196,14 @@ def sweep_targets(points: list[dict], shipped: int) -> list[dict]:
     per_task = [(p["cpu_s"] - by[8]["cpu_s"]) / (p["task_instances"] - by[8]["task_instances"])
                 for k, p in sorted(by.items()) if k != 8 and p["task_instances"] > by[8]["task_instances"]]
     digests = {p["outputs_sha256"] for p in by.values()}
+    ys = by[shipped].get("yardstick_cpu_s"), by[8].get("yardstick_cpu_s")
+    per_yard = (f"; per yardstick (each run's CPU over the fixed workload timed around it: {ys[0]} and {ys[1]} "
+                f"CPU-s) {by[shipped]['cpu_s'] / ys[0] / (by[8]['cpu_s'] / ys[1]):.3f}") if all(ys) else ""
     same = len(digests) == 1 and None not in digests
     return [_t(f"parallelism_{shipped}_over_8_cpu", ratio, SWEEP_OVER_8, "<=", _cmp(ratio, SWEEP_OVER_8, "<="),
                f"{by[8]['size_gb']:g} GB, whole airflow dags test tree: {by[shipped]['cpu_s']} CPU-s at "
                f"{shipped} ({by[shipped]['task_instances']} task instances) vs {by[8]['cpu_s']} at 8 "
                f"({by[8]['task_instances']}); slope " + ", ".join(f"{v:.3f}" for v in per_task)
-               + " CPU-s per extra task instance"),
+               + " CPU-s per extra task instance" + per_yard),
             _t("sweep_outputs_identical", 1.0 if same else 0.0, 1.0, ">=", same,
                "MindRecord manifest sha256 at parallelism " + ", ".join(str(k) for k in sorted(by)))]
