@@ -162,6 +162,16 @@ def bench_seq_len(tokens: dict, seq_len: int, repeats: int, work: Path) -> dict:
                                           pad_id=3, workers=workers)
 
     t_sink = {w: best_of(lambda w=w: sink(w), repeats) for w in (1, 2)}
+
+    def megatron_docs():          # pack.formats [mindrecord, megatron]: the same documents as .bin/.idx (issue 36)
+        from pipeline.sink.megatron import IndexedWriter, token_dtype
+
+        w = IndexedWriter(work / "megatron", token_dtype(int(flat.max()) + 1 if len(flat) else 2), eos_id=2,
+                          bos_id=None)
+        w.add(flat, starts, lens)
+        return w.close()
+
+    t_megatron = best_of(megatron_docs, repeats)
     manifest = sink(1)
     files = mindrecord.dataset_files(work / "sink1")
     on_disk = sum(os.path.getsize(f) for f in files)
@@ -176,7 +186,9 @@ def bench_seq_len(tokens: dict, seq_len: int, repeats: int, work: Path) -> dict:
             on_disk / 1e6, 2), "samples_written": manifest["samples"],
         "write_mb_per_s": {"numpy_tofile": round(mb / t_tofile, 1), "numpy_tofile_fsync": round(mb / t_tofile_sync, 1),
                            "filewriter_bare": round(mb / t_bare, 1), "sink_1_process": round(mb / t_sink[1], 1),
-                           "sink_2_processes": round(mb / t_sink[2], 1)},
+                           "sink_2_processes": round(mb / t_sink[2], 1),
+                           "megatron_indexed_same_documents": round(mb / t_megatron, 1)},
+        "megatron_share_of_sink": round(t_megatron / t_sink[1], 4),
         "write_ratio_vs_tofile": {"sink_1_process": round(t_tofile / t_sink[1], 4),
                                   "sink_2_processes": round(t_tofile / t_sink[2], 4),
                                   "sink_1_process_vs_tofile_fsync": round(t_tofile_sync / t_sink[1], 4),

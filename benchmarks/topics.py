@@ -152,6 +152,12 @@ def mindrecord_metrics(runs: list[dict]) -> list[dict]:
                           [x["read_headroom_vs_training"] for x in rows], target=20,
                           compared="tokens/s the debug model's training consumes",
                           note="MindDataset read as the trainer reads it (shuffle + batch)"))
+        share = [x["megatron_share_of_sink"] for x in rows if "megatron_share_of_sink" in x]
+        if share:
+            out.append(metric("mindrecord", f"megatron_share_of_sink_seq{seq}", "share", share,
+                              compared="the MindRecord sink (1 process) on the same documents",
+                              note="time of also writing them as Megatron .bin/.idx (pack.formats [mindrecord, "
+                                   "megatron]: same task, same pass), over the sink's own time"))
     return out
 
 
@@ -318,6 +324,13 @@ def scale_metrics(runs: list[dict]) -> list[dict]:
     if mr.get("ratio_vs_tofile") is not None:
         out.append(metric("scale", "mindrecord_vs_tofile", "×", [mr["ratio_vs_tofile"]],
                           compared=f"ndarray.tofile of the same {mr['rows']} rows of {mr['seq_len'] + 1}"))
+    for p in res.get("sweep", []):
+        out.append(metric("scale", f"sweep_parallelism_{p['parallelism']}_cpu_s", "CPU-s", [p["cpu_s"]],
+                          compared=f"corpus_build via airflow dags test, {p['size_gb']:g} GB ({p['corpus_mb']} MB), "
+                                   f"parallelism {p['parallelism']}",
+                          note=f"{p['task_instances']} task instances; task bodies {p['profile_cpu_s']} CPU-s; "
+                               f"{p['mb_per_cpu_s']} MB/CPU-s; wall {p['wall_s']} s; yardstick "
+                               f"{p.get('yardstick_cpu_s')} CPU-s; peak task {p.get('peak_task_rss_mb')} MB"))
     for r in res.get("runs", []):
         if r.get("mb_per_cpu_s"):
             out.append(metric("scale", f"chain_mb_per_cpu_s_{r['size_gb']:g}gb", "MB/CPU-s",
