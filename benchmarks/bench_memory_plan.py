@@ -48,12 +48,9 @@ LAYOUTS = [
 
 def run_layout(name: str, preset: str, overrides: dict, kw: dict, batch: int, steps: int, root: str,
                data: str) -> dict:
-    import subprocess
-
-    from bench_parallel import _port
+    from common import launch_train_job
 
     from pipeline.train.job import TrainJob
-    from pipeline.train.launch import env_with_venv, train_command
 
     workers = kw.get("world_size", 1)
     out = os.path.join(root, name)
@@ -61,14 +58,7 @@ def run_layout(name: str, preset: str, overrides: dict, kw: dict, batch: int, st
     job = TrainJob(stage=name, data_dir=data, out_dir=out, model={"preset": preset, **overrides}, steps=steps,
                    micro_batch=batch // dp, lr=3e-3, min_lr=3e-4, warmup_steps=1, checkpoint_every=steps,
                    log_every=steps, seed=7, eval_tokens=0, **kw)
-    path = out + ".json"
-    job.to_json(path)
-    cmd = train_command(path, workers=workers, log_dir=out + "_log", master_port=_port(), cluster_timeout_s=300)
-    t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=REPO, timeout=3600)
-    if r.returncode != 0:
-        raise RuntimeError(f"{name}: rc {r.returncode}: {r.stderr[-1500:]}")
-    return collect(name, preset, kw, batch, steps, out, time.time() - t0)
+    return collect(name, preset, kw, batch, steps, out, launch_train_job(job, out, workers, timeout=3600))
 
 
 def collect(name: str, preset: str, kw: dict, batch: int, steps: int, out: str, wall_s: float) -> dict:

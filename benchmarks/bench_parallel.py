@@ -15,8 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -27,28 +25,18 @@ sys.path.insert(0, REPO)
 SEQ = 256
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_variant(name: str, root: str, data: str, steps: int, **kw) -> dict:
+    from common import launch_train_job
+
     from pipeline.train.job import TrainJob
-    from pipeline.train.launch import env_with_venv, train_command
 
     out = os.path.join(root, f"{name}_{time.time_ns()}")
     job = TrainJob(stage=name, data_dir=data, out_dir=out, model={"preset": "debug"}, steps=steps, batch_size=8,
                    lr=3e-3, min_lr=3e-4, warmup_steps=5, checkpoint_every=steps, log_every=steps, seed=7,
                    eval_tokens=0, **kw)
-    path = out + ".json"
-    job.to_json(path)
     workers = job.world_size or 1
-    cmd = train_command(path, workers=workers, log_dir=out + "_log", master_port=_port(), cluster_timeout_s=300)
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=REPO, timeout=1800)
-    if r.returncode != 0:
-        raise RuntimeError(f"{name}: rc {r.returncode}: {r.stderr[-1500:]}")
+    launch_train_job(job, out, workers, timeout=1800)
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     ranks = []

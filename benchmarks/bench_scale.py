@@ -70,8 +70,9 @@ import scale_peer  # noqa: E402
 import scale_stats  # noqa: E402
 import scale_targets  # noqa: E402
 import scale_truth  # noqa: E402
-from common import REPO, RESULTS_DIR, SHARED_CORPORA, machine  # noqa: E402
+from common import REPO, RESULTS_DIR, SHARED_CORPORA, machine, sample_tree  # noqa: E402
 from scale_report import markdown  # noqa: E402,F401  (report.py renders the topic through bench_scale)
+from scale_sweep import merge_sweep, sweep  # noqa: E402
 from scale_targets import TARGETS, targets  # noqa: E402,F401  (bench_scale.targets: tests, re-scoring)
 
 QUICK_GB = 0.03
@@ -93,25 +94,9 @@ class TreeTimeline(threading.Thread):
         self.stop = threading.Event()
 
     def sample(self) -> None:
-        import psutil
-
-        try:
-            root = psutil.Process(self.pid)
-            procs = [root, *root.children(recursive=True)]
-        except psutil.Error:
-            return
-        from pipeline.profile import unexeced_children
-
-        rss = 0
-        skip = unexeced_children([p.pid for p in procs])     # a child before exec reports its parent's memory
-        for p in procs:
-            try:
-                rss += p.memory_info().rss if p.pid not in skip else 0
-                t = p.cpu_times()
-                self._cpu[(p.pid, p.create_time())] = t.user + t.system
-            except psutil.Error:
-                pass
-        self.samples.append((time.time(), rss / 2**20, sum(self._cpu.values())))
+        rss = sample_tree(self.pid, self._cpu)
+        if rss is not None:                  # None: the process is gone
+            self.samples.append((time.time(), rss, sum(self._cpu.values())))
 
     def run(self) -> None:
         while not self.stop.wait(SAMPLE_S):
@@ -343,46 +328,6 @@ def cli_path(cfg_path: Path, run: Path, env: dict, a: argparse.Namespace, corpus
             "cli_tokens_equal": cli_tokens == tokens if tokens is not None else None}
 
 
-def sweep(first: dict, a: argparse.Namespace) -> list[dict]:
-    """The smallest size at each parallelism of ``--sweep`` (one run each, no CLI) next to the main runs' own
-    parallelism, plus earlier single runs (``--add-sweep``) of the same size: CPU against task instances."""
-    points = {a.parallelism: scale_targets.sweep_point({**first, "parallelism": a.parallelism})}
-    for path in a.add_sweep:
-        for run in json.loads(path.read_text())["runs"]:
-            if run["size_gb"] == first["size_gb"] and run.get("parallelism"):
-                points[run["parallelism"]] = scale_targets.sweep_point(run)
-    main_p, main_cli = a.parallelism, a.cli
-    for p in [int(x) for x in a.sweep.split(",") if x.strip()]:
-        if p not in points:
-            a.parallelism, a.cli = p, False
-            try:
-                points[p] = scale_targets.sweep_point(run_size(first["size_gb"], a))
-            finally:
-                a.parallelism, a.cli = main_p, main_cli
-    return [points[p] for p in sorted(points)]
-
-
-def merge_sweep(out: Path, files: list[Path], shipped: int) -> int:
-    """``--sweep-only``: the sweep points of earlier single runs (one size, one parallelism each, same code) into an
-    existing results file, which keeps its own runs; its targets are re-judged with the sweep's."""
-    res = json.loads(out.read_text())
-    points = {}
-    for path in files:
-        doc = json.loads(path.read_text())
-        for run in doc["runs"]:
-            points[run["parallelism"]] = {**scale_targets.sweep_point(run), "machine": doc["machine"]}
-    res["sweep"] = [points[p] for p in sorted(points)]
-    res["sweep_targets"] = scale_targets.sweep_targets(res["sweep"], shipped)
-    names = {t["name"] for t in res["sweep_targets"]}
-    res["targets"] = [t for t in res.get("targets", []) if t["name"] not in names
-                      and not t["name"].startswith("parallelism_")] + res["sweep_targets"]
-    res["sweep_files"] = [str(p) for p in files]
-    out.write_text(json.dumps(res, indent=1, default=str) + "\n", encoding="utf-8")
-    print("\n".join(f"{t['name']}: {t['value']} (target {t['op']} {t['target']}, met {t['met']}) {t['note']}"
-                    for t in res["sweep_targets"]))
-    return 0
-
-
 # ------------------------------------------------------------------------------------------------------------
 # Tokenization, MindRecord and datatrove on the smallest size
 
@@ -489,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
             raw.parent.mkdir(parents=True, exist_ok=True)        # for --add-runs of a later invocation
             raw.write_text(json.dumps(run, default=str) + "\n", encoding="utf-8")
     res["runs"] = [scale_stats.combine(repeats[size]) for size in sizes]
-    res["sweep"] = sweep(res["runs"][0], a)
+    res["sweep"] = sweep(res["runs"][0], a, run_size)
     res["sweep_targets"] = scale_targets.sweep_targets(res["sweep"], a.parallelism)
     if len(res["runs"]) > 1:
         res["stage_exponents"] = scale_stats.stage_exponents(res["runs"][0], res["runs"][-1])

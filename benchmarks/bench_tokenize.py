@@ -120,6 +120,14 @@ def scaling(model: str, texts: list[str], repeats: int, workers: tuple[int, ...]
             "pool_start_s": round(pool_start, 3), "outputs_identical": bool(same), "_outputs": outputs[1]}
 
 
+def write_result(result: dict, out: Path) -> int:
+    """Write and print ``result``; exit status 1 when the worker counts' outputs differ."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    print(json.dumps(result, indent=1))
+    return 0 if result["outputs_identical"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--corpus", type=Path)
@@ -142,10 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         res.pop("_outputs")
         result = {"command": command, "machine": env, "corpus": data["corpus"], "docs": len(data["texts"]), **res,
                   "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-        print(json.dumps(result, indent=1))
-        return 0 if result["outputs_identical"] else 1
+        return write_result(result, args.out)
     folder, records = load_corpus(args.corpus)
     rdir, info, texts, domains, train_s = prepare(records, args.vocab)
     if args.export:
@@ -171,10 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     result = {"command": command, "machine": env, "corpus": str(folder), "docs": len(texts),
               "vocab_size": info["vocab_size"], "train_tokenizer_s": train_s, **res, "per_domain": per_domain,
               "load_avg_1m_at_end": round(os.getloadavg()[0], 2)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    print(json.dumps(result, indent=1))
-    return 0 if result["outputs_identical"] else 1
+    return write_result(result, args.out)
 
 
 if __name__ == "__main__":

@@ -106,20 +106,32 @@ def _tree(pid: int) -> list:
         return []
 
 
-def tree_rss_mb(pid: int) -> float:
+def sample_tree(pid: int, cpu: dict | None = None) -> float | None:
+    """Resident MB of ``pid`` and all its descendants, None when ``pid`` is gone.  With ``cpu``, each process's
+    user + system seconds also go into it, keyed by (pid, create time), so a process that exits keeps its last
+    sample there.  (PeakSampler, tree_rss_mb and bench_scale's TreeTimeline all sample through this.)"""
     import psutil
 
     from pipeline.profile import unexeced_children
 
-    total = 0
     procs = _tree(pid)
+    if not procs:
+        return None
+    total = 0
     skip = unexeced_children([p.pid for p in procs])     # a child before exec reports its parent's memory
     for p in procs:
         try:
             total += p.memory_info().rss if p.pid not in skip else 0
+            if cpu is not None:
+                t = p.cpu_times()
+                cpu[(p.pid, p.create_time())] = t.user + t.system
         except psutil.Error:
             pass
     return total / 2**20
+
+
+def tree_rss_mb(pid: int) -> float:
+    return sample_tree(pid) or 0.0
 
 
 class PeakSampler:
@@ -141,21 +153,7 @@ class PeakSampler:
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self) -> None:
-        import psutil
-
-        from pipeline.profile import unexeced_children
-
-        total = 0
-        procs = _tree(self.pid)
-        skip = unexeced_children([p.pid for p in procs])     # a child before exec reports its parent's memory
-        for p in procs:
-            try:
-                total += p.memory_info().rss if p.pid not in skip else 0
-                t = p.cpu_times()
-                self._cpu[(p.pid, p.create_time())] = t.user + t.system
-            except psutil.Error:
-                pass
-        self.peak_mb = max(self.peak_mb, total / 2**20)
+        self.peak_mb = max(self.peak_mb, sample_tree(self.pid, self._cpu) or 0.0)
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -222,6 +220,26 @@ def run_measured(argv: list[str], *, cwd: Path, log: Path, timeout: float, env: 
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     return {"rc": rc, "wall_s": round(time.perf_counter() - t0, 2), "cpu_s": round(cpu, 2),
             "peak_rss_mb": peak.peak_mb}
+
+
+def launch_train_job(job, out: str, workers: int, timeout: float) -> float:
+    """Write ``job`` (a ``TrainJob``) to ``<out>.json`` and run it through the training launcher (logs in
+    ``<out>_log``, a free master port); its wall seconds.  A failed run raises with the tail of its stderr."""
+    import socket
+
+    from pipeline.train.launch import env_with_venv, train_command
+
+    path = out + ".json"
+    job.to_json(path)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = train_command(path, workers=workers, log_dir=out + "_log", master_port=port, cluster_timeout_s=300)
+    t0 = time.time()
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=REPO, timeout=timeout)
+    if r.returncode != 0:
+        raise RuntimeError(f"{job.stage}: rc {r.returncode}: {r.stderr[-1500:]}")
+    return time.time() - t0
 
 
 def tail(path: Path, n: int = 25) -> str:
