@@ -93,8 +93,8 @@ def _config(work: Path, source: Path, tokenizer: str = "") -> Path:
 
 
 def _subprocess_task(task_id: str, item, work: Path) -> dict:
-    """One task in a fresh interpreter: its process tree's CPU and wall (bench_scale.measured)."""
-    from bench_scale import measured
+    """One task in a fresh interpreter: its process tree's CPU and wall (scale_timeline.measured)."""
+    from scale_timeline import measured
 
     code = ("import json, sys; from pipeline.tasks.corpus import run_step; "
             "run_step(sys.argv[1], json.loads(sys.argv[2]))")

@@ -3,7 +3,7 @@
 Why: users run the DAG, and issue 23 measured it at twice the CLI's CPU on the same input.  Both paths now run the
 same task functions over the same batch plan (``pipeline.tasks.steps``), so any difference is orchestration cost
 (Airflow's task runner, pools started per task).  This script runs both on one corpus with one config and reports,
-per path, the process tree's CPU-seconds (``bench_scale.measured``: the larger of rusage and a sampled tree) and
+per path, the process tree's CPU-seconds (``scale_timeline.measured``: the larger of rusage and a sampled tree) and
 the per-stage sums of ``profile/<stage>/*.json``, plus the kept documents and tokens (which must be equal).
 
     python benchmarks/dag_vs_cli.py --corpus DIR --work DIR [--parallelism 8] [--docs-per-shard 100] [--out F]
@@ -25,7 +25,8 @@ import yaml
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_scale import airflow_env, chain_config, measured  # noqa: E402
+from bench_scale import airflow_env, chain_config  # noqa: E402
+from scale_timeline import measured  # noqa: E402
 
 
 def _profile_cpu(rdir: Path) -> dict:

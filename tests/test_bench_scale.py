@@ -1,5 +1,6 @@
 """The pure parts of ``benchmarks/bench_scale.py`` (issue 13): the recombined corpus is deterministic, keeps each
-domain's text and has no duplicate documents; per-task attribution of sampled RSS/CPU; the targets block.
+domain's text and has no duplicate documents; per-task attribution of sampled RSS/CPU (``scale_timeline.py``);
+the targets block.
 
 Fast and self-contained: a tiny source corpus in ``tmp_path`` made of real text (standard-library source and
 docstrings, and a few lines of Tang poetry), never ``../shared``.
@@ -20,6 +21,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 import bench_scale  # noqa: E402
 import scale_corpus  # noqa: E402
+import scale_timeline  # noqa: E402
 
 POEMS = ["床前明月光，疑是地上霜。\n举头望明月，低头思故乡。", "白日依山尽，黄河入海流。\n欲穷千里目，更上一层楼。",
          "春眠不觉晓，处处闻啼鸟。\n夜来风雨声，花落知多少。", "红豆生南国，春来发几枝。\n愿君多采撷，此物最相思。",
@@ -168,14 +170,14 @@ def test_missing_source_fails_clearly(tmp_path, capsys):
 
 def test_attribution_takes_the_peak_and_cpu_growth_inside_a_task():
     samples = [(0.0, 300, 1.0), (1.0, 310, 1.5), (2.0, 900, 3.0), (3.0, 320, 4.0), (4.0, 330, 4.2)]
-    a = bench_scale.attribute(samples, 0.9, 3.1)
+    a = scale_timeline.attribute(samples, 0.9, 3.1)
     assert a["peak_rss_mb"] == 900 and a["rss_start_mb"] == 300 and a["cpu_s"] == pytest.approx(4.02 - 1.45)
-    halves = [bench_scale.attribute(samples, x, y)["cpu_s"] for x, y in ((0.5, 2.5), (2.5, 3.7))]
-    assert sum(halves) == pytest.approx(bench_scale.attribute(samples, 0.5, 3.7)["cpu_s"], abs=0.02)
+    halves = [scale_timeline.attribute(samples, x, y)["cpu_s"] for x, y in ((0.5, 2.5), (2.5, 3.7))]
+    assert sum(halves) == pytest.approx(scale_timeline.attribute(samples, 0.5, 3.7)["cpu_s"], abs=0.02)
     tis = [{"task_id": "ingest.ingest_shard", "start": 0.5, "end": 1.5}, {"task_id": "ingest.ingest_shard",
                                                                            "start": 1.5, "end": 2.5},
            {"task_id": "publish", "start": 3.5, "end": None}]
-    rows = bench_scale.stage_rows(tis, samples, corpus_mb=10.0)
+    rows = scale_timeline.stage_rows(tis, samples, corpus_mb=10.0)
     assert [r["stage"] for r in rows] == ["ingest.ingest_shard"] and rows[0]["tasks"] == 2
     assert rows[0]["peak_rss_mb"] == 900 and rows[0]["wall_s"] == 2.0 and rows[0]["growth_mb"] == 590
 
@@ -232,10 +234,10 @@ def test_profile_files_are_summed_per_stage(tmp_path):
         f.parent.mkdir(parents=True, exist_ok=True)
         f.write_text(json.dumps({"stage": "ingest", "unit": unit, "wall_s": wall, "cpu_s": cpu, "peak_rss_mb": peak,
                                  "input_bytes": 4_000_000}))
-    (row,) = bench_scale.profile_rows(tmp_path, corpus_mb=8.0)
+    (row,) = scale_timeline.profile_rows(tmp_path, corpus_mb=8.0)
     assert row == {"stage": "ingest", "tasks": 2, "wall_s": 5.0, "cpu_s": 4.0, "peak_rss_mb": 700.0, "input_mb": 8.0,
                    "mb_per_cpu_s": 2.0, "source": "profile/"}
-    assert bench_scale.profile_rows(tmp_path / "none", corpus_mb=8.0) == []
+    assert scale_timeline.profile_rows(tmp_path / "none", corpus_mb=8.0) == []
 
 
 def test_scale_topic_merges_into_results_and_renders(tmp_path, monkeypatch):
