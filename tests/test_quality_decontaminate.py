@@ -179,3 +179,22 @@ def test_plan_step_builds_the_index_from_paths_relative_to_the_config(tmp_path):
     specs = prepare_run(cfg, "decont")
     manifest = read_json(Path(specs[0]["run_dir"]) / "decontamination" / "manifest.json")
     assert manifest["items"] == 2 and manifest["settings"]["n"] == 13
+
+
+def test_boilerplate_shared_by_items_can_be_left_out(tmp_path):
+    """With max_items_per_ngram 1, a 13-gram two items share (a licence line) is left out of the index: a document
+    that only carries that line stays, while one quoting an item's own text is still caught."""
+    licence = "Licensed under the Apache License Version 2.0 you may not use this file except in compliance"
+    items = [{"id": "a", "text": f"{licence}. {QUESTION}"},
+             {"id": "b", "text": f"{licence}. The mantle lies between the crust and the outer core of the Earth."}]
+    evals = write_jsonl(tmp_path / "evals" / "refs.jsonl", items)
+    for limit, licence_hit in ((0, True), (1, False)):
+        dc = config_from_dict({"quality": {"decontamination": {"paths": [str(evals)],
+                                                               "max_items_per_ngram": limit}}}).quality.decontamination
+        rdir = tmp_path / f"run{limit}"
+        manifest = build_index(dc, rdir)
+        index = Decontaminator(index_dir(rdir), dc.n)
+        assert (index.first_hit(f"Header. {licence}. Other words follow here.") is not None) is licence_hit
+        assert index.first_hit(f"Quoted: {PLANTED}")["decont_item"] == "a"
+        assert ("common_ngrams_left_out" in manifest) is bool(limit)
+    assert manifest["common_ngrams_left_out"] == len(words(licence)) - 13 + 1

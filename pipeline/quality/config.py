@@ -25,6 +25,10 @@ class DecontaminationConfig:
     paths: list[str] = _f(factory=list, desc="Evaluation item files: .jsonl (one object per line with `id_field` "
                           "and `text_fields`) or .txt (one item per non-empty line, id = line number); relative "
                           "paths are taken from the config file.")
+    max_items_per_ngram: int = _f(0, desc="Leave out of the index every n-gram found in more than this many "
+                                  "items (0: keep all). Long reference texts share boilerplate (licence headers, "
+                                  "navigation bars, runs of numbers) that would remove every document carrying it; "
+                                  "short benchmark items rarely do.", ge=0)
     id_field: str = _f("id", desc="Key of a JSONL item's id (required in every line).")
     text_fields: list[str] = _f(factory=lambda: list(DEFAULT_TEXT_FIELDS),
                                 desc="Keys of a JSONL item whose text is indexed, joined in this order; a list "

@@ -189,7 +189,8 @@ def read_items(path: Path, id_field: str, text_fields: list[str], where: str) ->
 # Building the index (once per run)
 
 def _settings(dc: Any) -> dict:
-    return {"n": dc.n, "id_field": dc.id_field, "text_fields": list(dc.text_fields), "normalisation": NORMALISATION}
+    return {"n": dc.n, "id_field": dc.id_field, "text_fields": list(dc.text_fields), "normalisation": NORMALISATION,
+            **({"max_items_per_ngram": dc.max_items_per_ngram} if dc.max_items_per_ngram else {})}
 
 
 def _files(dc: Any) -> list[dict]:
@@ -231,7 +232,7 @@ def build_index(dc: Any, rdir: Path) -> dict | None:
         items = read_items(Path(f["path"]), dc.id_field, list(dc.text_fields), f"quality.decontamination.paths[{i}]")
         f.update(items=len(items), too_short=0)
         for item_id, text in items:
-            h = ngram_hashes(_tokens(text), dc.n)
+            h = np.unique(ngram_hashes(_tokens(text), dc.n))
             if not len(h):
                 f["too_short"] += 1
                 continue
@@ -243,9 +244,16 @@ def build_index(dc: Any, rdir: Path) -> dict | None:
                         f["too_short"], f["items"], f["path"], dc.n)
     hashes = np.concatenate(chunks) if chunks else np.zeros(0, np.uint64)
     owner = np.concatenate(owners) if owners else np.zeros(0, np.uint32)
-    uniq, first = np.unique(hashes, return_index=True)     # first occurrence: the earliest item owns the n-gram
+    # first occurrence: the earliest item owns the n-gram; counts: in how many items it occurs (once per item)
+    uniq, first, counts = np.unique(hashes, return_index=True, return_counts=True)
+    common = 0
+    if dc.max_items_per_ngram:              # boilerplate shared by many items (licence headers, menus) is no item's
+        keep = counts <= dc.max_items_per_ngram
+        common = int(len(uniq) - keep.sum())
+        uniq, first = uniq[keep], first[keep]
     manifest = {"settings": settings, "files": files, "items": len(catalogue), "ngrams": int(len(uniq)),
-                "index_bytes": int(uniq.nbytes + len(uniq) * 4)}
+                "index_bytes": int(uniq.nbytes + len(uniq) * 4), **({"common_ngrams_left_out": common}
+                                                                     if dc.max_items_per_ngram else {})}
     tmp = final.with_name(f".{INDEX_DIR}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
