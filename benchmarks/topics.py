@@ -339,6 +339,47 @@ def scale_metrics(runs: list[dict]) -> list[dict]:
     return out
 
 
+def quality_kernels_metrics(runs: list[dict]) -> list[dict]:
+    """Issue 34: the CPU of the quality task's per-document parts on the same documents (bench_quality_kernels.py,
+    one fresh process per measurement and repeat): the heuristic chains, the classifier's score, the decontamination
+    lookup; the last two also as a share of the chains' CPU of the same repeat."""
+    res = runs[-1].get("quality_kernels.json", {}) if runs else {}
+    sc = res.get("scoring")
+    if not sc or "kernels_mb_per_cpu_s" not in sc:
+        return []
+    docs = f"{sc.get('docs')} documents ({sc['mb']:g} MB)"
+    out = [metric("quality_kernels", "heuristics_mb_per_cpu_s", "MB/CPU-s", sc["kernels_mb_per_cpu_s"]["runs"],
+                  compared=f"{docs}, each through its domain's default chain (score only), numba kernels", issue=34,
+                  note=f"{sc['kernels']['median']} CPU-s (median); the language filter is left out"),
+           metric("quality_kernels", "heuristics_kernels_vs_reference", "×", sc["reference_over_kernels"]["runs"],
+                  compared="the pure-Python reference path (KERNELS = None), same documents", issue=34,
+                  note=f"CPU-s reference / kernels: {sc['reference']['median']} / {sc['kernels']['median']}")]
+    clf, dec = res.get("classifier", {}), res.get("decontamination", {})
+    if "cpu" in clf:
+        held = clf.get("held_out", {})
+        out += [metric("quality_kernels", "classifier_score_mb_per_cpu_s", "MB/CPU-s", clf["mb_per_cpu_s"]["runs"],
+                       compared=f"{docs}, Scorer.score of each (its first {clf['settings']['max_chars']:,} "
+                                f"characters: {clf['mb_read']:g} MB read)", issue=34,
+                       note=f"{clf['cpu']['median']} CPU-s (median), model load {clf['load_cpu']['median']} CPU-s apart; "
+                            f"floret model trained once per run, untimed ({clf['train_cpu']} CPU-s), default "
+                            f"quality.classifier settings on the same corpus: {clf['train']['docs']} training documents, "
+                            f"held-out accuracy {held.get('accuracy')} on {held.get('docs')}"),
+                metric("quality_kernels", "classifier_over_heuristics_cpu", "share", clf["over_heuristics"]["runs"],
+                       compared="the heuristic chains' CPU (kernels), same documents, same repeat", issue=34,
+                       headline=True, note="issue 34 asks for the classifier's CPU next to the heuristics, sets no "
+                                           "number; the quality task computes both in one pass")]
+    if "cpu" in dec:
+        out += [metric("quality_kernels", "decontamination_mb_per_cpu_s", "MB/CPU-s", dec["mb_per_cpu_s"]["runs"],
+                       compared=f"{docs}, Decontaminator.first_hit of each", issue=34,
+                       note=f"{dec['cpu']['median']} CPU-s (median), index load {dec['load_cpu']['median']} CPU-s apart; "
+                            f"index of {dec['items']} synthesised items of {dec['item_words']} words from "
+                            f"{dec['source_docs']} documents ({dec['ngrams']:,} {dec['n']}-grams), built untimed; "
+                            f"{dec['docs_hit']} documents hit"),
+                metric("quality_kernels", "decontamination_over_heuristics_cpu", "share", dec["over_heuristics"]["runs"],
+                       compared="the heuristic chains' CPU (kernels), same documents, same repeat", issue=34)]
+    return out
+
+
 def _bench(script: str, full: list[str], quick: list[str]):
     return lambda q, r: [[f"benchmarks/{script}", *(quick if q else [a.replace("{r}", str(r)) for a in full])]]
 
@@ -388,6 +429,10 @@ TOPICS: dict[str, dict] = {
     "task_cost": {"title": "Fixed cost of one mapped task per step", "issue": 33, "python": "project", "needs": [],
                   "files": ["task_cost.json"], "argv": _bench("bench_task_cost.py", [], ["--mb", "0.3"]),
                   "outer_runs": lambda r: 1, "metrics": task_cost_metrics},
+    "quality_kernels": {"title": "Quality scoring CPU: heuristic chains, classifier, decontamination", "issue": 34,
+                        "python": "project", "needs": [], "files": ["quality_kernels.json"],
+                        "argv": _bench("bench_quality_kernels.py", ["--repeats", "{r}"], ["--repeats", "1"]),
+                        "outer_runs": lambda r: 1, "metrics": quality_kernels_metrics},
     "scaling": {"title": "The whole data chain at 1×–8×", "issue": 10, "python": "project", "needs": [],
                 "files": ["scaling.json"], "argv": _bench("scaling.py", [], ["--quick"]),
                 "outer_runs": lambda r: 1, "metrics": scaling_metrics},
