@@ -13,12 +13,14 @@ import dataclasses
 import re
 import typing
 from dataclasses import asdict, dataclass, fields
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from pipeline.configkit import ConfigError, _convert, _f
 
 from .precision import check_precision
+
+if TYPE_CHECKING:                # numpy loads with the model code, not with the config every task imports
+    import numpy as np
 
 ROPE_SCALING_TYPES = ("none", "ntk", "linear")
 
@@ -142,6 +144,8 @@ def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
     NTK-aware scaling raises the base: ``theta * factor ** (d / (d - 2))`` (keeps high frequencies, stretches low
     ones); linear scaling (position interpolation) divides positions by ``factor``.
     """
+    import numpy as np
+
     d = cfg.head_dim
     theta = cfg.rope_theta
     pos = np.arange(cfg.max_seq_len, dtype=np.float64)
@@ -157,6 +161,8 @@ def rope_tables(cfg: ModelConfig) -> tuple[np.ndarray, np.ndarray]:
 
 def causal_mask(n: int) -> np.ndarray:
     """Additive mask: 0 on/below the diagonal, -1e9 above (finite, so fp32 softmax never sees inf - inf)."""
+    import numpy as np
+
     return np.triu(np.full((n, n), -1e9, dtype=np.float32), k=1)
 
 

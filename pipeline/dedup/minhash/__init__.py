@@ -18,8 +18,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pipeline.dedup.minhash.buckets import run_band
-from pipeline.dedup.minhash.clusters import run_clusters
 from pipeline.dedup.minhash.config import (
     PRESETS,
     REASON_NEAR_DUP,
@@ -31,11 +29,23 @@ from pipeline.dedup.minhash.config import (
     minhash_config_from_dict,
     s_curve,
 )
-from pipeline.dedup.minhash.index import DedupIndex, add_release
-from pipeline.dedup.minhash.layout import MinhashError, write_manifest
-from pipeline.dedup.minhash.removal import run_removal_shard
-from pipeline.dedup.minhash.report import write_report
-from pipeline.dedup.minhash.signatures import SignatureEngine, run_signatures_shard, to_minhash
+
+# The stages load lazily (PEP 562): ``pipeline.config`` imports this package for ``MinhashConfig``, and every task
+# process imports ``pipeline.config``; numpy, the kernels and the index are only loaded by what uses them.
+_LAZY = {"run_band": "buckets", "run_clusters": "clusters", "DedupIndex": "index", "add_release": "index",
+         "MinhashError": "layout", "write_manifest": "layout", "run_removal_shard": "removal",
+         "write_report": "report", "SignatureEngine": "signatures", "run_signatures_shard": "signatures",
+         "to_minhash": "signatures"}
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        import importlib
+
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def build_manifest(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data_root: str | Path,
@@ -45,6 +55,9 @@ def build_manifest(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data
     ``release`` (this run's own release name, if it was indexed before, e.g. on a retry after publish) is left
     out of the comparison so a run never removes documents because of itself.
     """
+    from pipeline.dedup.minhash.index import DedupIndex
+    from pipeline.dedup.minhash.layout import write_manifest
+
     cfg = check_config(cfg)
     if not cfg.enabled:                    # the same tasks run, as no-ops, so the DAG keeps one shape
         return [{"run_dir": str(rdir), "band": b} for b in range(cfg.bands)]
@@ -57,6 +70,12 @@ def build_manifest(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data
 def run_minhash(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data_root: str | Path,
                 release: str | None = None, input_stage: str = "exact_dedup", quality=None) -> dict:
     """All four stages and the report, in order, in this process; returns the report."""
+    from pipeline.dedup.minhash.buckets import run_band
+    from pipeline.dedup.minhash.clusters import run_clusters
+    from pipeline.dedup.minhash.removal import run_removal_shard
+    from pipeline.dedup.minhash.report import write_report
+    from pipeline.dedup.minhash.signatures import run_signatures_shard
+
     rdir = Path(rdir)
     cfg = check_config(cfg)
     for shard in shards:
