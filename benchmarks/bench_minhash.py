@@ -2,7 +2,8 @@
 
     .venv/bin/python benchmarks/bench_minhash.py [--repeats 3] [--stage-repeats 3] [--sig-mb 12] [--scales 1,2,4,8]
 
-Peers run in their own virtual environments under ``.cache/bench-venvs/`` (created on first use from PyPI):
+Peers run in their own virtual environments under ``.cache/bench-venvs/`` (created on first use from PyPI
+by ``minhash_peers.py``, which also holds the workers that run in them):
 ``datatrove[processing]==0.10.1`` + ``spacy`` (its English word tokenizer) + ``pyarrow`` (its ParquetReader), and
 ``rensa==0.5.0``.  Every measurement is a fresh process; measurements of different tools are interleaved and
 repeated (min / median / max are reported; ratios use medians) because other jobs share this machine.
@@ -41,17 +42,15 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from common import REPO, RESULTS_DIR, SHARED_CORPORA, spread
+from minhash_peers import ensure_venv, parquet_texts, w_sig_datatrove, w_sig_rensa, w_stages_datatrove
+
 CACHE = REPO / ".cache" / "bench" / "minhash"
-VENVS = REPO / ".cache" / "bench-venvs"
-RESULTS = REPO / "benchmarks" / "results"
-CORPUS = REPO.parent / "shared" / "corpora"
-PEERS = {"datatrove": ["datatrove[processing]==0.10.1", "spacy==3.8.18", "pyarrow==25.0.1"],
-         "rensa": ["rensa==0.5.0", "numpy==1.26.4", "pyarrow==25.0.1"]}
 
 
 # ------------------------------------------------------------------------------------------------------------
-# Workers: run in a fresh process (ours or a peer venv); imports stay inside so any venv can load this file.
+# mindloom's workers (the peers' are in minhash_peers.py): each runs in a fresh process; imports stay inside so
+# any venv can load this file.
 
 
 def _rss_mb(key: str = "VmHWM") -> float:
@@ -62,66 +61,16 @@ def _rss_mb(key: str = "VmHWM") -> float:
     return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
-def _texts(path: str) -> list[str]:
-    import pyarrow.parquet as pq
-
-    return pq.read_table(path, columns=["text"]).column(0).to_pylist()
-
-
 def w_sig_ours(a: dict) -> dict:
     sys.path.insert(0, str(REPO))
     from pipeline.dedup.minhash import MinhashConfig, SignatureEngine
 
-    texts = _texts(a["texts"])
+    texts = parquet_texts(a["texts"])
     eng = SignatureEngine(MinhashConfig(shingle_kind="word", domain_shingles=[]), a.get("engine"))
     eng.compute(texts[:20])                                  # load the compiled kernel (cached on disk)
     t0 = time.perf_counter()
     for i in range(0, len(texts), 2000):
         eng.compute(texts[i:i + 2000])
-    return {"seconds": time.perf_counter() - t0}
-
-
-def w_sig_rensa(a: dict) -> dict:
-    import importlib.util
-
-    from rensa import RMinHash
-
-    # the shingling module alone (numpy + re), without the rest of mindloom (and its dependencies)
-    spec = importlib.util.spec_from_file_location("shingles", REPO / "pipeline" / "minhash" / "shingles.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    shingles = module.shingles
-
-    texts = _texts(a["texts"])
-    t0 = time.perf_counter()
-    for t in texts:
-        m = RMinHash(num_perm=112, seed=1)
-        m.update(shingles(t, "word", 5))
-        m.digest()
-    return {"seconds": time.perf_counter() - t0}
-
-
-def _dt_signer(folder: str, tokenizer: str):
-    from datatrove.pipeline.dedup.minhash import MinhashConfig, MinhashDedupSignature
-
-    step = MinhashDedupSignature(folder, MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, seed=1))
-    if tokenizer == "whitespace":
-        class _Split:
-            def word_tokenize(self, text):
-                return text.split()
-        step.word_tokenizer = _Split()
-    return step
-
-
-def w_sig_datatrove(a: dict) -> dict:
-    texts = _texts(a["texts"])
-    step = _dt_signer(tempfile.mkdtemp(), a["tokenizer"])
-    step.get_shingles("warm up the word tokenizer with a few words")
-    t0 = time.perf_counter()
-    for t in texts:
-        sh = step.get_shingles(t)
-        if sh.size:
-            step.get_signature(sh)
     return {"seconds": time.perf_counter() - t0}
 
 
@@ -160,39 +109,6 @@ def w_stages_ours(a: dict) -> dict:
     return {"seconds": time.perf_counter() - t0, "stages": times, "removed": sum(summary["removed"].values())}
 
 
-def w_stages_datatrove(a: dict) -> dict:
-    t0 = time.perf_counter()
-    from datatrove.executor import LocalPipelineExecutor
-    from datatrove.pipeline.dedup.minhash import (
-        MinhashConfig,
-        MinhashDedupBuckets,
-        MinhashDedupCluster,
-        MinhashDedupFilter,
-    )
-    from datatrove.pipeline.readers import ParquetReader
-    from datatrove.pipeline.writers import ParquetWriter
-
-    work, n = Path(a["work"]), a["tasks"]
-    cfg = MinhashConfig(n_grams=5, num_buckets=14, hashes_per_bucket=8, seed=1)
-
-    def reader():
-        return ParquetReader(a["input"], text_key="text", id_key="doc_id", glob_pattern="*.parquet")
-
-    times = {}
-    for name, pipeline, tasks in (
-        ("signatures", [reader(), _dt_signer(str(work / "sigs"), a["tokenizer"])], n),
-        ("buckets", [MinhashDedupBuckets(str(work / "sigs"), str(work / "buckets"), config=cfg)], 14),
-        ("clusters", [MinhashDedupCluster(str(work / "buckets"), str(work / "remove"), config=cfg)], 1),
-        ("removal", [reader(), MinhashDedupFilter(str(work / "remove")),
-                     ParquetWriter(str(work / "out"))], n),
-    ):
-        t = time.perf_counter()
-        LocalPipelineExecutor(pipeline, tasks=tasks, workers=1, logging_dir=str(work / "logs" / name)).run()
-        times[name] = time.perf_counter() - t
-    removed = sum(os.path.getsize(p) // 4 for p in (work / "remove").glob("*.remove"))
-    return {"seconds": time.perf_counter() - t0, "stages": times, "removed": removed}
-
-
 def w_clusters_ours(a: dict) -> dict:
     sys.path.insert(0, str(REPO))
     from pipeline.dedup.minhash import MinhashConfig, run_clusters
@@ -213,21 +129,6 @@ WORKERS = {f.__name__[2:]: f for f in (w_sig_ours, w_sig_rensa, w_sig_datatrove,
 # Orchestration (mindloom's venv)
 
 
-def ensure_venv(name: str) -> Path:
-    """The peer's python, creating its venv (pip from PyPI) when missing or installed with other pins."""
-    venv = VENVS / name
-    python = venv / "bin" / "python"
-    stamp = venv / "mindloom-bench.json"
-    want = sorted(PEERS[name])
-    if python.exists() and stamp.exists() and json.loads(stamp.read_text()) == want:
-        return python
-    print(f"creating {venv} with {want} …", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *want], check=True)
-    stamp.write_text(json.dumps(want))
-    return python
-
-
 def run_worker(python: str | Path, name: str, args: dict, timeout: int = 1800) -> dict:
     proc = subprocess.run([str(python), __file__, "--worker", name, json.dumps(args)], capture_output=True,
                           text=True, timeout=timeout, cwd=str(REPO))
@@ -236,16 +137,11 @@ def run_worker(python: str | Path, name: str, args: dict, timeout: int = 1800) -
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def spread(values: list[float]) -> dict:
-    return {"min": round(min(values), 3), "median": round(statistics.median(values), 3),
-            "max": round(max(values), 3), "runs": [round(v, 3) for v in values]}
-
-
 def load_records() -> dict[str, list[dict]]:
-    if not CORPUS.is_dir():
-        sys.exit(f"{CORPUS} is missing: the benchmark needs the shared sample corpus")
+    if not SHARED_CORPORA.is_dir():
+        sys.exit(f"{SHARED_CORPORA} is missing: the benchmark needs the shared sample corpus")
     return {f.stem: [json.loads(x) for x in f.read_text(encoding="utf-8").splitlines()]
-            for f in sorted(CORPUS.glob("*.jsonl"))}
+            for f in sorted(SHARED_CORPORA.glob("*.jsonl"))}
 
 
 def write_shards(rdir: Path, records: dict[str, list[dict]], per_shard: int = 500, tag: str = "") -> list[str]:
@@ -324,7 +220,7 @@ def bench_signatures(records, repeats: int, mb: float, quick: bool) -> dict:
             res = run_worker(py, worker, {"texts": str(path), **extra})
             runs[name].append(nbytes / 1e6 / res["seconds"])
             print(f"  signatures {name:24s} rep {rep}: {runs[name][-1]:.2f} MB/s", flush=True)
-    out = {"docs": docs, "mb": round(nbytes / 1e6, 2), "mb_per_s": {k: spread(v) for k, v in runs.items()}}
+    out = {"docs": docs, "mb": round(nbytes / 1e6, 2), "mb_per_s": {k: spread(v, 3) for k, v in runs.items()}}
     med = {k: statistics.median(v) for k, v in runs.items()}
     out["speedup_vs"] = {k: round(med["mindloom"] / med[k], 2) for k in med if k != "mindloom"}
     return out
@@ -362,7 +258,7 @@ def bench_stages(records, repeats: int, quick: bool) -> dict:
     out = {"docs": sum(len(r) for r in records.values()), "shards": len(shards),
            "mb": round(sum(len(r["text"].encode()) for rs in records.values() for r in rs) / 1e6, 2)}
     for name, rs in runs.items():
-        out[name] = {"seconds": spread([r["seconds"] for r in rs]), "removed": rs[0]["removed"],
+        out[name] = {"seconds": spread([r["seconds"] for r in rs], 3), "removed": rs[0]["removed"],
                      "stages_median": {k: round(statistics.median(r["stages"][k] for r in rs), 2)
                                        for k in rs[0]["stages"]}}
     med = {k: out[k]["seconds"]["median"] for k in runs}
@@ -422,8 +318,8 @@ def main() -> None:
                           "python": platform.python_version(), "load_avg_1m_at_start": round(load[0], 2)},
               "command": " ".join([Path(sys.executable).name, *sys.argv]), "repeats": args.repeats}
     only = set(args.only.split(","))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    out_file = RESULTS / "minhash.json"
+    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
+    out_file = RESULTS_DIR / "minhash.json"
     previous = json.loads(out_file.read_text()) if out_file.exists() else {}
     with tempfile.TemporaryDirectory(prefix="bench-minhash-") as tmp:
         if "signatures" in only:
