@@ -1,28 +1,27 @@
-"""Data ablation: the ``debug`` model trained for the same token budget on (a) the raw ingested corpus and (b)
-mindloom's output, scored on the same clean held-out set per domain; and the long-context stage, scored at 4× the
-base context, with and without it.
+"""Data ablation: the same ``debug`` model, for the same token budget and with 3 seeds, trained on (a) the raw
+ingested corpus, (b) the shipped chain's output (dedup + heuristic filters), (c) (b) plus the quality classifier and
+(d) dedup + the classifier alone; scored on reference texts held out per domain *before ingest*, which no arm and no
+filter ever saw; and the long-context stage, scored at 4x the base context, with and without it.
 
-    .venv/bin/python benchmarks/ablation.py [--steps 300] [--long-steps 50] [--quick]     (make ablation)
+    .venv/bin/python benchmarks/ablation.py [--steps 400] [--seeds 3] [--quick]     (make ablation)
 
-1. The corpus chain (``pipeline.tasks.corpus.run_all``, configs/default.yaml, sources = ``../shared/corpora``, else the
-   demo corpus) writes (b): exact + MinHash dedup, quality chains, natural proportions, and the held-out validation
-   sets ``<run>/mindrecord_val/<domain>/`` (5 % of each domain's surviving documents, at least 8).
-2. (a) is built from the chain's own ingest output — every document, no dedup, no filters, natural proportions —
-   with the chain's tokenizer and packing, minus the held-out documents, their exact copies (same text hash) and
-   the near-duplicates MinHash clustered with them: without that, (a) would train on copies of the evaluation
-   text and its held-out loss would measure leakage, not data quality.
-3. Both train from the same initial weights with the same recipe and token budget (``--steps`` × 8 rows × 128
-   tokens), through ``pipeline.tasks.pretrain.build_job`` + ``python -m pipeline.train``; the stage's own evaluation
-   scores the same held-out tokens of each domain.
-4. Long context (on (b)): from (b)'s checkpoint, four variants scored at 4 × 128 = 512 tokens (and at 128):
-   plain RoPE without further training; NTK-scaled RoPE without training; the ``long_context`` stage (512-token
-   rows re-packed from the corpus, NTK factor 4, ``--long-steps``); and, as the control for the extra tokens, the
-   same number of tokens more at 128 with plain RoPE.  One evaluation worker scores them all (same code path).
+1. ``ablation_data.split_sources`` holds out up to 40 documents per domain of ``../shared/corpora`` (else the demo
+   corpus) before anything reads them; they are also every filtered arm's decontamination set, and the raw arm drops
+   the same overlapping documents, so no arm trains on a reference text.
+2. The corpus chain (``pipeline.tasks.corpus.run_all``, configs/default.yaml with those sources) runs once per
+   filtered arm; (b) trains the tokenizer, the other arms and the evaluation load it.
+3. Every arm trains from the same initial weights per seed (the seed sets initialisation and data order), through
+   ``pipeline.tasks.pretrain.build_job`` + ``python -m pipeline.train``, for ``--steps`` x 8 rows x 128 tokens.
+4. ``ablation_eval`` scores every checkpoint on the references: loss per domain, and a 4-way multiple-choice
+   continuation task (HellaSwag-style, chance 25 %). The report gives mean +- 95 % t interval over seeds, per arm and
+   per domain, and of the paired differences between arms (same seed, same items).
+5. Long context (on (b), first seed): plain RoPE, NTK-scaled RoPE without training, the ``long_context`` stage, and
+   the same extra tokens at 128 as control, scored by one worker on the chain's validation sets.
 
-One seed, a 2-million-parameter model, a few hundred thousand tokens: differences of a few hundredths of a nat are
-within run-to-run noise, and the held-out sets come from the curated side's distribution (they are what survives
-the filters), which favours (b) by construction; the table says what was measured, including where (b) loses.
-Writes ``benchmarks/results/ablation.json``, ``ablation_eval.svg``, ``ablation_loss.svg``, then merges into
+The model (about 2 M parameters) and budget (a few hundred thousand tokens) are small-model proxies, far below the
+published ones (DCLM's smallest scale: 412 M parameters, 8.2 B tokens; FineWeb's ablations: 1.82 B parameters, 28 B
+tokens, several seeds): their absolute numbers say nothing about a large model, and only differences whose interval
+excludes zero are read as differences. Writes ``benchmarks/results/ablation.json`` and two SVGs, then merges into
 ``benchmarks/results.json`` and regenerates BENCHMARKS.md.
 """
 
@@ -40,10 +39,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import ablation_data  # noqa: E402
+import ablation_eval  # noqa: E402
 from ablation_report import markdown  # noqa: E402
 from common import REPO, RESULTS_DIR, PeakSampler, machine, source_corpus  # noqa: E402
 
 BASE_SEQ, LONG_FACTOR, BATCH = 128, 4, 8
+SPLIT_SEED, FIRST_SEED = 7, 1234
 
 
 def chain_config(corpus: Path, data_root: Path, steps: int, long_steps: int, eval_tokens: int) -> dict:
@@ -64,51 +66,6 @@ def chain_config(corpus: Path, data_root: Path, steps: int, long_steps: int, eva
          "model_overrides": {"rope_scaling_type": "ntk", "rope_scaling_factor": float(LONG_FACTOR)}},
         {"name": "more_base", "init": "previous", "overrides": {"steps": long_steps, **lr}}])
     return d
-
-
-# ------------------------------------------------------------------------------------------------------------
-# (a): the raw ingested corpus with the held-out documents (and their copies) taken out
-
-
-def raw_token_set(rdir: Path, out: Path, seed: int) -> dict:
-    """Tokenize every ingested document except the held-out ones and their exact / near copies; write MindRecord."""
-    import numpy as np
-    import pyarrow.parquet as pq
-
-    from pipeline.io import read_json
-    from pipeline.sink import mindrecord, packing
-    from pipeline.tokenizer import run as tokenizer
-
-    if (out / mindrecord.MANIFEST).exists():
-        return read_json(out / mindrecord.MANIFEST)
-    held = set(pq.read_table(rdir / "mixture" / "heldout.parquet", columns=["doc_id"]).column(0).to_pylist())
-    near = set()
-    for f in sorted((rdir / "minhash" / "clusters").glob("*.parquet")):
-        t = pq.read_table(f)
-        if {"doc_id", "kept_doc_id"} <= set(t.column_names):
-            near |= {d for d, k in zip(t.column("doc_id").to_pylist(), t.column("kept_doc_id").to_pylist(),
-                                       strict=True) if k in held}
-    docs = [r for f in sorted((rdir / "ingest").glob("*.parquet"))
-            for r in pq.read_table(f, columns=["doc_id", "domain", "text", "text_hash"]).to_pylist()]
-    banned_hashes = {r["text_hash"] for r in docs if r["doc_id"] in held or r["doc_id"] in near}
-    keep = [r for r in docs if r["text_hash"] not in banned_hashes]
-    info = read_json(rdir / "tokenizer" / "spm.model.done")["info"]
-    flat, lens = tokenizer.encode_texts(info["model"], [r["text"] for r in keep], workers=os.cpu_count() or 1)
-    ids = [r["doc_id"] for r in keep]
-    idx, keys = packing.order_keys(seed, ids, np.ones(len(ids), np.int64))
-    order = idx[np.argsort(keys, kind="stable")]
-    tmp = out.with_name(out.name + ".tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    manifest = mindrecord.write_token_set(
-        tmp, [r["domain"] for r in keep], (flat, np.cumsum(lens) - lens, lens, order), seq_len=BASE_SEQ, shard_num=2,
-        name="corpus", eos_id=info.get("eos_id", tokenizer.EOS_ID), bos_id=None,
-        pad_id=info.get("pad_id", tokenizer.PAD_ID), extra={
-            "vocab_size": info["vocab_size"], "tokenizer_sha256": info["sha256"], "ingested_docs": len(docs),
-            "excluded": {"heldout": len(held), "near_duplicates_of_heldout": len(near),
-                         "all_with_their_text_hashes": len(docs) - len(keep)}})
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
-    return manifest
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -176,10 +133,11 @@ def _losses(summary: dict) -> dict:
 
 
 def run(args) -> dict:
+    from dataclasses import replace
+
     from pipeline.config import config_from_dict
     from pipeline.io import read_json
     from pipeline.tasks import corpus as chain
-    from pipeline.tasks.pretrain import find_eval_sets
 
     work = args.work
     log = work / "ablation.log"
@@ -188,46 +146,87 @@ def run(args) -> dict:
         subprocess.run([sys.executable, "-m", "pipeline.democorpus", "--out", str(REPO / "data" / "demo-corpus")],
                        check=True, cwd=REPO)
         src = source_corpus()
-    cfg = config_from_dict(chain_config(src, work / "data", args.steps, args.long_steps, args.eval_tokens))
-    # the chain output and the raw set are reused by later runs with the same data settings (not train.*)
-    data_key = hashlib.sha256(json.dumps({k: v for k, v in cfg.to_dict().items() if k != "train"},
-                                         sort_keys=True, default=str).encode()).hexdigest()[:12]
-    run_id, raw_dir = f"ablation-{data_key}", work / f"raw-{data_key}"
-    t = {"chain_reused": (Path(cfg.data_root) / "runs" / run_id / "corpus_summary.json").exists()}
+    t: dict = {}
     t0 = time.time()
-    summary = chain.run_all(cfg, run_id, progress=False)
-    t["chain_s"] = round(time.time() - t0, 1)
-    rdir = Path(summary["run_dir"])
-    t0 = time.time()
-    raw = raw_token_set(rdir, raw_dir, cfg.seed)
-    t["raw_set_s"] = round(time.time() - t0, 1)
-    curated = read_json(rdir / "mindrecord" / "manifest.json")
-    corpus_b = {k: v for k, v in summary.items() if k != "stats"}
-    corpus_a = {**corpus_b, "mindrecord_dir": str(raw_dir), "run_dir": str(rdir)}
+    split = ablation_data.split_sources(src, work / "sources", SPLIT_SEED)
+    heldout = sorted(str(p) for p in (work / "sources" / "heldout").glob("*.jsonl"))
+    base = chain_config(work / "sources" / "train", work / "data", args.steps, args.long_steps, args.eval_tokens)
+    summaries, cfgs, spm = {}, {}, None
+    for arm in ("heuristics", "classifier", "classifier_only"):
+        cfg = config_from_dict(ablation_data.arm_config(base, arm, heldout, spm))
+        # a chain output is reused by later runs with the same data settings (not train.*)
+        key = hashlib.sha256(json.dumps({k: v for k, v in cfg.to_dict().items() if k != "train"}, sort_keys=True,
+                                        default=str).encode()).hexdigest()[:12]
+        summaries[arm], cfgs[arm] = chain.run_all(cfg, f"ablation-{arm}-{key}", progress=False), cfg
+        if spm is None:
+            spm = read_json(Path(summaries[arm]["run_dir"]) / "tokenizer" / "spm.model.done")["info"]["model"]
+    rdir_b = Path(summaries["heuristics"]["run_dir"])
+    raw = ablation_data.raw_token_set(rdir_b, work / f"raw-{rdir_b.name}", cfgs["heuristics"].seed, BASE_SEQ)
+    corpora = {arm: {k: v for k, v in s.items() if k != "stats"} for arm, s in summaries.items()}
+    corpora["raw"] = {**corpora["heuristics"], "mindrecord_dir": str(work / f"raw-{rdir_b.name}")}
+    info = read_json(rdir_b / "tokenizer" / "spm.model.done")["info"]
+    items = work / "eval_items"
+    shutil.rmtree(items, ignore_errors=True)
+    ref = ablation_eval.build_items(work / "sources" / "heldout", spm, items, seq_len=BASE_SEQ,
+                                    max_tokens=args.eval_tokens, eos_id=info["eos_id"], pad_id=info["pad_id"],
+                                    seed=SPLIT_SEED)
+    t["data_s"] = round(time.time() - t0, 1)
+    data = {"raw": _set_info(raw)}
+    for arm, s in summaries.items():
+        rdir = Path(s["run_dir"])
+        data[arm] = {**_set_info(read_json(rdir / "mindrecord" / "manifest.json")),
+                     "decontaminated": ablation_data.decontaminated_per_domain(rdir)}
+    seeds = [FIRST_SEED + i for i in range(args.seeds)]
     res = {"command": " ".join(["benchmarks/ablation.py", *sys.argv[1:]]), "machine": machine(), "corpus": str(src),
            "budget": {"steps": args.steps, "rows_per_step": BATCH, "seq_len": BASE_SEQ,
                       "tokens": args.steps * BATCH * BASE_SEQ, "long_steps": args.long_steps,
                       "long_seq_len": BASE_SEQ * LONG_FACTOR, "eval_tokens_per_domain": args.eval_tokens},
-           "data": {"raw": _set_info(raw), "curated": _set_info(curated)},
-           "eval_sets": read_json(rdir / "mindrecord_val" / "manifest.json")["sets"], "timings": t}
-    runs = {}
-    for name, corpus in (("raw", corpus_a), ("curated", corpus_b)):
+           "seeds": seeds, "split": split, "reference": ref, "data": data, "timings": t, "arms": {}}
+    t0 = time.time()
+    for arm in ablation_data.ARMS:
+        runs = []
+        for seed in seeds:
+            out = work / "train" / arm / f"seed{seed}"
+            s = train(replace(cfgs["heuristics"], seed=seed), corpora[arm], out, "main", log)
+            ev = evaluate_reference(s, items, log)
+            runs.append({"seed": seed, "first_loss": s["first_loss"], "final_loss": s["final_loss"],
+                         "tokens": s["tokens"], "tokens_per_s": s["tokens_per_s"], **ev,
+                         **({"curve": _curve(_metrics(out))} if seed == seeds[0] else {})})
+            print(f"ablation: {arm} seed {seed}: loss {ev['loss']['all']:.4f} mc {ev['mc']['all']:.3f}", flush=True)
+        res["arms"][arm] = runs
+    t["train_and_eval_s"] = round(time.time() - t0, 1)
+    if args.long_steps:
         t0 = time.time()
-        s = train(cfg, corpus, work / "train" / name / "main", "main", log)
-        t[f"train_{name}_s"] = round(time.time() - t0, 1)
-        runs[name] = {"first_loss": s["first_loss"], "final_loss": s["final_loss"], "tokens": s["tokens"],
-                      "tokens_per_s": s["tokens_per_s"], "eval": _losses(s), "eval_seq_len": s["eval"]["seq_len"],
-                      "curve": _curve(_metrics(work / "train" / name / "main"))}
-    res["runs"] = runs
-    eval_data = find_eval_sets(corpus_b)
-    main_b = read_json(work / "train" / "curated" / "main" / "summary.json")
-    t0 = time.time()
-    long_s = train(cfg, corpus_b, work / "train" / "curated" / "long_context", "long_context", log)
-    # the control continues from main (not from long_context, which precedes it in the stage list)
-    more_s = train(cfg, corpus_b, work / "train" / "curated" / "more_base", "more_base", log,
-                   init_from=main_b["checkpoint"])
-    t["long_and_control_train_s"] = round(time.time() - t0, 1)
-    t0 = time.time()
+        res.update(long_context(cfgs["heuristics"], corpora["heuristics"],
+                                work / "train" / "heuristics" / f"seed{seeds[0]}", args, log))
+        t["long_context_s"] = round(time.time() - t0, 1)
+    res["eval_sets"] = read_json(rdir_b / "mindrecord_val" / "manifest.json")["sets"]
+    res["plots"] = write_plots(res, args.out_dir)
+    res["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
+    return res
+
+
+def evaluate_reference(summary: dict, items: Path, log: Path) -> dict:
+    """Score a checkpoint on the reference texts (``ablation_eval.eval_worker`` in its own process)."""
+    spec = {"checkpoint": summary["checkpoint"], "preset": "debug", "model": _model_of(summary),
+            "seq_len": BASE_SEQ, "items": str(items), "batch_rows": BATCH}
+    with open(log, "ab") as fh:
+        p = subprocess.run([sys.executable, __file__, "--reference-worker", json.dumps(spec)], cwd=REPO,
+                           stdout=subprocess.PIPE, stderr=fh, text=True)
+    if p.returncode:
+        raise RuntimeError(f"reference evaluation of {summary['checkpoint']} failed; see {log}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def long_context(cfg, corpus: dict, main_dir: Path, args, log: Path) -> dict:
+    """The long-context stage and its control from (b)'s first-seed checkpoint, scored at 128 and 512 tokens."""
+    from pipeline.io import read_json
+    from pipeline.tasks.pretrain import find_eval_sets
+
+    main_b = read_json(main_dir / "summary.json")
+    base = main_dir.parent / "long"
+    long_s = train(cfg, corpus, base / "long_context", "long_context", log, init_from=main_b["checkpoint"])
+    more_s = train(cfg, corpus, base / "more_base", "more_base", log, init_from=main_b["checkpoint"])
     plain = _model_of(main_b)
     ntk = {**plain, "rope_scaling_type": "ntk", "rope_scaling_factor": float(LONG_FACTOR)}
     variants = {
@@ -237,14 +236,11 @@ def run(args) -> dict:
                                                                                    _model_of(long_s), args.long_steps),
         f"control: {args.long_steps} more steps at 128, plain RoPE": (more_s["checkpoint"], _model_of(more_s),
                                                                       args.long_steps)}
-    res["long_context"] = {name: {"extra_steps": steps, "loss": evaluate_at(ck, model, eval_data, args.eval_tokens,
-                                                                            log)}
-                           for name, (ck, model, steps) in variants.items()}
-    res["long_context_stage_own_eval"] = _losses(long_s)
-    t["long_eval_s"] = round(time.time() - t0, 1)
-    res["plots"] = write_plots(res, args.out_dir)
-    res["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
-    return res
+    eval_data = find_eval_sets(corpus)
+    return {"long_context": {name: {"extra_steps": steps, "loss": evaluate_at(ck, model, eval_data, args.eval_tokens,
+                                                                              log)}
+                             for name, (ck, model, steps) in variants.items()},
+            "long_context_stage_own_eval": _losses(long_s)}
 
 
 def _set_info(manifest: dict) -> dict:
@@ -270,13 +266,14 @@ def write_plots(res: dict, out_dir: Path) -> dict:
     sys.path.insert(0, str(REPO))
     from pipeline.report.plots import bar_chart, line_chart
 
-    runs = res["runs"]
-    doms = [d for d in runs["curated"]["eval"] if runs["raw"]["eval"].get(d) is not None]
-    eval_svg = bar_chart({d: {"(a) raw": runs["raw"]["eval"][d], "(b) mindloom": runs["curated"]["eval"][d]}
-                          for d in doms}, "Held-out loss per domain (lower is better)", "loss (nats/token)",
-                         width=max(520, 70 * len(doms)))
-    smooth = {f"({'a' if n == 'raw' else 'b'}) {n}": _smooth(runs[n]["curve"], 3) for n in ("raw", "curated")}
-    loss_svg = line_chart(smooth, "Training loss, each on its own data (moving average)", "step", "loss")
+    arms = res["arms"]
+    doms = list(arms["heuristics"][0]["loss"])
+    eval_svg = bar_chart({d: {ablation_data.ARMS[a]: ablation_eval.mean_ci([r["loss"][d] for r in runs])["mean"]
+                              for a, runs in arms.items()} for d in doms},
+                         f"Reference-text loss per domain, mean of {len(res['seeds'])} seeds (lower is better)",
+                         "loss (nats/token)", width=max(560, 90 * len(doms)))
+    smooth = {ablation_data.ARMS[a]: _smooth(runs[0]["curve"], 3) for a, runs in arms.items()}
+    loss_svg = line_chart(smooth, "Training loss, first seed, each arm on its own data (moving average)", "step", "loss")
     paths = {"eval": out_dir / "ablation_eval.svg", "loss": out_dir / "ablation_loss.svg"}
     out_dir.mkdir(parents=True, exist_ok=True)
     for key, svg in (("eval", eval_svg), ("loss", loss_svg)):
@@ -294,22 +291,28 @@ def _smooth(curve: list, k: int = 10) -> list[tuple[float, float]]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=300, help="optimizer steps of each model (8 rows x 128 tokens)")
+    ap.add_argument("--steps", type=int, default=400, help="optimizer steps of each model (8 rows x 128 tokens)")
+    ap.add_argument("--seeds", type=int, default=3, help="seeds per arm (initialisation and data order)")
     ap.add_argument("--long-steps", type=int, default=50, help="steps of the long-context stage and its control")
     ap.add_argument("--eval-tokens", type=int, default=16384, help="held-out tokens per domain")
-    ap.add_argument("--quick", action="store_true", help="20 steps, 4 long steps, 2048 eval tokens, results kept in "
-                    "--work (smoke)")
+    ap.add_argument("--quick", action="store_true", help="20 steps, 2 seeds, 4 long steps, 2048 eval tokens, results "
+                    "kept in --work (smoke)")
     ap.add_argument("--corpus", type=Path)
     ap.add_argument("--work", type=Path, default=REPO / ".cache" / "bench" / "ablation")
     ap.add_argument("--no-report", action="store_true", help="do not touch results.json / BENCHMARKS.md")
     ap.add_argument("--eval-worker", help=argparse.SUPPRESS)
+    ap.add_argument("--reference-worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.eval_worker:
         print(json.dumps(eval_worker(json.loads(args.eval_worker))))
         return 0
+    if args.reference_worker:
+        sys.path.insert(0, str(REPO))
+        print(json.dumps(ablation_eval.eval_worker(json.loads(args.reference_worker))))
+        return 0
     sys.path.insert(0, str(REPO))
     if args.quick:                 # a smoke run: its results stay in the work folder
-        args.steps, args.long_steps, args.eval_tokens, args.no_report = 20, 4, 2048, True
+        args.steps, args.seeds, args.long_steps, args.eval_tokens, args.no_report = 20, 2, 4, 2048, True
     args.out_dir = args.work if args.quick else RESULTS_DIR
     shutil.rmtree(args.work / "train", ignore_errors=True)          # the chain output is reused, training is not
     args.work.mkdir(parents=True, exist_ok=True)
@@ -324,7 +327,8 @@ def main() -> int:
         import run_all
         from common import RESULTS_JSON, now
 
-        record = {"title": "Ablation: raw vs curated data, and the long-context stage", "issue": 10,
+        record = {"title": "Ablation: raw, heuristics, classifier (3 seeds, reference texts held out before ingest), "
+                  "and the long-context stage", "issue": 34,
                   "commands": [".venv/bin/python " + res["command"]], "wall_s": [res["wall_s"]],
                   "peak_rss_mb": [peak.peak_mb], "cpu_s": [], "load_avg_before": [res["machine"]["load_avg_start"][0]],
                   "status": "ok", "date": now()}

@@ -109,7 +109,7 @@ def _tree(pid: int) -> list:
 def sample_tree(pid: int, cpu: dict | None = None) -> float | None:
     """Resident MB of ``pid`` and all its descendants, None when ``pid`` is gone.  With ``cpu``, each process's
     user + system seconds also go into it, keyed by (pid, create time), so a process that exits keeps its last
-    sample there.  (PeakSampler, tree_rss_mb and bench_scale's TreeTimeline all sample through this.)"""
+    sample there.  (PeakSampler, tree_rss_mb and scale_timeline's TreeTimeline all sample through this.)"""
     import psutil
 
     from pipeline.profile import unexeced_children
@@ -366,7 +366,8 @@ def tiny_corpus(out: Path, src: Path, per_domain_bytes: int = 150_000, warc_reco
 # results.json entries and Markdown tables (used by topics, scaling, ablation and report alike)
 
 ISSUE = {"ingest": 3, "filters": 4, "minhash": 5, "datasketch": 5, "tokenize": 6, "mindrecord": 6, "train": 7,
-         "scaling": 10, "ablation": 10, "parallel": 15, "scale": 13, "memory_plan": 22, "task_cost": 33}
+         "scaling": 10, "ablation": 10, "parallel": 15, "scale": 13, "memory_plan": 22, "task_cost": 33,
+         "quality_kernels": 34}
 
 
 def metric(topic: str, name: str, unit: str, values: list, *, compared: str | None = None, target: float | None = None,

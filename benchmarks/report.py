@@ -106,17 +106,19 @@ NOTES = {
         "rules drop most non-web documents, so its MinHash and tokenizer see far fewer documents (both sides' kept "
         "counts are in the tables)."),
     "ablation": (
-        "One seed, a 1.8-million-parameter model and a few hundred thousand tokens: differences of a few hundredths "
-        "of a nat are within run-to-run noise. The held-out sets are what survives mindloom's filters, i.e. the "
-        "curated distribution, which favours (b) by construction; (a) in turn spends its budget on domains the "
-        "filters shrink (dictionary entries, boilerplate), so per-domain results move in both directions. The "
-        "long-context rows are all scored by one evaluation worker (`ablation.py --eval-worker`), which reproduces "
-        "the stage's own end-of-stage evaluation; with so little training the model barely uses positions, so "
-        "context-length effects are small."),
+        "Small-model proxies: a 1.8-million-parameter model and a few hundred thousand tokens per run, far below "
+        "DCLM's smallest scale (412 M parameters, 8.2 B tokens) and FineWeb's ablation models (1.8 B parameters, "
+        "28 B tokens), whose methodology this follows in miniature: same model, recipe and token budget per arm, "
+        "several seeds, paired differences. The reference texts are held out per domain before ingest and never "
+        "filtered, so they favour no arm; the n-grams they share with training documents (boilerplate included) "
+        "remove those documents from every arm alike. Only differences whose 95 % interval excludes zero are read "
+        "as differences. The long-context rows (first seed of (b)) are scored by one evaluation worker "
+        "(`ablation.py --eval-worker`) on the chain's validation sets; with so little training the model barely "
+        "uses positions, so context-length effects are small."),
 }
 
 
-ORDER = ("ingest", "filters", "minhash", "datasketch", "tokenize", "mindrecord", "train", "scaling", "scale",
+ORDER = ("ingest", "filters", "quality_kernels", "minhash", "datasketch", "tokenize", "mindrecord", "train", "scaling", "scale",
          "ablation")
 
 

@@ -63,3 +63,19 @@ def test_every_number_in_the_readme_block_is_in_results_json():
             missing.append(token)
     assert not missing, f"numbers in the README block that results.json does not hold: {missing}"
     assert "0.14×" in body                     # the end-to-end ingest ratio against datatrove is not left out
+
+
+def test_readme_ablation_table_is_generated_from_results_json():
+    results = json.loads((REPO / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    start, end = readme_block.ABL_START, readme_block.ABL_END
+    assert text.count(start) == 1 and text.count(end) == 1
+    block = text[text.index(start):text.index(end) + len(end)]
+    assert block == readme_block.render_ablation(results), "run benchmarks/run_all.py --report-only"
+    known = _numbers_of([m for m in results["metrics"] if m["topic"] == "ablation"], [])
+    body = re.sub(r"<!--.*?-->", "", block, flags=re.S)
+    missing = [t for t in NUMBER.findall(body) if not any(
+        abs(v - float(t)) <= 0.5 * 10 ** -(len(t.split(".")[1]) if "." in t else 0) + 1e-9
+        or abs(100 * v - float(t)) <= 0.5 * 10 ** -(len(t.split(".")[1]) if "." in t else 0) + 1e-9
+        for v in known)]
+    assert not missing, f"numbers in the README's ablation table that results.json does not hold: {missing}"
