@@ -30,8 +30,9 @@ SHARED_CORPORA = REPO.parent / "shared" / "corpora"
 DEMO_CORPUS = REPO / "data" / "demo-corpus"
 
 # Peer environments, one venv each, never the project's. ``probe`` must import for the venv to count as installed.
-# datatrove: bench_minhash.py's pins (it re-creates the venv when its stamp differs, so we write that stamp) plus
-# lxml_html_clean, without which datatrove's Trafilatura step fails on every page (bench_ingest.py).
+# datatrove and rensa: bench_minhash.py's peers, whose venvs minhash_peers.ensure_venv re-creates when their stamp
+# differs from these pins (so ensure_peer writes that stamp); datatrove also gets lxml_html_clean, without which its
+# Trafilatura step fails on every page (bench_ingest.py).
 PEERS: dict[str, dict] = {
     "datatrove": {"pins": ["datatrove[processing]==0.10.1", "spacy==3.8.18", "pyarrow==25.0.1"],
                   "extra": ["lxml_html_clean==0.4.6"], "probe": "import datatrove, spacy, pyarrow, lxml_html_clean"},
@@ -287,7 +288,7 @@ def ensure_peer(name: str, install: bool = True) -> tuple[Path | None, str]:
         if rc != 0 or not peer_ready(name):
             return None, f"installing {name} failed (see {log})"
         status = "installed"
-    if name in ("datatrove", "rensa"):               # the stamp bench_minhash.py checks before reusing a venv
+    if name in ("datatrove", "rensa"):               # the stamp minhash_peers.ensure_venv checks before reusing a venv
         (venv / "mindloom-bench.json").write_text(json.dumps(sorted(spec["pins"])))
     return py, status
 

@@ -27,17 +27,29 @@ def parquet_texts(path: str) -> list[str]:
     return pq.read_table(path, columns=["text"]).column(0).to_pylist()
 
 
-def w_sig_rensa(a: dict) -> dict:
-    import importlib.util
+def mindloom_shingles():
+    """``pipeline.dedup.minhash.shingles.shingles``, importable in a peer venv (no mindloom installed there).
 
+    The peers hash exactly the shingles mindloom's signature stage hashes, so only the hashing is compared.  The
+    module can no longer be loaded alone by file path (it imports ``pipeline.charclass``), so the repository root
+    goes on ``sys.path`` and the package is imported normally.  That import stays light: ``pipeline/__init__.py``
+    and ``pipeline/dedup/__init__.py`` are empty of imports, ``pipeline/dedup/minhash/__init__.py`` loads only its
+    ``config`` (stdlib + ``pipeline.configkit``, itself stdlib) and loads the stages lazily, and ``charclass``
+    needs numpy, which every peer venv that uses this has (``common.PEERS``).  First on the path, as in mindloom's
+    own workers, so ``pipeline`` is always this repository's; the only other package the root adds is
+    ``operators`` (Airflow), which no peer imports.  Used by ``w_sig_rensa`` and ``topics.w_datasketch``;
+    tests/test_bench_peer_shingles.py checks what the import loads.
+    """
+    sys.path.insert(0, str(REPO))
+    from pipeline.dedup.minhash.shingles import shingles
+
+    return shingles
+
+
+def w_sig_rensa(a: dict) -> dict:
     from rensa import RMinHash
 
-    # the shingling module alone (numpy + re), without the rest of mindloom (and its dependencies)
-    spec = importlib.util.spec_from_file_location("shingles", REPO / "pipeline" / "minhash" / "shingles.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    shingles = module.shingles
-
+    shingles = mindloom_shingles()
     texts = parquet_texts(a["texts"])
     t0 = time.perf_counter()
     for t in texts:

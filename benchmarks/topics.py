@@ -113,13 +113,11 @@ TOPICS: dict[str, dict] = {
 
 
 def _load_shingles():
-    """mindloom's shingling module alone (numpy + re): what both tools hash, so only the hashing differs."""
-    import importlib.util
+    """mindloom's ``shingles`` function: what both tools hash, so only the hashing differs.  Imported from the
+    repository by ``minhash_peers.mindloom_shingles`` (why and what it loads: see there), as the rensa worker does."""
+    from minhash_peers import mindloom_shingles
 
-    spec = importlib.util.spec_from_file_location("shingles", REPO / "pipeline" / "minhash" / "shingles.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.shingles
+    return mindloom_shingles()
 
 
 def w_datasketch(a: dict) -> dict:
