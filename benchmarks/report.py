@@ -61,8 +61,8 @@ NOTES = {
         "cluster."),
     "datasketch": (
         "Plain datasketch is what most in-house scripts use. Both tools hash the same shingles (mindloom's "
-        "`pipeline/dedup/minhash/shingles.py`, loaded alone in the datasketch venv), so the ratio is the hashing engine "
-        "alone, and the signatures of the first documents are compared bit for bit."),
+        "`pipeline/dedup/minhash/shingles.py`, imported from the repository in the datasketch venv), so the ratio is "
+        "the hashing engine alone, and the signatures of the first documents are compared bit for bit."),
     "tokenize": (
         "`tokenizer.encode_texts`: this process plus N−1 spawned children, chunks dealt dynamically, outputs "
         "identical for every N. On a shared 2-core machine two encoding processes compete with every other job, so "
