@@ -43,7 +43,7 @@ def metrics(res: dict) -> list[dict]:
     domains = list(res["arms"]["heuristics"][0]["loss"])
     out = []
     for name, (hi, lo) in PAIRS.items():
-        for d in domains if name != "classifier_only_delta" else ["all"]:
+        for d in domains:
             out.append(_row(f"{name}_{d}", "nats", _paired(res, "loss", hi, lo, d), headline=d == "all",
                             compared=f"{ARMS[lo]}, {tok}",
                             note=f"reference-text loss of {ARMS[hi]} minus {ARMS[lo]}: negative = {ARMS[hi]} is "

@@ -114,7 +114,7 @@ def render_ablation(results: dict) -> str:
                     key=lambda d: (d == "all", d))
     if not any("mean" in rows.get(f"loss_delta_{d}", {}) for d in deltas):
         return "\n".join([*lines, "No `make ablation` results with seeds yet.", "", ABL_END])
-    seeds = rows["loss_delta_all"]["runs"]
+    seeds = len(rows["loss_delta_all"]["values"])
     lines += [f"Reference-text loss differences, nats per token, mean ± 95 % interval over {seeds} seeds "
               "(negative: the first arm's data trains the better model). (a) raw ingest, (b) the shipped chain, "
               "(c) (b) + the quality classifier, (d) dedup + the classifier alone.", "",
