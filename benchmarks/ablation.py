@@ -110,11 +110,16 @@ def eval_worker(spec: dict) -> dict:
 def evaluate_at(checkpoint: str, model: dict, eval_data: dict, eval_tokens: int, log: Path) -> dict:
     spec = {"checkpoint": checkpoint, "model": model, "eval_data": eval_data, "eval_tokens": eval_tokens,
             "seq_lens": [BASE_SEQ, BASE_SEQ * LONG_FACTOR], "batch_rows": BATCH}
+    return _worker("--eval-worker", spec, log)
+
+
+def _worker(flag: str, spec: dict, log: Path) -> dict:
+    """Run this script's ``flag`` worker on ``spec`` in its own process (MindSpore stays out of the driver)."""
     with open(log, "ab") as fh:
-        p = subprocess.run([sys.executable, __file__, "--eval-worker", json.dumps(spec)], cwd=REPO,
+        p = subprocess.run([sys.executable, __file__, flag, json.dumps(spec)], cwd=REPO,
                            stdout=subprocess.PIPE, stderr=fh, text=True)
     if p.returncode:
-        raise RuntimeError(f"evaluation of {checkpoint} failed; see {log}")
+        raise RuntimeError(f"{flag.strip('-')} of {spec['checkpoint']} failed; see {log}")
     return json.loads(p.stdout.strip().splitlines()[-1])
 
 
@@ -210,12 +215,7 @@ def evaluate_reference(summary: dict, items: Path, log: Path) -> dict:
     """Score a checkpoint on the reference texts (``ablation_eval.eval_worker`` in its own process)."""
     spec = {"checkpoint": summary["checkpoint"], "preset": "debug", "model": _model_of(summary),
             "seq_len": BASE_SEQ, "items": str(items), "batch_rows": BATCH}
-    with open(log, "ab") as fh:
-        p = subprocess.run([sys.executable, __file__, "--reference-worker", json.dumps(spec)], cwd=REPO,
-                           stdout=subprocess.PIPE, stderr=fh, text=True)
-    if p.returncode:
-        raise RuntimeError(f"reference evaluation of {summary['checkpoint']} failed; see {log}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
+    return _worker("--reference-worker", spec, log)
 
 
 def long_context(cfg, corpus: dict, main_dir: Path, args, log: Path) -> dict:
