@@ -113,8 +113,11 @@ screenshots: $(STAMP) system-deps corpus
 	$(PY) scripts/screenshots.py docs/screenshots
 	MINDLOOM_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -q tests/test_ui_walkthrough.py
 
+# Test files run on TEST_WORKERS pytest-xdist workers, a whole file per worker (module fixtures are shared within a
+# file), the longest files first (tests/fixtures/file_seconds.json); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q --durations=30
+	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"

@@ -329,9 +329,10 @@ def stage_tree(work: Path, corpus: Path) -> Path:
 
 def source_corpus() -> Path | None:
     """The shared sample corpus when present, else the demo corpus (``make corpus``), else None."""
-    for folder in (SHARED_CORPORA, DEMO_CORPUS):
-        if folder.is_dir() and any(folder.glob("*.jsonl")):
-            return folder
+    if SHARED_CORPORA.is_dir() and any(SHARED_CORPORA.glob("*.jsonl")):
+        return SHARED_CORPORA
+    if (DEMO_CORPUS / ".built").exists():     # not a demo corpus still being written (make corpus touches it last)
+        return DEMO_CORPUS
     return None
 
 

@@ -31,6 +31,8 @@ PROOFS = {"browser": "the UI walkthrough in headless Chromium", "celery": "Airfl
 #: deselected, not collected) fails even though nothing failed or skipped.
 REQUIRED_PROOFS = [p for p in os.environ.get("MINDLOOM_REQUIRE_PROOFS", "").split(",") if p.strip()]
 REPO = pathlib.Path(__file__).resolve().parents[1]
+FILE_SECONDS = REPO / "tests" / "fixtures" / "file_seconds.json"
+_CONFIG: dict = {}      # the session's config, for pytest_runtest_logreport (which is not given it)
 SHARED_CORPORA = REPO.parent / "shared" / "corpora"
 _HOME = pathlib.Path(os.environ.get("AF_TEST_HOME") or tempfile.mkdtemp(prefix="mindloom_af_test_"))
 os.environ.update(
@@ -65,8 +67,17 @@ def pytest_configure(config):
     for name, what in PROOFS.items():
         config.addinivalue_line("markers", f"{name}: proof - {what} (counted; never skips under MINDLOOM_STRICT=1)")
     config._mindloom_proofs = {}
+    _CONFIG["config"] = config
     if STRICT:      # a module that may not skip fails as a collection error; the other modules still run
         config.option.continue_on_collection_errors = True
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Longest test files first (``tests/fixtures/file_seconds.json``: seconds per file from a measured run), each
+    file's tests in their own order: xdist's ``--dist loadfile`` (``make test``) hands files to its workers in this
+    order, so the long ones do not start last and leave one worker running alone at the end."""
+    weights = json.loads(FILE_SECONDS.read_text()) if FILE_SECONDS.exists() else {}
+    items.sort(key=lambda it: -weights.get(it.nodeid.split("::", 1)[0].rsplit("/", 1)[-1], 0.0))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -77,16 +88,28 @@ def pytest_runtest_makereport(item, call):
         if not _allowed_skip(reason):
             rep.outcome = "failed"
             rep.longrepr = f"MINDLOOM_STRICT=1: {item.nodeid} may not skip ({reason})"
-    proofs = item.config._mindloom_proofs
+
+
+def _is_xdist_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_runtest_logreport(report):
+    """Count proof outcomes where the reports end up: in the one process, or in xdist's controller (a worker's
+    reports reach it with their keywords, which hold the markers)."""
+    config = _CONFIG.get("config")
+    if config is None or _is_xdist_worker(config):
+        return
+    proofs = config._mindloom_proofs
     for name in PROOFS:
-        if item.get_closest_marker(name) is not None:
+        if name in report.keywords:
             seen = proofs.setdefault(name, {})
-            if rep.failed:
-                seen[item.nodeid] = "failed"
-            elif rep.skipped and seen.get(item.nodeid) != "failed":
-                seen[item.nodeid] = "skipped"
-            elif rep.when == "call" and rep.passed:
-                seen.setdefault(item.nodeid, "passed")
+            if report.failed:
+                seen[report.nodeid] = "failed"
+            elif report.skipped and seen.get(report.nodeid) != "failed":
+                seen[report.nodeid] = "skipped"
+            elif report.when == "call" and report.passed:
+                seen.setdefault(report.nodeid, "passed")
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -99,7 +122,7 @@ def pytest_make_collect_report(collector):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     proofs = getattr(config, "_mindloom_proofs", {})
-    if not (STRICT or proofs):
+    if _is_xdist_worker(config) or not (STRICT or proofs):
         return
     tr = terminalreporter
     tr.write_sep("-", f"proofs (MINDLOOM_STRICT={'1' if STRICT else '0'})")
@@ -117,7 +140,7 @@ def _missing_proofs(config) -> list[str]:
 
 
 def pytest_sessionfinish(session, exitstatus):
-    if _missing_proofs(session.config) and exitstatus == 0:
+    if not _is_xdist_worker(session.config) and _missing_proofs(session.config) and exitstatus == 0:
         session.exitstatus = 1
     _stop_leftover_children()
 
