@@ -115,9 +115,10 @@ screenshots: $(STAMP) system-deps corpus
 
 # Test files run on TEST_WORKERS pytest-xdist workers, a whole file per worker (module fixtures are shared within a
 # file), the longest files first (tests/fixtures/file_seconds.json); TEST_WORKERS=0 runs them in this process.
+# PYTEST_ARGS: more pytest options (--junitxml=... gives every test's time).
 TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile
+	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -m "not slow"
