@@ -121,7 +121,7 @@ test: $(STAMP) system-deps
 	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 
 # The images built on a Debian base made here (no Docker Hub), the compose stack (Postgres, Redis, Airflow, Celery
 # workers) run on loopback through corpus_build and the Asset-triggered pretrain, then torn down.  Needs root (a
