@@ -92,7 +92,7 @@ docs = [(p.stem, json.loads(line)["text"]) for p in sorted(Path(sys.argv[1]).glo
 # Untimed, once per benchmark run: the classifier (train_classifier on the documents as a run's minhash shards) and
 # the decontamination index of an evaluation file made from the documents.  argv: corpus, work dir, items, words.
 _SETUP = _DOCS + r"""
-import dataclasses, hashlib
+import dataclasses, hashlib, shutil
 import pyarrow as pa
 from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.configkit import ConfigError
@@ -108,6 +108,12 @@ for dom in domains:
     write_parquet(pa.table({"doc_id": [f"{dom}-{i:06d}" for i in range(len(texts))], "domain": [dom] * len(texts),
                             "text": texts}), run / "minhash" / f"{dom}.parquet")
 cc = dataclasses.replace(cfg.quality.classifier, enabled=True)
+try:                                    # fastText's own epochs and lr on the same sample, for comparison
+    ft_held = C.train_classifier(dataclasses.replace(cc, epochs=5, lr=0.1), run, domains, cfg.seed,
+                                 input_stage="minhash")["held_out"]
+except ConfigError:
+    ft_held = None
+shutil.rmtree(C.classifier_dir(run), ignore_errors=True)
 c0 = cpu()
 try:
     man = C.train_classifier(cc, run, domains, cfg.seed, input_stage="minhash")
@@ -138,9 +144,10 @@ print(json.dumps({
     "n": dc.n,
     "classifier": man if "skipped" in man else {
         "train_cpu": round(train_cpu, 2), "train": man["train"], "held_out": man["held_out"],
+        "held_out_fasttext_defaults": ft_held,
         "model_bytes": (C.classifier_dir(run) / "model.bin").stat().st_size,
         "settings": {k: man["settings"][k] for k in ("positive_domains", "negative_domains", "max_chars",
-                                                      "word_ngrams", "dim", "buckets", "epochs")}},
+                                                      "word_ngrams", "dim", "buckets", "epochs", "lr")}},
     "decontamination": {"build_cpu": round(cpu() - c0, 2), "items": index["items"], "item_words": n_words,
                         "source_docs": len(picks), "ngrams": index["ngrams"], "index_bytes": index["index_bytes"],
                         "n": dc.n}}))

@@ -209,3 +209,17 @@ def test_reference_text_against_raw_web(tmp_path):
     shutil.rmtree(rdir / "classifier")
     classifier.train_classifier(q.classifier, rdir, shards, seed=1234)
     assert _digests(rdir / "classifier") == first
+
+
+def test_held_out_quality_gives_balanced_accuracy_and_auc():
+    """Five held-out scores worked by hand: accuracy 3/5; the classes' accuracies 2/3 and 1/2; of the six
+    positive-negative pairs the positives win 4 and tie 1 (0.6 against 0.6)."""
+    from pipeline.quality.classifier import held_out_quality
+
+    held = [{"class": c, "score": s} for c, s in (("pos", 0.9), ("pos", 0.6), ("pos", 0.4), ("neg", 0.3),
+                                                  ("neg", 0.6))]
+    assert held_out_quality(held) == {"docs": 5, "positives": 3, "negatives": 2, "accuracy": 0.6,
+                                      "balanced_accuracy": 0.583333, "auc": 0.75}
+    assert held_out_quality(held[:3]) == {"docs": 3, "positives": 3, "negatives": 0, "accuracy": 0.666667,
+                                          "balanced_accuracy": None, "auc": None}
+    assert held_out_quality([])["accuracy"] is None

@@ -21,7 +21,8 @@ Two steps:
        model.bin       the floret model (absent with a supplied ``model_path``, which is read where it is)
        sample.parquet  every sampled document: doc_id, domain, class, split, score (held-out and cut samples)
        manifest.json   settings, seed, inputs' digest, training data's sha256 and counts, held-out accuracy,
-                       the model's sha256, and per domain the cut and how it was found
+                       balanced accuracy and AUC (:func:`held_out_quality`), the model's sha256, and per domain
+                       the cut and how it was found
 
    under a temporary name, renamed into place; skipped when the inputs (their markers' sha256), the settings and
    the seed are unchanged, so a rerun writes nothing and a fresh run with the same seed writes the same bytes.
@@ -316,11 +317,7 @@ def train_classifier(cc: Any, rdir: Path, shards: list[str], seed: int, input_st
     scorer = Scorer(tmp)
     for d in docs:
         d["score"] = scorer.score(d["text"]) if d["split"] in ("held_out", "cut") else None
-    held = [d for d in docs if d["split"] == "held_out"]
-    correct = sum((d["score"] >= 0.5) == (d["class"] == "pos") for d in held)
-    manifest["held_out"] = {"docs": len(held), "positives": sum(d["class"] == "pos" for d in held),
-                            "negatives": sum(d["class"] == "neg" for d in held),
-                            "accuracy": round(correct / len(held), 6) if held else None}
+    manifest["held_out"] = held_out_quality([d for d in docs if d["split"] == "held_out"])
     manifest["cuts"] = _cuts(cc, docs)
     _write_sample(tmp / "sample.parquet", docs)
     manifest["digest"] = config_digest(model_info["sha256"], manifest["cuts"], manifest["settings"],
@@ -329,10 +326,32 @@ def train_classifier(cc: Any, rdir: Path, shards: list[str], seed: int, input_st
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    log.info("classifier: %s model, %d training docs, held-out accuracy %s on %d, cuts %s", model_info["source"],
-             train_info["docs"], manifest["held_out"]["accuracy"], len(held),
+    log.info("classifier: %s model, %d training docs, held-out accuracy %s (balanced %s, AUC %s) on %d, cuts %s",
+             model_info["source"], train_info["docs"], manifest["held_out"]["accuracy"],
+             manifest["held_out"]["balanced_accuracy"], manifest["held_out"]["auc"], manifest["held_out"]["docs"],
              {k: v["cut"] for k, v in manifest["cuts"].items()})
     return manifest
+
+
+def held_out_quality(held: list[dict]) -> dict:
+    """Counts, accuracy at 0.5, balanced accuracy (the mean of the two classes' accuracies) and ROC AUC (the chance
+    that a positive outscores a negative, ties half) of the held-out documents.  The held-out sample is not
+    balanced, so plain accuracy alone hides a model that ranks well but is centred badly, or one that only
+    predicts the larger class; a percentile cut depends on the ranking, which the AUC measures."""
+    import bisect
+
+    pos = [d["score"] for d in held if d["class"] == "pos"]
+    neg = sorted(d["score"] for d in held if d["class"] == "neg")
+    out = {"docs": len(held), "positives": len(pos), "negatives": len(neg),
+           "accuracy": round(sum((d["score"] >= 0.5) == (d["class"] == "pos") for d in held) / len(held), 6)
+           if held else None, "balanced_accuracy": None, "auc": None}
+    if pos and neg:
+        out["balanced_accuracy"] = round((sum(p >= 0.5 for p in pos) / len(pos)
+                                          + sum(n < 0.5 for n in neg) / len(neg)) / 2, 6)
+        wins = sum(bisect.bisect_left(neg, p) + 0.5 * (bisect.bisect_right(neg, p) - bisect.bisect_left(neg, p))
+                   for p in pos)
+        out["auc"] = round(wins / (len(pos) * len(neg)), 6)
+    return out
 
 
 def _write_sample(path: Path, docs: list[dict]) -> None:

@@ -84,8 +84,9 @@ class ClassifierConfig:
                                   "percentile cuts.", ge=0.01, le=0.5)
     max_chars: int = _f(20_000, desc="Characters of a document's start that are trained on and scored.", ge=100)
     word_ngrams: int = _f(2, desc="fastText wordNgrams (DCLM: 2).", ge=1, le=5)
-    epochs: int = _f(5, desc="fastText epochs (fastText's default).", ge=1, le=100)
-    lr: float = _f(0.1, desc="fastText learning rate (fastText's default).", ge=0.001, le=2.0)
+    epochs: int = _f(20, desc="fastText epochs. fastText's own default (5, with lr 0.1) underfits a sample of a few "
+                     "hundred documents: every score near 0.5 (docs/corpus.md).", ge=1, le=100)
+    lr: float = _f(0.5, desc="fastText learning rate (fastText's default: 0.1; see `epochs`).", ge=0.001, le=2.0)
     dim: int = _f(16, desc="fastText vector size; the model file is about 4 x dim x buckets bytes.", ge=2, le=300)
     buckets: int = _f(262_144, desc="fastText hash buckets for word n-grams (fastText's default: 2,000,000).",
                       ge=1024)
