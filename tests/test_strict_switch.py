@@ -34,13 +34,15 @@ def test_a_celery_proof():
 '''
 
 
-def _run(tmp_path: Path, strict: bool, body: str = PROBE, require: str = "") -> subprocess.CompletedProcess:
+def _run(tmp_path: Path, strict: bool, body: str = PROBE, require: str = "",
+         workers: int = 0) -> subprocess.CompletedProcess:
     (tmp_path / "test_probe.py").write_text(body)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), os.environ.get("PYTHONPATH", "")]),
            "MINDLOOM_STRICT": "1" if strict else "0", "MINDLOOM_REQUIRE_PROOFS": require}
     files = sorted(str(p) for p in tmp_path.glob("test_*.py"))
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "conftest", "-q", "-rA", "-p", "no:cacheprovider",
-                           "--rootdir", str(tmp_path), "-c", os.devnull, *files],
+                           "--rootdir", str(tmp_path), "-c", os.devnull, *files,
+                           *(["-n", str(workers), "--dist", "loadfile"] if workers else [])],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
 
 
@@ -82,5 +84,22 @@ def test_a_required_proof_that_ran_no_test_fails_the_run(tmp_path):
     body = "import pytest\n\n@pytest.mark.browser\ndef test_b():\n    pass\n"
     assert _run(tmp_path, strict=True, body=body, require="browser").returncode == 0
     res = _run(tmp_path, strict=True, body=body, require="browser,celery")
+    assert res.returncode == 1
+    assert "proofs: FAILED: MINDLOOM_REQUIRE_PROOFS names celery, and no celery test passed" in res.stdout
+
+
+def test_proofs_are_counted_across_xdist_workers(tmp_path):
+    """``make test`` runs on xdist workers: the proof lines and the required-proof check come from the controller,
+    which sees every worker's reports."""
+    (tmp_path / "test_second.py").write_text("import pytest\n\n@pytest.mark.browser\ndef test_c():\n    pass\n")
+    res = _run(tmp_path, strict=True, workers=2, require="browser")
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out                        # the probe's machinery skips fail under the switch
+    assert "proofs: browser 2 passed, 0 failed, 0 skipped" in out, out
+    assert "proofs: celery 0 passed, 1 failed, 0 skipped" in out, out
+    (tmp_path / "test_probe.py").unlink()
+    body = "import pytest\n\n@pytest.mark.browser\ndef test_b():\n    pass\n"
+    assert _run(tmp_path, strict=True, body=body, workers=2, require="browser").returncode == 0
+    res = _run(tmp_path, strict=True, body=body, workers=2, require="browser,celery")
     assert res.returncode == 1
     assert "proofs: FAILED: MINDLOOM_REQUIRE_PROOFS names celery, and no celery test passed" in res.stdout
