@@ -114,14 +114,15 @@ screenshots: $(STAMP) system-deps corpus
 	MINDLOOM_SCREENSHOTS=$(CURDIR)/docs/screenshots $(PY) -m pytest -q tests/test_ui_walkthrough.py
 
 # Test files run on TEST_WORKERS pytest-xdist workers, a whole file per worker (module fixtures are shared within a
-# file), the longest files first (tests/fixtures/file_seconds.json); TEST_WORKERS=0 runs them in this process.
+# file), the longest files first (tests/fixtures/file_seconds.json; --no-loadscope-reorder keeps that order, xdist
+# would otherwise start the files with the most tests first); TEST_WORKERS=0 runs them in this process.
 # PYTEST_ARGS: more pytest options (--junitxml=... gives every test's time).
 TEST_WORKERS ?= 2
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 # The images built on a Debian base made here (no Docker Hub), the compose stack (Postgres, Redis, Airflow, Celery
 # workers) run on loopback through corpus_build and the Asset-triggered pretrain, then torn down.  Needs root (a
