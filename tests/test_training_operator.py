@@ -238,3 +238,23 @@ def test_the_form_caps_workers_at_the_deployment_limit_and_cannot_switch_the_mem
         config_from_params({"train_workers": 5}, deployment)  # a conf that reached a task some other way
     cfg = config_from_params({"train_workers": 4, "train_device_memory_gb": 0}, deployment)
     assert (cfg.train.workers, cfg.train.device_memory_gb) == (4, 64.0)   # the conf cannot turn the check off
+
+
+def test_every_form_param_is_checked_against_draft_7_and_still_refuses_a_bad_value(monkeypatch):
+    """Airflow checks each Param's schema against its dialect's meta-schema every time it resolves the form (several
+    times per task instance); draft 7's is the cheap one.  The bounds and types still refuse what they did."""
+    from airflow.sdk.exceptions import ParamValidationError
+    from jsonschema.validators import Draft7Validator, validator_for
+
+    from operators.params import build_params, pretrain_params
+
+    monkeypatch.setenv("MINDLOOM_TESTING_SWITCHES", "1")
+    forms = {**build_params("corpus"), **pretrain_params(["main"], retries=1)}
+    for name, p in forms.items():
+        assert validator_for(p.schema) is Draft7Validator, name
+        Draft7Validator.check_schema(p.schema)
+        assert p.resolve() == p.value, name                                  # every default is valid
+    with pytest.raises(ParamValidationError, match="less than the minimum of 1"):
+        forms["docs_per_shard"].resolve(0)
+    with pytest.raises(ParamValidationError, match="does not match"):
+        forms["corpus_run"].resolve("my corpus/../x")
