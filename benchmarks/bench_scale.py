@@ -165,7 +165,7 @@ def run_size(size_gb: float, a: argparse.Namespace) -> dict:
         mh = json.loads((rdir / "config.json").read_text())["minhash"]
         res["dedup_truth"] = scale_truth.evaluate(rdir, corpus_dir / "truth.jsonl", mh["bands"], mh["rows"],
                                                   mh["threshold"])
-    if a.cli:
+    if a.cli and size_gb <= a.cli_max_gb:
         res.update(cli_path(cfg_path, run, env, a, corpus_mb, res.get("tokens")))
         res["dag_over_cli"] = round(res["cpu_s"] / res["cli_cpu_s"], 3) if res.get("cli_cpu_s") else None
     print(f"[scale] {tag}: rc {rc}, {wall} s, {cpu} CPU-s, {res['mb_per_cpu_s']} MB/CPU-s, peak task RSS "
@@ -233,6 +233,23 @@ def side_benchmarks(first: dict, a: argparse.Namespace) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------------------
+def carry(res: dict, path: Path, side: dict | None, peer: dict | None) -> tuple[dict | None, dict | None]:
+    """``--carry``: the side checks and the datatrove comparison this invocation skipped, from an earlier results
+    file, with where they came from in ``merged_from``."""
+    old = json.loads(path.read_text())
+    taken = []
+    if side is None and old.get("side"):
+        side = res["side"] = old["side"]
+        taken.append("the side checks (tokenizer scaling, MindRecord writers)")
+    if peer is None and old.get("datatrove"):
+        peer = res["datatrove"] = old["datatrove"]
+        taken.append("the datatrove comparison")
+    if taken:
+        res["merged_from"] = (f"{' and '.join(taken)} carried over from {path.name}: "
+                              f"{old.get('merged_from') or old.get('command')}")
+    return side, peer
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1,4", help="corpus sizes in GB (comma list)")
@@ -259,7 +276,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dup-exact", type=float, default=0.15, help="share of planted exact copies")
     ap.add_argument("--dup-near", type=float, default=0.15, help="share of planted near copies")
     ap.add_argument("--no-cli", dest="cli", action="store_false", help="skip the mindloom corpus comparison run")
+    ap.add_argument("--cli-max-gb", type=float, default=float("inf"),
+                    help="run the mindloom corpus comparison only on sizes up to this many GB")
     ap.add_argument("--skip", default="", help="comma list of: peer, side (tokenize + mindrecord)")
+    ap.add_argument("--carry", type=Path, default=None,
+                    help="an earlier results file whose side checks and datatrove comparison stand in for the "
+                         "skipped ones (recorded under merged_from)")
     ap.add_argument("--no-install", action="store_true", help="do not install the datatrove venv when missing")
     ap.add_argument("--timeout", type=float, default=6 * 3600)
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json")
@@ -311,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
             corpus = a.work / f"corpus-{first['size_gb']:g}gb"
             base = chain_config(corpus, a.work / "unused", a.seq_len, a.parallelism, "scale-shared")
             peer["mindloom"] = scale_peer.run_mindloom_shared(first, a, base, measured)
+    if a.carry:
+        side, peer = carry(res, a.carry, side, peer)
     res["targets"] = targets(res["runs"], side, peer) + res["sweep_targets"]
     res["load_avg_end"] = [round(x, 2) for x in os.getloadavg()]
     a.out.parent.mkdir(parents=True, exist_ok=True)

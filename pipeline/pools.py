@@ -16,6 +16,13 @@ batch share one pool) and shuts them all down when the task ends, so no idle wor
 fork from one server process that has already imported the stage's modules, instead of each spawned worker
 starting an interpreter and importing numpy, pyarrow and the pipeline again.
 
+A process that runs task after task (``airflow dags test``, ``mindloom corpus``) also keeps the idle pools of
+one task for the next task of the same step (:func:`task_pools` with ``step``): at the shipped ``parallelism`` a
+step has 64 tasks, and each started and stopped its own workers (about 0.3 CPU-s a pool; the tokenizer's workers
+also loaded the SentencePiece model again).  The pools are shut down as soon as a task of another step starts, so
+the next step's memory does not carry them.  A process made for one task (LocalExecutor, Celery: forked per task
+and left through ``os._exit``) never keeps a pool: only a process that has already run a task does.
+
 ``multiprocessing`` prepares every spawned (and the forkserver) process by importing the parent's main script
 as ``__mp_main__``.  Inside an Airflow task that script is the ``airflow`` CLI: each pool worker imported all of
 Airflow (measured: about 300 MB of RSS and 1-2 CPU-seconds per worker under ``airflow dags test``) before doing any
@@ -25,6 +32,7 @@ work.  Pipeline pools only ever run functions of ``pipeline.*`` modules, which w
 
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import sys
@@ -38,30 +46,63 @@ _BUSY: dict[int, int] = {}     # id(pool) -> maps running on it (never evicted w
 #: task ends, so settings that differ per shard would grow the task's memory with its shard count; the least
 #: recently used idle pool is shut down when a new one would exceed this.
 MAX_SHARED_POOLS = 2
+#: the idle pools the last task of ``step`` left for that step's next task in this process
+_KEPT: dict = {"step": None, "pools": {}}
+_TASKS_RUN = [0]               # chain tasks this process has finished
 
 
 @contextmanager
-def task_pools() -> Iterator[None]:
-    """While a task runs: its pools may start children in a daemonic process, and start without ``__main__``."""
+def task_pools(step: str | None = None) -> Iterator[None]:
+    """While a task runs: its pools may start children in a daemonic process, and start without ``__main__``.
+
+    ``step``: the chain step this task belongs to (``pipeline.tasks.corpus.run_step``).  The task starts with the
+    pools the previous task of the same step left in this process, and leaves its own idle pools for the next one
+    when this process has run a task before; a task of another step shuts them down first.  Nested inside a task
+    (a stage's :func:`pipeline.profile.measured`), the task's scope holds the pools.
+    """
+    if _SCOPES:
+        yield
+        return
     import multiprocessing
     from multiprocessing.process import AuthenticationString
 
+    if _KEPT["step"] != step:
+        shutdown_kept()
     config = multiprocessing.current_process()._config      # where multiprocessing keeps the daemon flag
     daemon = config.pop("daemon", None)
     authkey = config.get("authkey")
     if authkey is not None and type(authkey) is not AuthenticationString:     # billiard's (Celery) cannot be
         config["authkey"] = AuthenticationString(bytes(authkey))             # pickled into a spawned worker
-    _SCOPES.append({})
+    _SCOPES.append(_KEPT["pools"])
+    _KEPT["step"], _KEPT["pools"] = None, {}
+    failed = True
     try:
         with main_hidden():
             yield
+        failed = False
     finally:
-        for pool in _SCOPES.pop().values():
+        scope = _SCOPES.pop()
+        if step is not None and _TASKS_RUN[0] and not failed:     # a failed task's pools may hold abandoned work
+            _KEPT["step"], _KEPT["pools"] = step, {k: p for k, p in scope.items() if not getattr(p, "_broken", False)}
+            scope = {k: p for k, p in scope.items() if k not in _KEPT["pools"]}
+        for pool in scope.values():
             pool.shutdown(wait=True, cancel_futures=True)
+        if step is not None:
+            _TASKS_RUN[0] += 1
         if daemon is not None:
             config["daemon"] = daemon
         if authkey is not None:
             config["authkey"] = authkey
+
+
+def shutdown_kept() -> None:
+    """Shut down the pools kept for the next task of a step (a task of another step starts, or the process ends)."""
+    pools, _KEPT["step"], _KEPT["pools"] = list(_KEPT["pools"].values()), None, {}
+    for pool in pools:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+atexit.register(shutdown_kept)
 
 
 @contextmanager
@@ -125,8 +166,15 @@ def _forkserver_of_this_process() -> None:
     _forget_forkserver(inherited=False)
 
 
+def _forget_kept() -> None:
+    """A forked child neither owns its parent's kept pools nor has run a task of its own yet."""
+    _KEPT["step"], _KEPT["pools"] = None, {}
+    _TASKS_RUN[0] = 0
+
+
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_forkserver)
+    os.register_at_fork(after_in_child=_forget_kept)
 
 
 def task_executor(workers: int, preload: str, initializer=None, initargs: tuple = ()):

@@ -187,3 +187,56 @@ _STATE: list = []
 
 def _set_state(value) -> None:
     _STATE[:] = [value]
+
+
+def test_a_process_that_runs_task_after_task_keeps_a_steps_pools_for_its_next_task(monkeypatch):
+    """dags test and the CLI run a step's 64 tasks one after another in one process: the second task reuses the
+    first one's workers; a task of another step, and a failed task, leave none behind."""
+    monkeypatch.setattr(pools, "_TASKS_RUN", [0])
+    with pools.task_pools(step="ingest.ingest_shard"):        # the process's first task: keeps nothing
+        first, _ = pools.task_executor(2, "pipeline.io")
+        assert first.submit(abs, -1).result() == 1
+    assert first._shutdown_thread and pools._KEPT["pools"] == {}
+    with pools.task_pools(step="ingest.ingest_shard"):
+        second, _ = pools.task_executor(2, "pipeline.io")
+        workers = set(second.map(_pid_after, [0.05] * 4))
+    assert not second._shutdown_thread and pools._KEPT["step"] == "ingest.ingest_shard"
+    with pools.task_pools(step="ingest.ingest_shard"):        # the next task of the step: the same workers
+        again, owned = pools.task_executor(2, "pipeline.io")
+        assert again is second and not owned
+        assert set(again.map(_pid_after, [0.05] * 4)) <= workers
+    with pools.task_pools(step="clean.partitions"):           # another step: shut down before it runs
+        assert second._shutdown_thread and pools._KEPT["pools"] == {}
+        third, _ = pools.task_executor(2, "pipeline.io")
+    with pytest.raises(RuntimeError):
+        with pools.task_pools(step="clean.partitions"):
+            assert pools.task_executor(2, "pipeline.io")[0] is third
+            raise RuntimeError("the task failed")
+    assert third._shutdown_thread and pools._KEPT == {"step": None, "pools": {}}
+
+
+def _pid_after(seconds: float) -> int:
+    import time
+
+    time.sleep(seconds)
+    return os.getpid()
+
+
+def test_a_forked_task_process_neither_owns_nor_keeps_its_parents_pools(monkeypatch):
+    """LocalExecutor and Celery fork a process per task that ends with os._exit: it must keep no pool."""
+    monkeypatch.setattr(pools, "_TASKS_RUN", [0])
+    with pools.task_pools(step="a"):
+        pass
+    with pools.task_pools(step="a"):
+        kept, _ = pools.task_executor(1, "pipeline.io")
+        assert kept.submit(abs, -1).result() == 1
+    assert pools._KEPT["step"] == "a"
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:                                  # the child: nothing kept, no task run
+        os.write(w, b"%d %d" % (len(pools._KEPT["pools"]), pools._TASKS_RUN[0]))
+        os._exit(0)
+    os.waitpid(pid, 0)
+    assert os.read(r, 16) == b"0 0"
+    pools.shutdown_kept()
+    assert kept._shutdown_thread and pools._KEPT == {"step": None, "pools": {}}

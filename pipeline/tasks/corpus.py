@@ -23,6 +23,7 @@ from pipeline.form import config_from_params
 from pipeline.ingest import output as ingest_output
 from pipeline.ingest import run as ingest
 from pipeline.io import claim_run_dir, read_json, run_dir, write_json
+from pipeline.pools import task_pools
 from pipeline.profile import measured
 from pipeline.quality import decontaminate
 from pipeline.quality import run as quality
@@ -347,19 +348,21 @@ def run_step(task_id: str, item=None, **plan_args):
     """The body of every task of the chain: call the step's function on what the task received.
 
     ``item`` is one batch handle or fanned-out item (mapped steps) or the list of batch handles (fan-in steps);
-    ``plan_args`` (``params``, ``run_id``, ``config_path``) go to the plan step only.
+    ``plan_args`` (``params``, ``run_id``, ``config_path``) go to the plan step only.  The task's process pools
+    are kept for the step's next task when this process runs task after task (:func:`pipeline.pools.task_pools`).
     """
     step = steps.BY_ID[task_id]
     fn = globals()[step.call]          # looked up at call time: a profiler may wrap the module's functions
-    if step.kind == "plan":
-        return fn(**plan_args)
-    if step.kind != "batch":
-        return fn(item)
-    out = fn(step.stage, item)
-    if step.then:           # the batch's later stages in the same task: their own profile, markers and stats
-        out["then"] = {stage: {k: v for k, v in fn(stage, item).items() if k in ("wall_s", "cpu_s", "peak_rss_mb")}
-                       for stage in step.then}
-    return out
+    with task_pools(step=task_id):
+        if step.kind == "plan":
+            return fn(**plan_args)
+        if step.kind != "batch":
+            return fn(item)
+        out = fn(step.stage, item)
+        if step.then:       # the batch's later stages in the same task: their own profile, markers and stats
+            out["then"] = {stage: {k: v for k, v in fn(stage, item).items()
+                                   if k in ("wall_s", "cpu_s", "peak_rss_mb")} for stage in step.then}
+        return out
 
 
 def run_all(params: dict | MindloomConfig, run_id: str, config_path: str | None = None, progress: bool = True) -> dict:
