@@ -14,6 +14,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 
+import scale_stats
 import scale_targets
 
 
@@ -30,7 +31,9 @@ def sweep(first: dict, a: argparse.Namespace, run_size: Callable[[float, argpars
         if p not in points:
             a.parallelism, a.cli = p, False
             try:
-                points[p] = scale_targets.sweep_point(run_size(first["size_gb"], a))
+                before = scale_stats.yardstick()        # as the main runs: the machine's speed around the run
+                run = run_size(first["size_gb"], a)
+                points[p] = scale_targets.sweep_point({**run, "yardstick": [before, scale_stats.yardstick()]})
             finally:
                 a.parallelism, a.cli = main_p, main_cli
     return [points[p] for p in sorted(points)]
