@@ -81,12 +81,12 @@ def task_pools(step: str | None = None) -> Iterator[None]:
             yield
         failed = False
     finally:
-        scope = _SCOPES.pop()
-        if step is not None and _TASKS_RUN[0] and not failed:     # a failed task's pools may hold abandoned work
-            _KEPT["step"], _KEPT["pools"] = step, {k: p for k, p in scope.items() if not getattr(p, "_broken", False)}
-            scope = {k: p for k, p in scope.items() if k not in _KEPT["pools"]}
-        for pool in scope.values():
-            pool.shutdown(wait=True, cancel_futures=True)
+        keep = step is not None and _TASKS_RUN[0] and not failed     # a failed task's pools may hold abandoned work
+        for key, pool in _SCOPES.pop().items():
+            if keep and not getattr(pool, "_broken", False):
+                _KEPT["step"], _KEPT["pools"][key] = step, pool
+            else:
+                pool.shutdown(wait=True, cancel_futures=True)
         if step is not None:
             _TASKS_RUN[0] += 1
         if daemon is not None:
