@@ -173,13 +173,23 @@ def test_a_task_keeps_at_most_two_idle_shared_pools_whatever_its_shard_count():
         for k in range(6):        # six settings, one after the other (a batch task's shards)
             assert list(pools.ordered_map(abs, [-k, -1], 2, "pipeline.io", _set_state, (k,))) == [k, 1]
             assert len(pools._SCOPES[-1]) <= pools.MAX_SHARED_POOLS
-        workers = [p for p in psutil.Process().children(recursive=True) if "forkserver" not in " ".join(p.cmdline())]
+        workers = [p for p in psutil.Process().children(recursive=True) if _live_worker(p)]
         assert len(workers) <= 2 * pools.MAX_SHARED_POOLS, workers
         outer = pools.ordered_map(abs, range(-6, 0), 1, "pipeline.io", _set_state, ("outer",))
         assert next(outer) == 6                        # in use ...
         for k in range(3):                             # ... while three other settings come and go
             assert list(pools.ordered_map(abs, [-1], 1, "pipeline.io", _set_state, (f"inner{k}",))) == [1]
         assert list(outer) == [5, 4, 3, 2, 1]
+
+
+def _live_worker(proc) -> bool:
+    """A pool worker still running (an evicted pool's worker that has exited but is not yet reaped is not)."""
+    import psutil
+
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE and "forkserver" not in " ".join(proc.cmdline())
+    except (psutil.ZombieProcess, psutil.NoSuchProcess):
+        return False
 
 
 _STATE: list = []
