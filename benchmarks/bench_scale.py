@@ -263,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--sweep", default="8,256", help="other parallelisms to run once on the smallest size (issue "
                                                      "33: the fixed cost per task as a slope); '' for none")
     ap.add_argument("--add-sweep", action="append", type=Path, default=[],
-                    help="an earlier bench_scale output (one run, one size) to use as a sweep point")
+                    help="an earlier bench_scale output whose runs or sweep points at other parallelisms (same size) "
+                         "stand as sweep points")
     ap.add_argument("--sweep-only", action="store_true",
                     help="run nothing: put the --add-sweep points into the --out file's sweep and targets")
     ap.add_argument("--seq-len", type=int, default=2048)

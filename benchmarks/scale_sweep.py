@@ -20,12 +20,17 @@ import scale_targets
 
 def sweep(first: dict, a: argparse.Namespace, run_size: Callable[[float, argparse.Namespace], dict]) -> list[dict]:
     """The smallest size at each parallelism of ``--sweep`` (one run each, no CLI) next to the main runs' own
-    parallelism, plus earlier single runs (``--add-sweep``) of the same size: CPU against task instances."""
+    parallelism, plus earlier single runs or sweep points (``--add-sweep``) of the same size at other parallelisms,
+    each naming its file: CPU against task instances."""
     points = {a.parallelism: scale_targets.sweep_point({**first, "parallelism": a.parallelism})}
     for path in a.add_sweep:
-        for run in json.loads(path.read_text())["runs"]:
-            if run["size_gb"] == first["size_gb"] and run.get("parallelism"):
+        doc = json.loads(path.read_text())
+        for run in doc["runs"]:
+            if run["size_gb"] == first["size_gb"] and run.get("parallelism") and run["parallelism"] != a.parallelism:
                 points[run["parallelism"]] = scale_targets.sweep_point(run)
+        for point in doc.get("sweep") or []:            # an earlier invocation's sweep points (same size)
+            if point["size_gb"] == first["size_gb"] and point["parallelism"] != a.parallelism:
+                points.setdefault(point["parallelism"], {**point, "from": str(path)})
     main_p, main_cli = a.parallelism, a.cli
     for p in [int(x) for x in a.sweep.split(",") if x.strip()]:
         if p not in points:
