@@ -130,7 +130,8 @@ def test_decisions_are_a_function_of_doc_id_seed_and_domain(tmp_path):
 
 
 def _fake_tokenized(rdir, records: dict[str, list[dict]], per_shard: int = 20) -> list[str]:
-    """Tokenize-stage columns with word counts as token counts: enough for the held-out logic."""
+    """Tokenize-stage columns with words as tokens (each word's hash as its id): enough for the held-out
+    logic."""
     import pyarrow as pa
 
     from pipeline.io import write_parquet
@@ -144,7 +145,9 @@ def _fake_tokenized(rdir, records: dict[str, list[dict]], per_shard: int = 20) -
                 "n_tokens": pa.array([len(r["text"].split()) for r in part], pa.int64()),
                 "n_chars": pa.array([len(r["text"]) for r in part], pa.int64()),
                 "n_bytes": pa.array([len(r["text"].encode()) for r in part], pa.int64()),
-                "text_hash": [hashlib.sha1(r["text"].encode()).hexdigest() for r in part]}),
+                "text_hash": [hashlib.sha1(r["text"].encode()).hexdigest() for r in part],
+                "tokens": pa.array([[int(hashlib.sha1(w.encode()).hexdigest()[:7], 16) for w in r["text"].split()]
+                                    for r in part], pa.list_(pa.int32()))}),
                 rdir / "tokenize" / f"{name}.parquet")
             shards.append(name)
     return shards

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from pipeline.io import read_json
 
-STAGES = ("ingest", "exact_dedup", "minhash", "quality", "tokenize", "mixture")
+STAGES = ("ingest", "exact_dedup", "minhash", "quality", "tokenize", "mixture", "overlaps_heldout")
 
 
 def _latest_report(data_root: Path) -> Path | None:
@@ -38,7 +38,7 @@ def render_summary(data_root: str | Path) -> str:
             if not s:
                 continue
             removed = ", ".join(f"{k} {v}" for k, v in sorted(s["removed"].items())) or "-"
-            lines.append(f"  {stage:<12} {dom:<13} {s['in_docs']:>6} -> {s['kept_docs']:<6} {removed}")
+            lines.append(f"  {stage:<16} {dom:<13} {s['in_docs']:>6} -> {s['kept_docs']:<6} {removed}")
     for e in full.get("empty_sources") or []:
         lines.append(f"  empty source {e['source']} ({e['domain']}, allow_empty): {e['detail']}")
     lines += ["", "tokens per domain in the MindRecord rows"]

@@ -53,6 +53,14 @@ class MixtureConfig:
     val_min_docs: int = _f(2, desc="At least this many held-out documents per domain (never over half of it).",
                            ge=0)
     val_max_docs: int = _f(1000, desc="At most this many held-out documents per domain.", ge=0)
+    heldout_ngram: int = _f(13, desc="Tokens per run for the held-out overlap check: a training document that "
+                            "shares runs of this many tokens with a held-out document is measured against "
+                            "heldout_overlap (13, as GPT-3 and DCLM decontaminate with 13-grams); 0: only the "
+                            "exact-text check.", ge=0, le=1024)
+    heldout_overlap: float = _f(0.5, desc="A training document is dropped (overlaps_heldout) when this share of "
+                                "its heldout_ngram runs is in held-out documents, or when it holds this share of "
+                                "one held-out document's distinct runs. Lower catches shared boilerplate too "
+                                "(licence headers, LaTeX preambles).", ge=0.01, le=1)
 
     def __post_init__(self):
         for name, w in self.weights.items():

@@ -4,8 +4,10 @@ Sits after tokenization, so budgets are exact token counts (or characters with `
 task, :func:`plan_mixture`, streams the small columns of every ``tokenize/<shard>.parquet`` three times:
 
 1. held-out validation candidates per domain (:mod:`pipeline.sink.validation`);
-2. decontamination of the candidates against the training documents, and per domain a histogram of training
-   sizes over ``BUCKETS`` buckets of ``mix_key(seed, domain, doc_id)``;
+2. decontamination of the candidates against the training documents (the same text), and per domain a histogram
+   of training sizes over ``BUCKETS`` buckets of ``mix_key(seed, domain, doc_id)``; then the held-out documents'
+   tokens and the index of their runs of ``heldout_ngram`` tokens (:mod:`pipeline.sink.heldout_overlap`: the
+   scatter tasks drop training documents that overlap them);
 3. the decisions: ``mixture/<shard>.parquet`` (doc_id, split, copies) aligned row by row with the tokenized
    shard, plus ``stats/mixture/<shard>.json`` (in = kept + removed by reason).
 
@@ -43,6 +45,7 @@ from pipeline.io import (
     write_parquet,
     write_stats,
 )
+from pipeline.sink import heldout_overlap
 from pipeline.sink.config import MixtureConfig
 from pipeline.sink.validation import HELDOUT_FILE, HeldoutSelector, resolve_heldout, unit_key
 
@@ -119,7 +122,7 @@ def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) ->
     import pyarrow as pa
 
     plan_path = rdir / "mixture" / "plan.json"
-    if done := completed(plan_path):
+    if (done := completed(plan_path)) and (rdir / "mixture" / heldout_overlap.TOKENS_FILE).exists():
         return done["report"]
     shards = sorted(shards)
     sel = HeldoutSelector(seed, mc.val_fraction, mc.val_min_docs, mc.val_max_docs)
@@ -163,6 +166,7 @@ def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) ->
                             "shard": pa.array([h[4] for h in held], pa.string()),
                             "heldout_key": pa.array([h[1] for h in held], pa.float64())}),
                   rdir / "mixture" / HELDOUT_FILE)
+    overlap_index = heldout_overlap.write_heldout(rdir, held, mc.heldout_ngram, mc.heldout_overlap)
     acc = {d: {"docs": 0, "unique_docs": 0, "tokens": 0, "chars": 0, "val_docs": 0, "val_tokens": 0,
                "bytes": 0, "all_tokens": 0} for d in targets}
     for shard in shards:
@@ -207,7 +211,8 @@ def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) ->
         write_stats(rdir, "mixture", shard, stats)
     report = _report(mc, seed, targets, rules, acc, avail, len(dropped))
     write_json(rdir / "mixture" / "report.json", report)
-    write_json(plan_path, {"seed": seed, "unit": mc.unit, "buckets": BUCKETS, "rules": rules})
+    write_json(plan_path, {"seed": seed, "unit": mc.unit, "buckets": BUCKETS, "rules": rules,
+                           "heldout_index": overlap_index})
     write_marker(plan_path, {"report": report})
     return report
 

@@ -1,6 +1,8 @@
 """Sink step 1 (per tokenized shard): every training copy of every document put in its key-range bucket.
 
-The mixture (:mod:`pipeline.sink.mixture`) decided how many copies of each document train.  Each copy gets its order
+The mixture (:mod:`pipeline.sink.mixture`) decided how many copies of each document train; a training document
+that overlaps a held-out one is given none here (:mod:`pipeline.sink.heldout_overlap`, which reads the tokens this
+step reads anyway).  Each copy gets its order
 key (:func:`pipeline.sink.packing.order_keys`: a hash of seed, doc id and copy number); the corpus is one packed
 stream of every copy in key order, so the order of the shipped rows depends only on (seed, doc id, copy), never on
 shard boundaries, task count or a process RNG.  To cut that stream without a global sort, keys are split into
@@ -27,6 +29,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from pipeline.io import HashingFile, atomic_path, completed, config_digest, write_marker
+from pipeline.sink import heldout_overlap
 from pipeline.sink.packing import order_keys
 
 SCATTER_DIR = Path("sink") / "scatter"
@@ -80,14 +83,16 @@ def run_scatter_shard(rdir: Path, shard: str, *, seed: int, n_files: int, domain
     if not tok_done:
         raise FileNotFoundError(f"{tok_path}: tokenized shard is missing or incomplete; run tokenize first")
     dec, mix_sha = _read_hashed(mix_path, ["doc_id", "copies"])
-    digest = config_digest("sink_scatter", seed, n_files, domains, tok_done["sha256"], mix_sha)
+    overlap = heldout_overlap.plan_index(rdir)
+    digest = config_digest("sink_scatter", seed, n_files, domains, tok_done["sha256"], mix_sha, overlap)
     if done := completed(out, digest):
         return done
-    t = read_parquet(tok_path, columns=["doc_id", "domain", "tokens"])
+    t = read_parquet(tok_path, columns=["doc_id", "domain", "tokens"] + (["n_bytes"] if overlap else []))
     ids = t.column("doc_id").to_pylist()
     if dec.column("doc_id").to_pylist() != ids:
         raise ValueError(f"{mix_path}: documents differ from {tok_path}; rerun the mixture plan after tokenization")
     copies = dec.column("copies").to_numpy().astype(np.int64)
+    n_overlapping = heldout_overlap.drop_overlapping(rdir, shard, t, copies, overlap) if overlap else 0
     index = {d: i for i, d in enumerate(domains)}
     try:
         dom = np.asarray([index[d] for d in t.column("domain").to_pylist()], np.int32)
@@ -111,7 +116,8 @@ def run_scatter_shard(rdir: Path, shard: str, *, seed: int, n_files: int, domain
     cum = np.concatenate([[0], np.cumsum(lens)])
     extra = {"shard": shard, "n_files": n_files, "copies": np.diff(bounds).tolist(),
              "tokens": (cum[bounds[1:]] - cum[bounds[:-1]]).tolist(), "docs": len(ids),
-             "unique_docs": int((copies > 0).sum()), "input_sha256": tok_done["sha256"], "mixture_sha256": mix_sha}
+             "unique_docs": int((copies > 0).sum()), "overlaps_heldout": n_overlapping,
+             "input_sha256": tok_done["sha256"], "mixture_sha256": mix_sha}
     return write_marker(out, extra, config=digest, sha256=sink.hash.hexdigest())
 
 

@@ -11,16 +11,17 @@ sample needs more than the non-held-out part of a domain.
 Decontamination (exact, by the normalized-text hash of ingest): a candidate whose text also occurs among the
 training documents stays in training (nothing is lost) and the next key takes its place; a document whose text
 equals an already held-out one is dropped from the corpus altogether (``duplicate_of_heldout``), because in
-training it would leak the held-out text.  Near-duplicates are the dedup
-stage's job; this split only guarantees that no held-out text appears verbatim in training.
+training it would leak the held-out text.  Beyond the same text, a training document that shares runs of
+``mixture.heldout_ngram`` tokens with a held-out one (a quote, a reformatted or partial copy) is dropped by the
+scatter tasks when the overlap reaches ``mixture.heldout_overlap`` (``overlaps_heldout``,
+:mod:`pipeline.sink.heldout_overlap`).
 
 :func:`write_validation` packs each domain's held-out documents (in key order) into its own single-shard
 MindRecord set under ``<run>/mindrecord_val/<domain>/`` with the same schema and manifest as the training set; the
 tail is padded, not dropped, so every held-out token is evaluated.
 
-Memory: the held-out documents' tokens (at most ``val_max_docs`` per domain, one domain's set packed at a time,
-about 40 bytes per token), plus one tokenized shard's columns while they are picked out: bounded by the
-configuration, not by the corpus.
+Memory: the held-out documents' tokens (at most ``val_max_docs`` per domain, read from the mixture plan's
+``heldout_tokens.parquet``, about 40 bytes per token): bounded by the configuration, not by the corpus.
 """
 
 from __future__ import annotations
@@ -115,7 +116,7 @@ def write_validation(rdir: Path, *, seq_len: int, add_bos: bool, eos_id: int, bo
                      boundaries: bool = False) -> dict:
     """Write ``mindrecord_val/<domain>/`` (one MindRecord set per domain) and ``mindrecord_val/manifest.json``.
 
-    Needs :func:`pipeline.sink.mixture.plan_mixture` to have written ``mixture/heldout.parquet``.  Returns the
+    Needs :func:`pipeline.sink.mixture.plan_mixture` to have written ``mixture/heldout_tokens.parquet``.  Returns the
     top-level manifest: per domain its folder, documents, rows and tokens.  The three steps (:func:`finished`,
     :func:`write_sets`, :func:`commit_sets`) are separate so a task can write in a child process and verify from
     its own (``pipeline.tasks.sink_steps.write_validation``).
@@ -147,27 +148,22 @@ def write_sets(rdir: Path, *, seq_len: int, add_bos: bool, eos_id: int, bos_id: 
                boundaries: bool = False) -> Path:
     """Write every domain's set and the manifest into a temporary folder, unverified; returns the folder."""
     import numpy as np
-    import pyarrow.compute as pc
 
     from pipeline.io import read_parquet, write_json
     from pipeline.sink import mindrecord
+    from pipeline.sink.heldout_overlap import TOKENS_FILE
 
     rdir = Path(rdir)
-    held = read_parquet(rdir / "mixture" / HELDOUT_FILE)
+    held = read_parquet(rdir / "mixture" / TOKENS_FILE)         # key order per domain (the mixture plan's)
     tmp = rdir / f".{VAL_DIR}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     by_domain: dict[str, list] = {}
-    for shard in sorted(set(held.column("shard").to_pylist())):
-        want = held.filter(pc.equal(held.column("shard"), shard)).column("doc_id")
-        t = read_parquet(rdir / "tokenize" / f"{shard}.parquet", columns=["doc_id", "domain", "tokens"])
-        t = t.filter(pc.is_in(t.column("doc_id"), value_set=want))
-        for did, dom, toks in zip(*(t.column(c).to_pylist() for c in ("doc_id", "domain", "tokens")), strict=True):
-            by_domain.setdefault(dom, []).append((did, np.asarray(toks, np.int32)))
-    order = {did: i for i, did in enumerate(held.column("doc_id").to_pylist())}   # key order per domain
+    for did, dom, toks in zip(*(held.column(c).to_pylist() for c in ("doc_id", "domain", "tokens")), strict=True):
+        by_domain.setdefault(dom, []).append((did, np.asarray(toks, np.int32)))
     sets = {}
     for dom in sorted(by_domain):
-        docs = sorted(by_domain[dom], key=lambda d: order[d[0]])
+        docs = by_domain[dom]
         sub = mindrecord.write_token_set(
             tmp / dom, [dom] * len(docs), [t for _, t in docs], seq_len=seq_len, shard_num=1, name=f"val-{dom}",
             eos_id=eos_id, bos_id=bos_id if add_bos else None, pad_id=pad_id, remainder="pad",

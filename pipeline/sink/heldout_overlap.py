@@ -1,0 +1,279 @@
+"""Training documents that share a run of ``n`` tokens with a held-out validation document (``overlaps_heldout``).
+
+The held-out split (:mod:`pipeline.sink.validation`) must not appear in training, or its loss measures memory.
+An exact-text hash (``duplicate_of_heldout``, in the mixture plan) catches only verbatim copies; a document that
+quotes, reformats or paraphrases a held-out one keeps long runs of the same tokens, and this check catches those,
+the way benchmark decontamination catches an evaluation item inside a document (``pipeline.quality.decontaminate``,
+13-grams of words as in GPT-3 and DCLM).  Here the units are the corpus's own token ids, which the sink already
+holds, so nothing is normalised or split again.
+
+- The mixture plan picks the held-out documents and writes their tokens (``mixture/heldout_tokens.parquet``,
+  which the validation sets are then packed from), then :func:`build_index` hashes every run of ``n`` tokens of
+  each of them into ``mixture/heldout_ngrams.parquet``: ``ngram`` (uint64, sorted, unique) and ``doc`` (the
+  first held-out document, by ``heldout.parquet`` row, that has it).
+- Each scatter task (:mod:`pipeline.sink.scatter`), which reads its shard's tokens anyway, hashes the runs of its
+  training documents (:meth:`OverlapIndex.matches`).  A document is dropped (no copies; stats stage and reason
+  ``overlaps_heldout``) when ``heldout_overlap`` (default 0.5) or more of its runs are held-out runs (it is
+  mostly held-out text: a copy, an excerpt), or when it holds that share of one held-out document's distinct runs
+  (it contains most of that document: a longer copy, a new version).  ``removed/overlaps_heldout/<shard>.parquet``
+  names each dropped document, the held-out document it overlaps most, both shares and its first matched run.
+
+Why two shares and not "any shared run": runs of 13 tokens are short, and boilerplate shares them.  On
+``../shared/corpora`` (17 held-out documents, 1,152 training documents), 172 training documents share at least
+one 13-token run with a held-out document: 64 of 214 academic ones (a LaTeX preamble, an author block), 85 of 261
+code files (a Go licence header), 12 of 37 web pages.  Their shares stay under 0.1, except short Go files whose
+licence header is 35-42 % of their runs but 0.5 % of the held-out file's.  Four code files pass 0.5: three near
+copies (0.70-0.86 both ways) and a Python 2 ``string.py`` that holds half of the held-out Python 3 one.
+
+Hash: each token id gets 64 bits of splitmix64; a run's hash is ``sum(h(t_k) * P^(n-1-k)) mod 2^64`` (``n``
+vector passes over the shard).  A false match by collision has probability about ``N * M / 2^64`` for ``N``
+held-out and ``M`` training runs (1e-5 for 1e7 against 1e12).  A bitmap of ``16 * N`` bits (at least 2^16) is
+checked first, so only about one run in 16 (plus the true matches) goes to the binary search.
+
+Memory: 12 bytes per held-out run, plus the bitmap (2 bytes per run); per shard, about 40 bytes per token while
+it is checked.  Time: linear in the shard's training tokens.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+INDEX_FILE = "heldout_ngrams.parquet"
+TOKENS_FILE = "heldout_tokens.parquet"
+REASON = "overlaps_heldout"
+CHUNK_TOKENS = 1 << 22
+_P = 0x100000001B3                      # FNV-64 prime: odd, so the polynomial mixes every token's bits
+
+
+def _mix(ids: Any) -> Any:
+    """splitmix64 of every id: 64 well-spread bits per token id."""
+    import numpy as np
+
+    with np.errstate(over="ignore"):
+        z = ids.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
+        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+        return z ^ (z >> np.uint64(31))
+
+
+def _all_runs(tokens: Any, n: int) -> Any:
+    """The hash of the run of ``n`` tokens starting at every position that has ``n`` tokens after it (runs across
+    document boundaries included: callers drop them)."""
+    import numpy as np
+
+    m = len(tokens) - n + 1
+    if m <= 0 or n <= 0:
+        return np.zeros(0, np.uint64)
+    wh = _mix(np.asarray(tokens))
+    acc = wh[:m].copy()
+    p = np.uint64(_P)
+    with np.errstate(over="ignore"):
+        for k in range(1, n):
+            acc *= p
+            acc += wh[k:k + m]
+    return acc
+
+
+def _inside(starts: Any, ends: Any, n: int) -> tuple[Any, Any]:
+    """(document index, whether the run lies inside it) of runs starting at ``starts``; ``ends`` are the
+    documents' cumulative token counts."""
+    import numpy as np
+
+    doc = np.searchsorted(ends, starts, side="right")
+    inside = doc < len(ends)
+    inside[inside] = starts[inside] + n <= ends[doc[inside]]
+    return doc, inside
+
+
+def run_hashes(tokens: Any, lengths: Any, n: int) -> tuple[Any, Any, Any]:
+    """(hash, document index, start in ``tokens``) of every run of ``n`` tokens inside one document; ``tokens``
+    is the documents' ids end to end, ``lengths`` their token counts.  Runs across a document boundary are left
+    out."""
+    import numpy as np
+
+    acc = _all_runs(tokens, n)
+    start = np.arange(len(acc), dtype=np.int64)
+    doc, inside = _inside(start, np.cumsum(np.asarray(lengths, np.int64)), n)
+    return acc[inside], doc[inside], start[inside]
+
+
+def build_index(path: Path, docs_tokens: list, n: int) -> dict:
+    """Write the index of every run of ``n`` tokens of the held-out documents (in ``heldout.parquet`` order);
+    returns its counts."""
+    import numpy as np
+
+    import pyarrow as pa
+
+    from pipeline.io import write_parquet
+
+    lengths = np.asarray([len(t) for t in docs_tokens], np.int64)
+    flat = np.concatenate([np.asarray(t, np.int64) for t in docs_tokens]) if docs_tokens else np.zeros(0, np.int64)
+    hashes, doc, _ = run_hashes(flat, lengths, n)
+    order = np.lexsort((doc, hashes))                  # by hash, then the first document that has it
+    hashes, doc = hashes[order], doc[order]
+    first = np.ones(len(hashes), bool)
+    first[1:] = hashes[1:] != hashes[:-1]
+    write_parquet(pa.table({"ngram": pa.array(hashes[first], pa.uint64()),
+                            "doc": pa.array(doc[first].astype(np.int32), pa.int32())}), path)
+    return {"n": n, "heldout_docs": len(docs_tokens), "runs": int(first.sum()),
+            "docs_shorter_than_n": int((lengths < n).sum())}
+
+
+def write_heldout(rdir: Path, held: list, n: int, overlap: float) -> dict | None:
+    """Write ``mixture/heldout_tokens.parquet`` (doc_id, domain, tokens of every held-out document, in ``held``
+    order) and, when ``n`` > 0, the index of their runs; returns what the scatter tasks need: the index's file,
+    counts and sha256, ``n`` and the ``overlap`` share (None without an index).
+
+    ``held`` holds (domain, key, doc_id, text hash, shard) per held-out document.  Only the token columns of the
+    shards that hold one are read, a document's rows filtered there."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from pipeline.io import read_parquet, sha256_file, write_parquet
+
+    by_shard: dict[str, list[str]] = {}
+    for h in held:
+        by_shard.setdefault(h[4], []).append(h[2])
+    tokens: dict[str, list] = {}
+    for shard in sorted(by_shard):
+        t = read_parquet(Path(rdir) / "tokenize" / f"{shard}.parquet", columns=["doc_id", "tokens"])
+        t = t.filter(pc.is_in(t.column("doc_id"), value_set=pa.array(by_shard[shard], pa.string())))
+        tokens.update(zip(t.column("doc_id").to_pylist(), t.column("tokens").to_pylist(), strict=True))
+    ordered = [tokens[h[2]] for h in held]
+    write_parquet(pa.table({"doc_id": pa.array([h[2] for h in held], pa.string()),
+                            "domain": pa.array([h[0] for h in held], pa.string()),
+                            "tokens": pa.array(ordered, pa.list_(pa.int32()))}),
+                  Path(rdir) / "mixture" / TOKENS_FILE)
+    path = Path(rdir) / "mixture" / INDEX_FILE
+    if n <= 0:
+        path.unlink(missing_ok=True)
+        return None
+    counts = build_index(path, ordered, n)
+    return {**counts, "overlap": overlap, "file": INDEX_FILE, "sha256": sha256_file(path)}
+
+
+class OverlapIndex:
+    """The held-out runs of one mixture plan, loaded once per scatter task."""
+
+    def __init__(self, path: Path, n: int):
+        import numpy as np
+
+        from pipeline.io import read_parquet
+
+        t = read_parquet(path)
+        self.n = n
+        self.ngrams = t.column("ngram").to_numpy()
+        self.docs = t.column("doc").to_numpy()
+        self.doc_unique = np.bincount(self.docs) if len(self.docs) else np.zeros(1, np.int64)
+        bits = 1 << max(16, (16 * max(1, len(self.ngrams)) - 1).bit_length())
+        self._shift = np.uint64(64 - (bits.bit_length() - 1))
+        self.bitmap = np.zeros(bits // 8, np.uint8)
+        slot = self.ngrams >> self._shift
+        np.bitwise_or.at(self.bitmap, (slot >> np.uint64(3)).astype(np.int64),
+                         (np.uint8(1) << (slot & np.uint64(7)).astype(np.uint8)))
+
+    def matches(self, tokens: Any, lengths: Any) -> dict[int, dict]:
+        """For every document with a run of ``n`` tokens that a held-out document has: ``train_share`` (the share
+        of its runs found in held-out documents), ``heldout_row`` and ``heldout_share`` (the held-out document it
+        covers most, and the share of that document's distinct runs it holds), and ``offset`` (where in the
+        document its first matching run starts)."""
+        import numpy as np
+
+        lengths = np.asarray(lengths, np.int64)
+        if not len(self.ngrams):
+            return {}
+        hashes = _all_runs(tokens, self.n)
+        slot = hashes >> self._shift
+        maybe = (self.bitmap[(slot >> np.uint64(3)).astype(np.int64)]
+                 >> (slot & np.uint64(7)).astype(np.uint8)) & np.uint8(1)
+        cand = np.flatnonzero(maybe)
+        pos = np.minimum(np.searchsorted(self.ngrams, hashes[cand]), len(self.ngrams) - 1)
+        match = self.ngrams[pos] == hashes[cand]
+        hit, where = cand[match], pos[match]
+        ends = np.cumsum(lengths)
+        doc, inside = _inside(hit, ends, self.n)
+        hit, where, doc = hit[inside], where[inside], doc[inside]
+        if not len(hit):
+            return {}
+        docs, first = np.unique(doc, return_index=True)            # runs are in order: the first per document
+        width = len(self.ngrams)
+        pairs = np.unique(doc * width + where)                     # distinct (document, held-out run)
+        pd, ph = pairs // width, self.docs[pairs % width].astype(np.int64)
+        matched = np.bincount(pd, minlength=len(lengths))
+        cover, count = np.unique(pd * len(self.doc_unique) + ph, return_counts=True)   # (document, held-out doc)
+        best: dict[int, tuple[float, int]] = {}
+        for key, cnt in zip(cover.tolist(), count.tolist(), strict=True):
+            d, h = divmod(key, len(self.doc_unique))
+            share = cnt / max(1, int(self.doc_unique[h]))
+            if d not in best or share > best[d][0]:
+                best[d] = (share, h)
+        starts = ends - lengths
+        return {d: {"train_share": round(min(1.0, int(matched[d]) / max(1, int(lengths[d]) - self.n + 1)), 4),
+                    "heldout_row": best[d][1], "heldout_share": round(best[d][0], 4),
+                    "offset": int(hit[f] - starts[d])}
+                for d, f in zip(docs.tolist(), first.tolist(), strict=True)}
+
+
+def plan_index(rdir: Path) -> dict | None:
+    """The mixture plan's held-out index (counts, sha256, ``n``, ``overlap``), or None: no mixture plan, or
+    ``heldout_ngram`` 0."""
+    from pipeline.io import read_json
+
+    plan = Path(rdir) / "mixture" / "plan.json"
+    return read_json(plan).get("heldout_index") if plan.exists() else None
+
+
+def drop_overlapping(rdir: Path, shard: str, table: Any, copies: Any, index: dict) -> int:
+    """Give no copies to the shard's training documents that overlap a held-out document (see the module
+    docstring), in place in ``copies``; write the shard's ``overlaps_heldout`` stats and, when any is dropped, its
+    audit ``removed/overlaps_heldout/<shard>.parquet``.  Returns how many were dropped.
+
+    ``table`` holds the tokenized shard's doc_id, domain, tokens and n_bytes.  The shard's training documents are
+    checked in slices of about ``CHUNK_TOKENS`` tokens, so memory stays at about 40 bytes per token of a slice."""
+    import numpy as np
+    import pyarrow as pa
+
+    from pipeline.io import count_removed, new_stats, read_parquet, write_parquet, write_stats
+
+    idx = OverlapIndex(Path(rdir) / "mixture" / index["file"], index["n"])
+    tokens = table.column("tokens").combine_chunks()
+    offsets = tokens.offsets.to_numpy()
+    values = tokens.values.to_numpy()
+    lengths = np.diff(offsets)
+    n_bytes = table.column("n_bytes").to_numpy()
+    train = np.flatnonzero(copies > 0)
+    train_tokens = values[offsets[0]:offsets[-1]][np.repeat(copies > 0, lengths)]
+    cum = np.concatenate([[0], np.cumsum(lengths[train])])
+    found: dict[int, dict] = {}
+    lo = 0
+    while lo < len(train):                   # slices of consecutive training documents, about CHUNK_TOKENS each
+        hi = max(lo + 1, int(np.searchsorted(cum, cum[lo] + CHUNK_TOKENS, side="right")) - 1)
+        for d, m in idx.matches(train_tokens[cum[lo]:cum[hi]], lengths[train[lo:hi]]).items():
+            if max(m["train_share"], m["heldout_share"]) >= index["overlap"]:
+                found[int(train[lo + d])] = m
+        lo = hi
+    stats = new_stats(shard.rsplit("-", 1)[0])
+    stats["in_docs"], stats["in_bytes"] = len(train), int(n_bytes[train].sum())
+    for d in found:
+        count_removed(stats, REASON, int(n_bytes[d]))
+        copies[d] = 0
+    stats["kept_docs"] = len(train) - len(found)
+    stats["kept_bytes"] = stats["in_bytes"] - sum(s["bytes"] for s in stats["removed"].values())
+    audit = Path(rdir) / "removed" / REASON / f"{shard}.parquet"
+    if found:
+        rows = sorted(found)
+        held_ids = read_parquet(Path(rdir) / "mixture" / "heldout.parquet", columns=["doc_id"]).column("doc_id")
+        ids, doms = table.column("doc_id"), table.column("domain")
+        write_parquet(pa.table({
+            "doc_id": pa.array([ids[d].as_py() for d in rows], pa.string()),
+            "domain": pa.array([doms[d].as_py() for d in rows], pa.string()),
+            "heldout_doc_id": pa.array([held_ids[found[d]["heldout_row"]].as_py() for d in rows], pa.string()),
+            "train_share": pa.array([found[d]["train_share"] for d in rows], pa.float64()),
+            "heldout_share": pa.array([found[d]["heldout_share"] for d in rows], pa.float64()),
+            "first_run": pa.array([values[offsets[d] + found[d]["offset"]:offsets[d] + found[d]["offset"] + idx.n]
+                                   .tolist() for d in rows], pa.list_(pa.int32()))}), audit)
+    else:
+        audit.unlink(missing_ok=True)
+    write_stats(rdir, REASON, shard, stats)
+    return len(found)

@@ -1,0 +1,138 @@
+"""Training documents that share runs of tokens with a held-out document (pipeline.sink.heldout_overlap).
+
+Synthetic token ids with planted overlaps, through the real mixture plan and scatter step: a copy and a longer
+document holding most of the held-out one are dropped with reason ``overlaps_heldout`` and named in the audit; a
+document that shares one run (boilerplate) and an unrelated one keep their copies; the counts are exact.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.io import read_json, read_parquet, write_marker, write_parquet
+from pipeline.sink import heldout_overlap, mixture, scatter
+from pipeline.sink.config import MixtureConfig
+from pipeline.sink.validation import heldout_key
+
+N = 13
+SEED = 5
+
+
+def test_runs_across_a_document_boundary_are_left_out_and_equal_runs_hash_equal():
+    a = np.arange(100, 120)                                   # 20 tokens: 8 runs of 13
+    b = np.concatenate([[7, 8, 9], a[:13]])                   # 16 tokens: 4 runs, the last equals a's first
+    hashes, doc, start = heldout_overlap.run_hashes(np.concatenate([a, b]), [20, 16], N)
+    assert doc.tolist() == [0] * 8 + [1] * 4
+    assert start.tolist() == list(range(8)) + [20, 21, 22, 23]
+    assert hashes[-1] == hashes[0] and len(set(hashes[:8].tolist())) == 8
+    assert heldout_overlap.run_hashes(a[:12], [12], N)[0].size == 0        # shorter than n: no run
+
+
+def _ids(n: int) -> list[str]:
+    return [f"web-{i:03d}" for i in range(n)]
+
+
+def _corpus(rng) -> tuple[list[str], dict[str, np.ndarray], str]:
+    """Eight documents of domain web; the one the plan will hold out (val_fraction 0, val_min_docs 1: the
+    smallest held-out key) is 200 random ids, and the others are planted around it."""
+    ids = _ids(8)
+    held = min(ids, key=lambda d: heldout_key(SEED, "web", d))
+    h = rng.integers(1000, 30000, 200)
+    rest = [d for d in ids if d != held]
+    docs = {held: h,
+            rest[0]: np.concatenate([rng.integers(1000, 30000, 20), h]),            # a copy with a new header
+            rest[1]: np.concatenate([rng.integers(1000, 30000, 1000), h[:120]]),    # holds 60 % of it
+            rest[2]: np.concatenate([h[50:63], rng.integers(1000, 30000, 87)]),     # one shared run: boilerplate
+            rest[3]: rng.integers(1000, 30000, 300)}                                 # unrelated
+    for d in rest[4:]:
+        docs[d] = rng.integers(1000, 30000, 150)
+    return ids, docs, held
+
+
+def _write_tokenized(rdir, ids, docs) -> str:
+    shard = "web-00000"
+    toks = [docs[d] for d in ids]
+    offsets = np.concatenate([[0], np.cumsum([len(t) for t in toks])]).astype(np.int32)
+    path = rdir / "tokenize" / f"{shard}.parquet"
+    sha = write_parquet(pa.table({
+        "doc_id": ids, "domain": ["web"] * len(ids), "n_tokens": pa.array([len(t) for t in toks], pa.int64()),
+        "n_chars": pa.array([4 * len(t) for t in toks], pa.int64()),
+        "n_bytes": pa.array([4 * len(t) for t in toks], pa.int64()),
+        "text_hash": [f"h{i}" for i in range(len(ids))],
+        "tokens": pa.ListArray.from_arrays(pa.array(offsets), pa.array(np.concatenate(toks).astype(np.int32)))}),
+        path)
+    write_marker(path, config="test", sha256=sha)
+    return shard
+
+
+@pytest.fixture
+def planted(tmp_path):
+    ids, docs, held = _corpus(np.random.default_rng(0))
+    shard = _write_tokenized(tmp_path, ids, docs)
+    return tmp_path, shard, ids, docs, held
+
+
+def _plan_and_scatter(rdir, shard, **mc):
+    mixture.plan_mixture(MixtureConfig(val_fraction=0, val_min_docs=1, **mc), rdir, [shard], SEED)
+    return scatter.run_scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"])
+
+
+def test_a_copy_and_a_document_holding_most_of_a_heldout_one_are_dropped_and_named(planted):
+    rdir, shard, ids, docs, held = planted
+    rest = [d for d in ids if d != held]
+    marker = _plan_and_scatter(rdir, shard)
+    assert marker["overlaps_heldout"] == 2
+    assert marker["copies"] == [len(ids) - 1 - 2] and marker["unique_docs"] == len(ids) - 1 - 2
+    stats = read_json(rdir / "stats" / "overlaps_heldout" / f"{shard}.json")
+    assert (stats["in_docs"], stats["kept_docs"]) == (7, 5)
+    assert stats["removed"] == {"overlaps_heldout": {"docs": 2, "bytes": 4 * (220 + 1120)}}
+    audit = read_parquet(rdir / "removed" / "overlaps_heldout" / f"{shard}.parquet").to_pylist()
+    by = {r["doc_id"]: r for r in audit}
+    assert sorted(by) == sorted([rest[0], rest[1]])
+    assert {r["heldout_doc_id"] for r in audit} == {held}
+    # the copy: its 208 runs include the held-out document's 188, all of them
+    assert by[rest[0]]["train_share"] == round(188 / 208, 4) and by[rest[0]]["heldout_share"] == 1.0
+    assert by[rest[0]]["first_run"] == docs[held][:N].tolist()
+    # the long document: 108 of the held-out document's 188 runs, 108 of its own 1,108
+    assert by[rest[1]]["heldout_share"] == round(108 / 188, 4) and by[rest[1]]["train_share"] == round(108 / 1108, 4)
+    index = read_json(rdir / "mixture" / "plan.json")["heldout_index"]
+    assert (index["n"], index["runs"], index["heldout_docs"], index["overlap"]) == (N, 188, 1, 0.5)
+
+
+def test_one_shared_run_keeps_the_document_and_a_lower_share_drops_it(planted, tmp_path_factory):
+    rdir, shard, ids, docs, held = planted
+    rest = [d for d in ids if d != held]
+    idx = heldout_overlap.OverlapIndex(_index_of(rdir, shard), N)
+    hit = idx.matches(docs[rest[2]], [len(docs[rest[2]])])
+    assert hit == {0: {"train_share": round(1 / 88, 4), "heldout_row": 0, "heldout_share": round(1 / 188, 4),
+                       "offset": 0}}
+    assert idx.matches(docs[rest[3]], [300]) == {}
+    other = tmp_path_factory.mktemp("low")
+    _write_tokenized(other, ids, docs)
+    assert _plan_and_scatter(other, shard, heldout_overlap=0.01)["overlaps_heldout"] == 3
+
+
+def _index_of(rdir, shard):
+    mixture.plan_mixture(MixtureConfig(val_fraction=0, val_min_docs=1), rdir, [shard], SEED)
+    return rdir / "mixture" / heldout_overlap.INDEX_FILE
+
+
+def test_heldout_ngram_0_keeps_only_the_exact_text_check(planted):
+    rdir, shard, ids, _, _ = planted
+    marker = _plan_and_scatter(rdir, shard, heldout_ngram=0)
+    assert marker["overlaps_heldout"] == 0 and marker["unique_docs"] == len(ids) - 1
+    assert not (rdir / "mixture" / heldout_overlap.INDEX_FILE).exists()
+    assert not (rdir / "stats" / "overlaps_heldout").exists()
+
+
+def test_the_check_is_byte_identical_on_a_rerun(planted, tmp_path_factory):
+    rdir, shard, ids, docs, _ = planted
+    _plan_and_scatter(rdir, shard)
+    again = tmp_path_factory.mktemp("again")
+    _write_tokenized(again, ids, docs)
+    _plan_and_scatter(again, shard)
+    for rel in (f"mixture/{heldout_overlap.INDEX_FILE}", f"mixture/{heldout_overlap.TOKENS_FILE}",
+                f"removed/overlaps_heldout/{shard}.parquet", f"sink/scatter/{shard}.arrow"):
+        assert (rdir / rel).read_bytes() == (again / rel).read_bytes(), rel
