@@ -118,16 +118,25 @@ def ngram_hashes(ws: list, n: int) -> Any:
     """uint64 hash of every run of ``n`` consecutive words (``len(ws) - n + 1`` of them; none when shorter)."""
     import numpy as np
 
-    m = len(ws) - n + 1
-    if m <= 0:
+    if len(ws) < n:
         return np.zeros(0, np.uint64)
-    wh = np.fromiter(map(_WORD_HASHES.__getitem__, ws), np.uint64, count=len(ws))
-    acc = wh[:m].copy()
+    return polynomial_runs(np.fromiter(map(_WORD_HASHES.__getitem__, ws), np.uint64, count=len(ws)), n)
+
+
+def polynomial_runs(unit_hashes: Any, n: int) -> Any:
+    """``sum(h_k * P^(n-1-k)) mod 2^64`` over every run of ``n`` consecutive 64-bit unit hashes (words here,
+    token ids in :mod:`pipeline.sink.heldout_overlap`): ``n`` vector passes."""
+    import numpy as np
+
+    m = len(unit_hashes) - n + 1
+    if m <= 0 or n <= 0:
+        return np.zeros(0, np.uint64)
+    acc = unit_hashes[:m].copy()
     p = np.uint64(_P)
     with np.errstate(over="ignore"):
         for k in range(1, n):
             acc *= p
-            acc += wh[k:k + m]
+            acc += unit_hashes[k:k + m]
     return acc
 
 

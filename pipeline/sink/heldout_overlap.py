@@ -26,7 +26,7 @@ licence header is 35-42 % of their runs but 0.5 % of the held-out file's.  Four 
 copies (0.70-0.86 both ways) and a Python 2 ``string.py`` that holds half of the held-out Python 3 one.
 
 Hash: each token id gets 64 bits of splitmix64; a run's hash is ``sum(h(t_k) * P^(n-1-k)) mod 2^64`` (``n``
-vector passes over the shard).  A false match by collision has probability about ``N * M / 2^64`` for ``N``
+vector passes over the shard; the polynomial of benchmark decontamination, ``decontaminate.polynomial_runs``).  A false match by collision has probability about ``N * M / 2^64`` for ``N``
 held-out and ``M`` training runs (1e-5 for 1e7 against 1e12).  A bitmap of ``16 * N`` bits (at least 2^16) is
 checked first, so only about one run in 16 (plus the true matches) goes to the binary search.
 
@@ -43,7 +43,6 @@ INDEX_FILE = "heldout_ngrams.parquet"
 TOKENS_FILE = "heldout_tokens.parquet"
 REASON = "overlaps_heldout"
 CHUNK_TOKENS = 1 << 22
-_P = 0x100000001B3                      # FNV-64 prime: odd, so the polynomial mixes every token's bits
 
 
 def _mix(ids: Any) -> Any:
@@ -62,17 +61,11 @@ def _all_runs(tokens: Any, n: int) -> Any:
     document boundaries included: callers drop them)."""
     import numpy as np
 
-    m = len(tokens) - n + 1
-    if m <= 0 or n <= 0:
+    from pipeline.quality.decontaminate import polynomial_runs
+
+    if len(tokens) < n or n <= 0:
         return np.zeros(0, np.uint64)
-    wh = _mix(np.asarray(tokens))
-    acc = wh[:m].copy()
-    p = np.uint64(_P)
-    with np.errstate(over="ignore"):
-        for k in range(1, n):
-            acc *= p
-            acc += wh[k:k + m]
-    return acc
+    return polynomial_runs(_mix(np.asarray(tokens)), n)
 
 
 def _inside(starts: Any, ends: Any, n: int) -> tuple[Any, Any]:
