@@ -26,8 +26,8 @@ licence header is 35-42 % of their runs but 0.5 % of the held-out file's.  Four 
 copies (0.70-0.86 both ways) and a Python 2 ``string.py`` that holds half of the held-out Python 3 one.
 
 Hash: each token id gets 64 bits of splitmix64; a run's hash is ``sum(h(t_k) * P^(n-1-k)) mod 2^64`` (``n``
-vector passes over the shard; the polynomial of benchmark decontamination, ``decontaminate.polynomial_runs``).  A false match by collision has probability about ``N * M / 2^64`` for ``N``
-held-out and ``M`` training runs (1e-5 for 1e7 against 1e12).  A bitmap of ``16 * N`` bits (at least 2^16) is
+vector passes over the shard; benchmark decontamination's ``decontaminate.polynomial_runs``).  A false match by
+collision has probability about ``N * M / 2^64`` for ``N`` held-out and ``M`` training runs (1e-5 for 1e7 against 1e12).  A bitmap of ``16 * N`` bits (at least 2^16) is
 checked first, so only about one run in 16 (plus the true matches) goes to the binary search.
 
 Memory: 12 bytes per held-out run, plus the bitmap (2 bytes per run); per shard, about 40 bytes per token while
@@ -95,7 +95,6 @@ def build_index(path: Path, docs_tokens: list, n: int) -> dict:
     """Write the index of every run of ``n`` tokens of the held-out documents (in ``heldout.parquet`` order);
     returns its counts."""
     import numpy as np
-
     import pyarrow as pa
 
     from pipeline.io import write_parquet
