@@ -27,8 +27,9 @@ copies (0.70-0.86 both ways) and a Python 2 ``string.py`` that holds half of the
 
 Hash: each token id gets 64 bits of splitmix64; a run's hash is ``sum(h(t_k) * P^(n-1-k)) mod 2^64`` (``n``
 vector passes over the shard; benchmark decontamination's ``decontaminate.polynomial_runs``).  A false match by
-collision has probability about ``N * M / 2^64`` for ``N`` held-out and ``M`` training runs (1e-5 for 1e7 against 1e12).  A bitmap of ``16 * N`` bits (at least 2^16) is
-checked first, so only about one run in 16 (plus the true matches) goes to the binary search.
+collision: about ``N * M / 2^64`` runs for ``N`` held-out and ``M`` training runs (0.5 for 1e7 against 1e12), and a
+document needs a share of its runs, not one, to be dropped.  A bitmap of ``16 * N`` bits (at least 2^16) is checked
+first, so only about one run in 16 (plus the true matches) goes to the binary search.
 
 Memory: 12 bytes per held-out run, plus the bitmap (2 bytes per run); per shard, about 40 bytes per token while
 it is checked.  Time: linear in the shard's training tokens.
