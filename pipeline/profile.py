@@ -168,6 +168,23 @@ class _Sampler(threading.Thread):
         return sum(v - self.before.get(k, 0.0) for k, v in self.cpu.items())
 
 
+def own_peak_rss_mb() -> float:
+    """This process's own peak resident memory in MB: ``VmHWM`` of its address space.
+
+    Not ``ru_maxrss``: Linux folds the pre-exec address space's peak into it at ``execve``, and a child that
+    ``subprocess`` starts with vfork runs in its parent's address space until then, so a small child of a 2 GB
+    process reports 2 GB (a 0.4 GB MindRecord reader read as 2.4 GB under a pytest worker that had trained)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    import resource
+
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
 def release_memory() -> None:
     """Hand freed heap back to the OS (Python's gc, glibc's arenas, pyarrow's pool) at the end of a task, so a
     process that runs many tasks (``airflow dags test``, a long-lived worker) does not carry one task's peak into

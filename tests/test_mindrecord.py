@@ -170,6 +170,19 @@ def test_verify_reads_every_shard_and_every_rank(run):
     assert {k: v["read"] for k, v in val["sets"].items()} == {k: v["samples"] for k, v in built["val"]["sets"].items()}
 
 
+def test_the_reader_reports_its_own_peak_not_its_parents(run):
+    """subprocess starts the reader with vfork: ``ru_maxrss`` would fold this process's peak in at exec."""
+    import numpy as np
+
+    from pipeline.profile import own_peak_rss_mb
+
+    rdir, _ = run
+    ballast = np.ones(1 << 30, np.uint8)                # 1 GiB resident in this process
+    res = mindrecord.verify(rdir / "mindrecord", full_read=True)
+    assert ballast[-1] == 1 and own_peak_rss_mb() > 1024
+    assert res["reader_max_rss_mb"] < own_peak_rss_mb() - 900, res
+
+
 def test_a_collection_is_read_in_one_child_and_a_damaged_set_is_named(run, tmp_path, monkeypatch):
     """Every set of ``mindrecord_val`` (one per domain) is read by one reader process (one MindSpore start, not
     one per domain: 7 starts cost 10 CPU-s of write_validation at any corpus size), and a silently wrong row in

@@ -3,7 +3,7 @@
 Synthetic tokenized shards (real packing, real MindRecord files) at 1x and 2x the tokens, with the same
 ``pack.shard_mb``: the corpus doubles the number of output files, never the size of one.  Each scatter and writer
 task runs in a fresh process: the writers' peak RSS of the process tree (:func:`pipeline.profile.measured`; a writer
-verifies its file in a child) and each scatter process's own high-water mark (``ru_maxrss``) are compared.
+verifies its file in a child) and each scatter process's own high-water mark (``VmHWM``) are compared.
 The old single-task sink held every token (about 37 bytes per token: 16M tokens would add ~600 MB), so it fails this.
 """
 
@@ -40,8 +40,8 @@ with measured(rdir, step, str(arg["unit"])) as m:
                                      bos_id=None, pad_id=3, remainder="drop", domain_field=True, boundaries=False,
                                      n_domains=2)
         m["samples"] = e["samples"]
-import resource
-m["maxrss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024     # exact high-water mark, no sampling
+from pipeline.profile import own_peak_rss_mb
+m["maxrss_mb"] = own_peak_rss_mb()     # this process's exact high-water mark (VmHWM), no sampling
 print(json.dumps(m))
 """
 

@@ -179,6 +179,8 @@ def _reader_main(mr_dirs: list[str], ranks: int, mem_limit_mb: int) -> int:
     import json
     import resource
 
+    from pipeline.profile import own_peak_rss_mb
+
     lim = mem_limit_mb << 20
     resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
 
@@ -223,7 +225,7 @@ def _reader_main(mr_dirs: list[str], ranks: int, mem_limit_mb: int) -> int:
                 rank_results.append({"rank": r, "rows": res["rows"], "fingerprint": res["fingerprint"]})
             emit({"event": "done", "dir": str(mr_dir), "shards": shards, "ranks": rank_results,
                   "first_digests": collect,
-                  "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024})
+                  "max_rss_mb": own_peak_rss_mb()})
     except (RuntimeError, MemoryError, OSError, ValueError) as exc:
         msg = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
         emit({"event": "error", "error": msg[:300]})

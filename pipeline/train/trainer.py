@@ -307,10 +307,10 @@ def _write_rank_digest(job: TrainJob, net, rank: int, step: int, opt, resumed_fr
 
 
 def _peak_rss() -> int:
-    """Peak resident set of this rank's process (Linux reports KiB): the CPU stand-in for device peak memory."""
-    import resource
+    """Peak resident set of this rank's own process, in bytes: the CPU stand-in for device peak memory."""
+    from pipeline.profile import own_peak_rss_mb
 
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return int(own_peak_rss_mb() * 2**20)
 
 
 def _check_batch(tokens: np.ndarray, cfg, seq_len: int) -> None:

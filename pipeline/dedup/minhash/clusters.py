@@ -29,7 +29,6 @@ component that contains a document of an earlier release keeps that one, since i
 from __future__ import annotations
 
 import logging
-import resource
 import shutil
 from pathlib import Path
 
@@ -50,6 +49,7 @@ from pipeline.dedup.minhash.layout import (
 from pipeline.dedup.minhash.report import select_examples
 from pipeline.dedup.minhash.verify import ShingleStore, estimated_jaccard, is_index
 from pipeline.io import completed, read_json, write_json, write_marker, write_parquet
+from pipeline.profile import own_peak_rss_mb
 
 log = logging.getLogger(__name__)
 
@@ -127,17 +127,6 @@ def union(parent: np.ndarray, u: np.ndarray, v: np.ndarray) -> np.ndarray:
         u, v, ru, rv = u[open_], v[open_], ru[open_], rv[open_]
         np.minimum.at(parent, np.maximum(ru, rv), np.minimum(ru, rv))
     return _compress(parent)
-
-
-def peak_rss_mb() -> float:
-    """This process's peak resident memory (VmHWM: unlike ru_maxrss it is not inherited across fork + exec)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-    except OSError:
-        pass
-    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -268,7 +257,7 @@ def run_clusters(rdir: Path, cfg: MinhashConfig) -> dict:
     write_json(summary_file, stats)
     write_marker(summary_file, {"config": cfg.digest()})
     log.info("minhash clusters: %d clusters, %d removed, %d false positives dropped, peak RSS %.0f MB",
-             stats["clusters"], sum(stats["removed"].values()), stats["false_positives"], peak_rss_mb())
+             stats["clusters"], sum(stats["removed"].values()), stats["false_positives"], own_peak_rss_mb())
     return stats
 
 
