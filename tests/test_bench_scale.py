@@ -369,3 +369,23 @@ def test_parallelism_sweep_judges_the_shipped_parallelism_against_8_on_the_same_
     ratio, same = scale_targets.sweep_targets([run(8, 400.0, 90), run(64, 480.0, 350, digest="other")], 64)
     assert ratio["met"] is False and same["met"] is False and same["value"] == 0.0
     assert scale_targets.sweep_targets([run(64, 440.0, 350)], 64) == []         # no parallelism 8: nothing judged
+
+
+def test_add_sweep_keeps_an_earlier_invocations_sweep_points_and_this_runs_own_parallelism(tmp_path):
+    import argparse
+
+    import scale_sweep
+    import scale_targets
+
+    def run(p, cpu):
+        return {"parallelism": p, "size_gb": 1.0, "corpus_mb": 1000.0, "rc": 0, "cpu_s": cpu, "wall_s": cpu,
+                "task_states": {"success": p}, "outputs_sha256": "abc"}
+
+    earlier = tmp_path / "earlier.json"
+    earlier.write_text(json.dumps({"runs": [run(64, 470.0), {**run(4, 1.0), "size_gb": 4.0}],
+                                   "sweep": [scale_targets.sweep_point(run(p, c)) for p, c in
+                                             ((8, 460.0), (64, 470.0), (256, 710.0))]}))
+    a = argparse.Namespace(parallelism=64, cli=True, sweep="8,256", add_sweep=[earlier])
+    points = scale_sweep.sweep(run(64, 490.0), a, lambda size, a: pytest.fail("nothing is re-run"))
+    assert [(p["parallelism"], p["cpu_s"]) for p in points] == [(8, 460.0), (64, 490.0), (256, 710.0)]
+    assert [p.get("from") for p in points] == [str(earlier), None, str(earlier)]
