@@ -75,7 +75,7 @@ def planted(tmp_path):
 
 
 def _plan_and_scatter(rdir, shard, **mc):
-    mixture.plan_mixture(MixtureConfig(val_fraction=0, val_min_docs=1, **mc), rdir, [shard], SEED)
+    mixture.plan_mixture(MixtureConfig(**{"val_fraction": 0, "val_min_docs": 1, **mc}), rdir, [shard], SEED)
     return scatter.run_scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"])
 
 
@@ -136,3 +136,11 @@ def test_the_check_is_byte_identical_on_a_rerun(planted, tmp_path_factory):
     for rel in (f"mixture/{heldout_overlap.INDEX_FILE}", f"mixture/{heldout_overlap.TOKENS_FILE}",
                 f"removed/overlaps_heldout/{shard}.parquet", f"sink/scatter/{shard}.arrow"):
         assert (rdir / rel).read_bytes() == (again / rel).read_bytes(), rel
+
+
+def test_no_heldout_documents_write_an_empty_index_and_drop_nothing(planted):
+    rdir, shard, ids, _, _ = planted
+    marker = _plan_and_scatter(rdir, shard, val_min_docs=0)
+    assert marker["overlaps_heldout"] == 0 and marker["unique_docs"] == len(ids)
+    assert read_parquet(rdir / "mixture" / heldout_overlap.TOKENS_FILE).num_rows == 0
+    assert read_json(rdir / "mixture" / "plan.json")["heldout_index"]["runs"] == 0

@@ -92,16 +92,15 @@ def run_hashes(tokens: Any, lengths: Any, n: int) -> tuple[Any, Any, Any]:
     return acc[inside], doc[inside], start[inside]
 
 
-def build_index(path: Path, docs_tokens: list, n: int) -> dict:
-    """Write the index of every run of ``n`` tokens of the held-out documents (in ``heldout.parquet`` order);
-    returns its counts."""
+def build_index(path: Path, flat: Any, lengths: Any, n: int) -> dict:
+    """Write the index of every run of ``n`` tokens of the held-out documents (``flat``: their token ids end to end,
+    in ``heldout.parquet`` order; ``lengths``: their token counts); returns its counts."""
     import numpy as np
     import pyarrow as pa
 
     from pipeline.io import write_parquet
 
-    lengths = np.asarray([len(t) for t in docs_tokens], np.int64)
-    flat = np.concatenate([np.asarray(t, np.int64) for t in docs_tokens]) if docs_tokens else np.zeros(0, np.int64)
+    lengths = np.asarray(lengths, np.int64)
     hashes, doc, _ = run_hashes(flat, lengths, n)
     order = np.lexsort((doc, hashes))                  # by hash, then the first document that has it
     hashes, doc = hashes[order], doc[order]
@@ -109,7 +108,7 @@ def build_index(path: Path, docs_tokens: list, n: int) -> dict:
     first[1:] = hashes[1:] != hashes[:-1]
     write_parquet(pa.table({"ngram": pa.array(hashes[first], pa.uint64()),
                             "doc": pa.array(doc[first].astype(np.int32), pa.int32())}), path)
-    return {"n": n, "heldout_docs": len(docs_tokens), "runs": int(first.sum()),
+    return {"n": n, "heldout_docs": len(lengths), "runs": int(first.sum()),
             "docs_shorter_than_n": int((lengths < n).sum())}
 
 
@@ -119,7 +118,8 @@ def write_heldout(rdir: Path, held: list, n: int, overlap: float) -> dict | None
     counts and sha256, ``n`` and the ``overlap`` share (None without an index).
 
     ``held`` holds (domain, key, doc_id, text hash, shard) per held-out document.  Only the token columns of the
-    shards that hold one are read, a document's rows filtered there."""
+    shards that hold one are read, a document's rows filtered there; tokens stay in Arrow buffers (4 bytes each)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
@@ -128,21 +128,24 @@ def write_heldout(rdir: Path, held: list, n: int, overlap: float) -> dict | None
     by_shard: dict[str, list[str]] = {}
     for h in held:
         by_shard.setdefault(h[4], []).append(h[2])
-    tokens: dict[str, list] = {}
+    schema = pa.schema([("doc_id", pa.string()), ("tokens", pa.list_(pa.int32()))])
+    parts = [pa.Table.from_batches([], schema)]
     for shard in sorted(by_shard):
         t = read_parquet(Path(rdir) / "tokenize" / f"{shard}.parquet", columns=["doc_id", "tokens"])
         t = t.filter(pc.is_in(t.column("doc_id"), value_set=pa.array(by_shard[shard], pa.string())))
-        tokens.update(zip(t.column("doc_id").to_pylist(), t.column("tokens").to_pylist(), strict=True))
-    ordered = [tokens[h[2]] for h in held]
+        parts.append(t.cast(schema))
+    found = pa.concat_tables(parts)
+    row = {d: i for i, d in enumerate(found.column("doc_id").to_pylist())}
+    tokens = found.column("tokens").take(pa.array([row[h[2]] for h in held], pa.int64())).combine_chunks()
     write_parquet(pa.table({"doc_id": pa.array([h[2] for h in held], pa.string()),
-                            "domain": pa.array([h[0] for h in held], pa.string()),
-                            "tokens": pa.array(ordered, pa.list_(pa.int32()))}),
+                            "domain": pa.array([h[0] for h in held], pa.string()), "tokens": tokens}),
                   Path(rdir) / "mixture" / TOKENS_FILE)
     path = Path(rdir) / "mixture" / INDEX_FILE
     if n <= 0:
         path.unlink(missing_ok=True)
         return None
-    counts = build_index(path, ordered, n)
+    offsets = tokens.offsets.to_numpy()
+    counts = build_index(path, tokens.values.to_numpy()[offsets[0]:offsets[-1]], np.diff(offsets), n)
     return {**counts, "overlap": overlap, "file": INDEX_FILE, "sha256": sha256_file(path)}
 
 

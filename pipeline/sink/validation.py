@@ -158,9 +158,11 @@ def write_sets(rdir: Path, *, seq_len: int, add_bos: bool, eos_id: int, bos_id: 
     tmp = rdir / f".{VAL_DIR}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
+    col = held.column("tokens").combine_chunks()
+    offsets, values = col.offsets.to_numpy(), col.values.to_numpy()
     by_domain: dict[str, list] = {}
-    for did, dom, toks in zip(*(held.column(c).to_pylist() for c in ("doc_id", "domain", "tokens")), strict=True):
-        by_domain.setdefault(dom, []).append((did, np.asarray(toks, np.int32)))
+    for i, (did, dom) in enumerate(zip(*(held.column(c).to_pylist() for c in ("doc_id", "domain")), strict=True)):
+        by_domain.setdefault(dom, []).append((did, values[offsets[i]:offsets[i + 1]].astype(np.int32, copy=False)))
     sets = {}
     for dom in sorted(by_domain):
         docs = by_domain[dom]
