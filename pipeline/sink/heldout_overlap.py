@@ -165,9 +165,11 @@ class OverlapIndex:
         bits = 1 << max(16, (16 * max(1, len(self.ngrams)) - 1).bit_length())
         self._shift = np.uint64(64 - (bits.bit_length() - 1))
         self.bitmap = np.zeros(bits // 8, np.uint8)
-        slot = self.ngrams >> self._shift
-        np.bitwise_or.at(self.bitmap, (slot >> np.uint64(3)).astype(np.int64),
-                         (np.uint8(1) << (slot & np.uint64(7)).astype(np.uint8)))
+        slot = self.ngrams >> self._shift                  # sorted, as the n-grams are: OR each byte's bits at once
+        byte = (slot >> np.uint64(3)).astype(np.int64)
+        if len(byte):
+            where, first = np.unique(byte, return_index=True)
+            self.bitmap[where] = np.bitwise_or.reduceat(np.uint8(1) << (slot & np.uint64(7)).astype(np.uint8), first)
 
     def matches(self, tokens: Any, lengths: Any) -> dict[int, dict]:
         """For every document with a run of ``n`` tokens that a held-out document has: ``train_share`` (the share
