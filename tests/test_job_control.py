@@ -334,3 +334,19 @@ def test_a_rank_above_0_ends_itself_on_a_stall_and_writes_nothing(tmp_path):
         assert proc.wait(timeout=30) == -9
         assert "rank 1: stalled: no step finished for" in proc.stderr.read()
         assert (tmp_path / "status.json").read_bytes() == before and lease_state(tmp_path)["job_id"] == "S"
+
+
+def test_a_final_status_written_between_the_status_and_lease_reads_is_not_lost(tmp_path, monkeypatch):
+    """The job writes SUCCEEDED, then releases its lease, between the reader's read of status.json (RUNNING) and of
+    the lease (released): the reader reads the status again before calling the job LOST."""
+
+
+    from pipeline.tasks import pretrain
+
+    (tmp_path / "launch.json").write_text(json.dumps({"job_id": "j1"}))
+    (tmp_path / "status.json").write_text(json.dumps({"state": "SUCCEEDED", "step": 10, "job_id": "j1"}))
+    lost = {"state": "LOST", "step": 9, "error": "the job released its lease without a final status"}
+    monkeypatch.setattr(pretrain, "_read_job_state", lambda *a, **k: dict(lost))
+    assert pretrain.job_state(tmp_path)["state"] == "SUCCEEDED"
+    (tmp_path / "status.json").write_text(json.dumps({"state": "SUCCEEDED", "step": 10, "job_id": "other"}))
+    assert pretrain.job_state(tmp_path)["state"] == "LOST"           # another job's row is not this job's end

@@ -179,6 +179,23 @@ STARTUP_GRACE_S = 300.0
 
 def job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float | None = None,
               lease_timeout: float | None = None, *, job_id: str | None = None, seen: dict | None = None) -> dict:
+    """:func:`_read_job_state`, with ``status.json`` read again before a LOST verdict: a job that writes its final
+    status and then releases its lease between this reader's two reads must not look LOST (seen once under
+    Slurm: status read as RUNNING, then the lease read as released)."""
+    state = _read_job_state(out_dir, launcher_pid, now, lease_timeout, job_id=job_id, seen=seen)
+    if state["state"] != "LOST" or not (path := Path(out_dir) / "status.json").exists():
+        return state
+    again = read_json(path)
+    launch = Path(out_dir) / "launch.json"
+    mine = job_id or (read_json(launch).get("job_id") if launch.exists() else None)
+    if again.get("state") not in ("RUNNING", "PENDING") and (not mine or again.get("job_id") in (None, mine)):
+        return again
+    return state
+
+
+def _read_job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float | None = None,
+                    lease_timeout: float | None = None, *, job_id: str | None = None,
+                    seen: dict | None = None) -> dict:
     """The state of job ``job_id`` (default: the one ``launch.json`` names) from the stage folder alone, on any host.
 
     Returns its ``status.json`` row, with ``"observed"``: pass it back as ``seen`` on the next call.  Rows of another
