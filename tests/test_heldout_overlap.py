@@ -144,3 +144,29 @@ def test_no_heldout_documents_write_an_empty_index_and_drop_nothing(planted):
     assert marker["overlaps_heldout"] == 0 and marker["unique_docs"] == len(ids)
     assert read_parquet(rdir / "mixture" / heldout_overlap.TOKENS_FILE).num_rows == 0
     assert read_json(rdir / "mixture" / "plan.json")["heldout_index"]["runs"] == 0
+
+
+def test_a_process_builds_the_index_once_for_all_shards_of_a_plan(planted, monkeypatch):
+    """A scatter task checks many shards: the index (2.9 M runs at bench-scale's 4 GB, 0.4 CPU-s to build) is
+    built once per process and plan, not once per shard, which made the step quadratic in the corpus."""
+    rdir, shard, _, _, _ = planted
+    built = []
+
+    class Counted(heldout_overlap.OverlapIndex):
+        def __init__(self, path, n):
+            built.append(str(path))
+            super().__init__(path, n)
+
+    monkeypatch.setattr(heldout_overlap, "OverlapIndex", Counted)
+    monkeypatch.setattr(heldout_overlap, "_LOADED", [])
+    path = _index_of(rdir, shard)
+    index = read_json(rdir / "mixture" / "plan.json")["heldout_index"]
+    first = heldout_overlap.loaded_index(path, index)
+    assert heldout_overlap.loaded_index(path, dict(index)) is first and len(built) == 1
+    other = heldout_overlap.loaded_index(path, {**index, "sha256": "another plan"})
+    assert other is not first and len(built) == 2
+    assert scatter.run_scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"])["overlaps_heldout"] == 2
+    assert len(built) == 3                                  # the plan's own sha256 again: one more load, then kept
+    (rdir / "sink" / "scatter" / f"{shard}.arrow.done").unlink()
+    assert scatter.run_scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"])["overlaps_heldout"] == 2
+    assert len(built) == 3

@@ -31,8 +31,9 @@ collision: about ``N * M / 2^64`` runs for ``N`` held-out and ``M`` training run
 document needs a share of its runs, not one, to be dropped.  A bitmap of ``16 * N`` bits (at least 2^16) is checked
 first, so only about one run in 16 (plus the true matches) goes to the binary search.
 
-Memory: 12 bytes per held-out run, plus the bitmap (2 bytes per run); per shard, about 40 bytes per token while
-it is checked.  Time: linear in the shard's training tokens.
+Memory: 12 bytes per held-out run, plus the bitmap (2 bytes per run), kept by the process for its next shard
+(:func:`loaded_index`); per shard, about 40 bytes per token while it is checked.  Time: linear in the shard's
+training tokens, plus loading the index once per process.
 """
 
 from __future__ import annotations
@@ -150,7 +151,7 @@ def write_heldout(rdir: Path, held: list, n: int, overlap: float) -> dict | None
 
 
 class OverlapIndex:
-    """The held-out runs of one mixture plan, loaded once per scatter task."""
+    """The held-out runs of one mixture plan (:func:`loaded_index` keeps one per process)."""
 
     def __init__(self, path: Path, n: int):
         import numpy as np
@@ -168,8 +169,9 @@ class OverlapIndex:
         slot = self.ngrams >> self._shift                  # sorted, as the n-grams are: OR each byte's bits at once
         byte = (slot >> np.uint64(3)).astype(np.int64)
         if len(byte):
-            where, first = np.unique(byte, return_index=True)
-            self.bitmap[where] = np.bitwise_or.reduceat(np.uint8(1) << (slot & np.uint64(7)).astype(np.uint8), first)
+            first = np.flatnonzero(np.concatenate([[True], byte[1:] != byte[:-1]]))    # sorted: no np.unique
+            self.bitmap[byte[first]] = np.bitwise_or.reduceat(
+                np.uint8(1) << (slot & np.uint64(7)).astype(np.uint8), first)
 
     def matches(self, tokens: Any, lengths: Any) -> dict[int, dict]:
         """For every document with a run of ``n`` tokens that a held-out document has: ``train_share`` (the share
@@ -213,6 +215,19 @@ class OverlapIndex:
                 for d, f in zip(docs.tolist(), first.tolist(), strict=True)}
 
 
+_LOADED: list = []          # [(key, OverlapIndex)]: the last index this process loaded
+
+
+def loaded_index(path: Path, index: dict) -> OverlapIndex:
+    """The plan's index, built once per process and kept for the next shard of the same plan: a scatter task (or
+    its pool worker) checks many shards, and the index grows with the held-out split (2.9 M runs, 0.4 CPU-s to
+    load and build at bench-scale's 4 GB), so building it per shard made the step quadratic in the corpus."""
+    key = (str(path.resolve()), index.get("sha256"), index["n"])
+    if not _LOADED or _LOADED[0][0] != key:
+        _LOADED[:] = [(key, OverlapIndex(path, index["n"]))]
+    return _LOADED[0][1]
+
+
 def plan_index(rdir: Path) -> dict | None:
     """The mixture plan's held-out index (counts, sha256, ``n``, ``overlap``), or None: no mixture plan, or
     ``heldout_ngram`` 0."""
@@ -234,7 +249,7 @@ def drop_overlapping(rdir: Path, shard: str, table: Any, copies: Any, index: dic
 
     from pipeline.io import count_removed, new_stats, read_parquet, write_parquet, write_stats
 
-    idx = OverlapIndex(Path(rdir) / "mixture" / index["file"], index["n"])
+    idx = loaded_index(Path(rdir) / "mixture" / index["file"], index)
     tokens = table.column("tokens").combine_chunks()
     offsets = tokens.offsets.to_numpy()
     values = tokens.values.to_numpy()
