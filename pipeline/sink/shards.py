@@ -122,10 +122,12 @@ def _gather(bucket: dict, chunk):
     dst = np.cumsum(n) - n
     flat = np.empty(int(n.sum()), np.int32)
     part = bucket["part"][chunk]
-    for p, (values, starts) in enumerate(bucket["sources"]):
-        sel = np.flatnonzero(part == p)
-        if not len(sel):
-            continue
+    if not len(part):
+        return flat, dst, n
+    by_part = np.argsort(part, kind="stable")       # one pass per part present in the chunk, not per scatter file
+    present, first = np.unique(part[by_part], return_index=True)
+    for p, sel in zip(present.tolist(), np.split(by_part, first[1:]), strict=True):
+        values, starts = bucket["sources"][p]
         ln = n[sel]
         ramp = np.arange(int(ln.sum()), dtype=np.int64) - np.repeat(np.cumsum(ln) - ln, ln)
         flat[np.repeat(dst[sel], ln) + ramp] = values[np.repeat(starts[bucket["row"][chunk[sel]]], ln) + ramp]
