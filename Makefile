@@ -115,9 +115,11 @@ screenshots: $(STAMP) system-deps corpus
 
 # Test files run on TEST_WORKERS pytest-xdist workers, a whole file per worker (module fixtures are shared within a
 # file), the longest files first (tests/fixtures/file_seconds.json; --no-loadscope-reorder keeps that order, xdist
-# would otherwise start the files with the most tests first); TEST_WORKERS=0 runs them in this process.
+# would otherwise start the files with the most tests first); TEST_WORKERS=0 runs them in this process.  Three workers
+# on two cores: much of the suite waits (msrun cluster start and shutdown, live deployments' loops, the browser), and
+# two workers left the cores 18 % idle (docs/testing.md).
 # PYTEST_ARGS: more pytest options (--junitxml=... gives every test's time).
-TEST_WORKERS ?= 2
+TEST_WORKERS ?= 3
 test: $(STAMP) system-deps
 	$(PY) -m pytest -q --durations=40 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 

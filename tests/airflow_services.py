@@ -153,7 +153,7 @@ class AirflowDeployment(AirflowRest):
             "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__TRIGGERER__TRIGGERER_LOG_SERVER_PORT": str(free_port()),
             "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__SCHEDULER__MIN_FILE_PROCESS_INTERVAL": "5",
+            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "120",   # parsed at start; the config is fixed
             "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
             "MINDLOOM_CONFIG": str(config_path), "MINDLOOM_TRAIN_EXECUTOR": "",
             "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
