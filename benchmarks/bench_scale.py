@@ -65,6 +65,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import scale_corpus  # noqa: E402
 import scale_peer  # noqa: E402
+import scale_stage  # noqa: E402
 import scale_stats  # noqa: E402
 import scale_targets  # noqa: E402
 import scale_truth  # noqa: E402
@@ -285,10 +286,15 @@ def main(argv: list[str] | None = None) -> int:
                          "skipped ones (recorded under merged_from)")
     ap.add_argument("--no-install", action="store_true", help="do not install the datatrove venv when missing")
     ap.add_argument("--timeout", type=float, default=6 * 3600)
+    ap.add_argument("--stage-repeats", type=int, default=0,
+                    help="run nothing else: repeat the sink writer step this many times per size on the kept runs "
+                         "under --work, interleaved, into the --out file (scale_stage.py)")
     ap.add_argument("--out", type=Path, default=RESULTS_DIR / "scale.json")
     a = ap.parse_args(argv)
     if a.sweep_only:
         return merge_sweep(a.out, a.add_sweep, a.parallelism)
+    if a.stage_repeats:
+        return scale_stage.merge(a.out, a.work, a.parallelism, a.stage_repeats)
     if not (a.source.is_dir() and any(a.source.glob("*.jsonl"))):
         print(f"[scale] bench-scale builds its corpus from real text and found no {a.source}/*.jsonl (the shared "
               "corpora are absent on this machine, e.g. in CI); pass --source DIR with <domain>.jsonl files",

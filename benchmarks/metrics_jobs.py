@@ -174,6 +174,14 @@ def scale_metrics(runs: list[dict]) -> list[dict]:
                           note=f"{p['task_instances']} task instances; task bodies {p['profile_cpu_s']} CPU-s; "
                                f"{p['mb_per_cpu_s']} MB/CPU-s; wall {p['wall_s']} s; yardstick "
                                f"{p.get('yardstick_cpu_s')} CPU-s; peak task {p.get('peak_task_rss_mb')} MB"))
+    if sr := res.get("stage_repeats"):
+        g = list(sr["corpus_mb"])
+        for step, x in sr["steps"].items():
+            out.append(metric("scale", f"{step}_exponent_stage_repeats", "", [x["exponent"]], target=1.05, op="<=",
+                              compared=f"{step} alone, {sr['repeats']} interleaved repeats at {g[0]} and {g[-1]} GB",
+                              note=f"exponent of the median CPU-s ({x['cpu_s'][g[0]]['median']} → "
+                                   f"{x['cpu_s'][g[-1]]['median']}); each pair's: "
+                                   f"{', '.join(map(str, x.get('pair_exponents') or []))}"))
     for r in res.get("runs", []):
         if r.get("mb_per_cpu_s"):
             out.append(metric("scale", f"chain_mb_per_cpu_s_{r['size_gb']:g}gb", "MB/CPU-s",

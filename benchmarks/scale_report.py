@@ -63,6 +63,17 @@ def markdown(res: dict) -> list[str]:
             out += ["", "Yardstick (a fixed workload timed before and after each run, `scale_stats.yardstick`; "
                     "higher is a slower machine): " + ", ".join(f"{g:g} GB {v['median']} CPU-s" for g, v in sticks)
                     + "."]
+    if sr := res.get("stage_repeats"):
+        sizes = list(sr["corpus_mb"])
+        out += ["", f"The sink's steps alone ({sr['what']}; `bench_scale.py --stage-repeats`), {sr['repeats']} "
+                "repeats per size on the kept runs' tokenized shards, CPU-seconds:", ""]
+        out += table(["Step", "Size", "Corpus MB", "Shards", "Output files", "Held-out runs", "Median", "Min", "Max",
+                      "Exponent of medians", "Each pair"],
+                     [[step, f"{g} GB", sr["corpus_mb"][g], sr["setup"][g]["shards"], sr["setup"][g]["n_files"],
+                       sr["setup"][g].get("heldout_runs"), x["cpu_s"][g]["median"], x["cpu_s"][g]["min"],
+                       x["cpu_s"][g]["max"], x["exponent"] if g == sizes[-1] else "",
+                       ", ".join(map(str, x.get("pair_exponents") or [])) if g == sizes[-1] else ""]
+                      for step, x in sr["steps"].items() for g in sizes])
     side = res.get("side") or {}
     if side.get("tokenize"):
         t = side["tokenize"]

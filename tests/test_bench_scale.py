@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -389,3 +390,35 @@ def test_add_sweep_keeps_an_earlier_invocations_sweep_points_and_this_runs_own_p
     points = scale_sweep.sweep(run(64, 490.0), a, lambda size, a: pytest.fail("nothing is re-run"))
     assert [(p["parallelism"], p["cpu_s"]) for p in points] == [(8, 460.0), (64, 490.0), (256, 710.0)]
     assert [p.get("from") for p in points] == [str(earlier), None, str(earlier)]
+
+
+def test_stage_repeats_give_each_sink_steps_exponent_as_a_metric_and_a_table(tmp_path, monkeypatch):
+    """``--stage-repeats``: the sink's steps re-run alone at two sizes; each step's exponent of the median CPU is a
+    metric judged against 1.05, with every pair's exponent in its note and the table."""
+    import common
+    import run_all
+    import scale_report
+    import scale_stage
+    import scale_stats
+
+    monkeypatch.setattr(scale_stage, "mirror", lambda run, dest: dest)
+    monkeypatch.setattr(scale_stage, "prepare", lambda rdir: {"shards": 2, "n_files": 1, "heldout_runs": 9})
+    cpu = {("1gb", "sink_scatter"): iter([10.0, 12.0, 11.0]), ("4gb", "sink_scatter"): iter([44.0, 40.0, 42.0]),
+           ("1gb", "sink_write"): iter([30.0, 33.0, 36.0]), ("4gb", "sink_write"): iter([150.0, 100.0, 160.0])}
+    monkeypatch.setattr(scale_stage, "run_step", lambda rdir, step: {"cpu_s": next(cpu[(rdir.name[6:], step)])})
+    monkeypatch.setattr(scale_stats, "yardstick", lambda rounds=10: 1.0)
+    sr = scale_stage.stage_repeats(tmp_path, [1.0, 4.0], 64, 3, {1.0: 1000.0, 4.0: 4000.0})
+    assert sr["steps"]["sink_scatter"]["cpu_s"]["4"]["median"] == 42.0
+    assert sr["steps"]["sink_scatter"]["exponent"] == round(math.log(42 / 11) / math.log(4), 3)
+    assert sr["steps"]["sink_write"]["exponent"] == round(math.log(150 / 33) / math.log(4), 3)       # 1.092
+    assert sr["steps"]["sink_write"]["pair_exponents"] == [round(math.log(b / a) / math.log(4), 3) for a, b in
+                                                           ((30, 150), (33, 100), (36, 160))]
+    res = {"command": "benchmarks/bench_scale.py --stage-repeats 3", "runs": [], "targets": [], "stage_repeats": sr}
+    (tmp_path / "scale.json").write_text(json.dumps(res))
+    monkeypatch.setattr(common, "RESULTS_DIR", tmp_path)
+    by_name = {m["name"]: m for m in run_all.refresh_topic({"topics": {}, "metrics": []}, "scale")["metrics"]}
+    assert by_name["scale.sink_scatter_exponent_stage_repeats"]["met"] is True
+    assert by_name["scale.sink_write_exponent_stage_repeats"]["met"] is False
+    assert by_name["scale.sink_write_exponent_stage_repeats"]["note"].endswith("each pair's: 1.161, 0.8, 1.076")
+    md = "\n".join(scale_report.markdown(res))
+    assert "| sink_write | 4 GB | 4000.0 | 2 | 1 | 9 | 150.0 | 100.0 | 160.0 | 1.092 |" in md
