@@ -74,6 +74,10 @@ def markdown(res: dict) -> list[str]:
                        x["cpu_s"][g]["max"], x["exponent"] if g == sizes[-1] else "",
                        ", ".join(map(str, x.get("pair_exponents") or [])) if g == sizes[-1] else ""]
                       for step, x in sr["steps"].items() for g in sizes])
+        if drops := sr.get("overlaps_heldout"):
+            out += ["", "The held-out overlap check dropped " + ", ".join(
+                f"{v['dropped']:,} of {v['in_docs']:,} training documents at {g} GB" for g, v in drops.items())
+                + " (the writer rows read the scatter without the check)."]
     side = res.get("side") or {}
     if side.get("tokenize"):
         t = side["tokenize"]

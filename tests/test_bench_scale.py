@@ -404,11 +404,15 @@ def test_stage_repeats_give_each_sink_steps_exponent_as_a_metric_and_a_table(tmp
     monkeypatch.setattr(scale_stage, "mirror", lambda run, dest: dest)
     monkeypatch.setattr(scale_stage, "prepare", lambda rdir: {"shards": 2, "n_files": 1, "heldout_runs": 9})
     cpu = {("1gb", "sink_scatter"): iter([10.0, 12.0, 11.0]), ("4gb", "sink_scatter"): iter([44.0, 40.0, 42.0]),
-           ("1gb", "sink_write"): iter([30.0, 33.0, 36.0]), ("4gb", "sink_write"): iter([150.0, 100.0, 160.0])}
+           ("1gb", "sink_write"): iter([30.0, 33.0, 36.0]), ("4gb", "sink_write"): iter([150.0, 100.0, 160.0]),
+           ("1gb", "sink_scatter_no_check"): iter([5.0] * 3), ("4gb", "sink_scatter_no_check"): iter([20.0] * 3)}
     monkeypatch.setattr(scale_stage, "run_step", lambda rdir, step: {"cpu_s": next(cpu[(rdir.name[6:], step)])})
     monkeypatch.setattr(scale_stats, "yardstick", lambda rounds=10: 1.0)
+    monkeypatch.setattr(scale_stage, "dropped", lambda rdir: {"in_docs": 10, "dropped": 1})
     sr = scale_stage.stage_repeats(tmp_path, [1.0, 4.0], 64, 3, {1.0: 1000.0, 4.0: 4000.0})
     assert sr["steps"]["sink_scatter"]["cpu_s"]["4"]["median"] == 42.0
+    assert sr["steps"]["sink_scatter_no_check"]["exponent"] == 1.0
+    assert sr["overlaps_heldout"]["4"] == {"in_docs": 10, "dropped": 1}
     assert sr["steps"]["sink_scatter"]["exponent"] == round(math.log(42 / 11) / math.log(4), 3)
     assert sr["steps"]["sink_write"]["exponent"] == round(math.log(150 / 33) / math.log(4), 3)       # 1.092
     assert sr["steps"]["sink_write"]["pair_exponents"] == [round(math.log(b / a) / math.log(4), 3) for a, b in
