@@ -32,9 +32,9 @@ document needs a share of its runs, not one, to be dropped.  A bitmap of ``16 * 
 first, so only about one run in 16 (plus the true matches) goes to the lookup, which reads the run's bucket of the
 sorted n-grams (bucketed by their top bits, one or two per bucket).
 
-Memory: 12 bytes per held-out run, plus the bitmap (2 bytes per run) and the bucket starts (2-4 bytes), kept by the process for its next shard
-(:func:`loaded_index`); per shard, about 40 bytes per token while it is checked.  Time: linear in the shard's
-training tokens, plus loading the index once per process.
+Memory: 12 bytes per held-out run, plus the bitmap (2 bytes per run) and the bucket starts (2-4 bytes), kept by
+the process for its next shard (:func:`loaded_index`); per shard, about 40 bytes per token while it is checked.
+Time: linear in the shard's training tokens, plus loading the index once per process.
 """
 
 from __future__ import annotations

@@ -125,8 +125,9 @@ def _gather(bucket: dict, chunk):
     if not len(part):
         return flat, dst, n
     by_part = np.argsort(part, kind="stable")       # one pass per part present in the chunk, not per scatter file
-    present, first = np.unique(part[by_part], return_index=True)
-    for p, sel in zip(present.tolist(), np.split(by_part, first[1:]), strict=True):
+    sorted_part = part[by_part]
+    first = np.flatnonzero(np.concatenate([[True], sorted_part[1:] != sorted_part[:-1]]))   # sorted: no np.unique
+    for p, sel in zip(sorted_part[first].tolist(), np.split(by_part, first[1:]), strict=True):
         values, starts = bucket["sources"][p]
         ln = n[sel]
         ramp = np.arange(int(ln.sum()), dtype=np.int64) - np.repeat(np.cumsum(ln) - ln, ln)
