@@ -170,3 +170,22 @@ def test_a_process_builds_the_index_once_for_all_shards_of_a_plan(planted, monke
     (rdir / "sink" / "scatter" / f"{shard}.arrow.done").unlink()
     assert scatter.run_scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"])["overlaps_heldout"] == 2
     assert len(built) == 3
+
+
+def test_a_document_names_the_heldout_one_it_covers_most_counting_each_run_once(tmp_path):
+    """Three held-out documents A (ids 0-99), B (1000-1049) and C (2000-2099): a training document that quotes A's
+    first 40 tokens twice around all of B names B (every one of its 38 runs) and counts A's 28 runs once; one that
+    quotes as much of A as of C names A, the first; one with 20 tokens of B after 20 others starts its match at 20."""
+    a, b, c = np.arange(100), np.arange(1000, 1050), np.arange(2000, 2100)
+    held = [a, b, c]
+    path = tmp_path / heldout_overlap.INDEX_FILE
+    counts = heldout_overlap.build_index(path, np.concatenate(held), [len(x) for x in held], N)
+    assert counts["runs"] == 88 + 38 + 88
+    docs = [np.concatenate([a[:40], b, a[:40]]), np.concatenate([a[:30], c[:30], np.arange(5000, 5100)]),
+            np.arange(6000, 6300), np.concatenate([np.arange(7000, 7020), b[:20]])]
+    hit = heldout_overlap.OverlapIndex(path, N).matches(np.concatenate(docs), [len(d) for d in docs])
+    assert hit == {0: {"train_share": round(66 / 118, 4), "heldout_row": 1, "heldout_share": 1.0, "offset": 0},
+                   1: {"train_share": round(36 / 148, 4), "heldout_row": 0, "heldout_share": round(18 / 88, 4),
+                       "offset": 0},
+                   3: {"train_share": round(8 / 28, 4), "heldout_row": 1, "heldout_share": round(8 / 38, 4),
+                       "offset": 20}}

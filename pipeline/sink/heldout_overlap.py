@@ -32,9 +32,12 @@ document needs a share of its runs, not one, to be dropped.  A bitmap of ``16 * 
 first, so only about one run in 16 (plus the true matches) goes to the lookup, which reads the run's bucket of the
 sorted n-grams (bucketed by their top bits, one or two per bucket).
 
-Memory: 12 bytes per held-out run, plus the bitmap (2 bytes per run) and the bucket starts (2-4 bytes), kept by
-the process for its next shard (:func:`loaded_index`); per shard, about 40 bytes per token while it is checked.
-Time: linear in the shard's training tokens, plus loading the index once per process.
+Memory: 20 bytes per held-out run (the n-gram, its document, its rank by document and that rank's document), plus
+the bitmap (2 bytes per run) and the bucket starts (2-4 bytes), kept by the process for its next shard
+(:func:`loaded_index`); per shard, about 40 bytes per token while it is checked.
+Time: linear in the shard's training tokens, plus a cost per matching run (a bucket lookup and one sort of the
+slice's matches), plus loading the index once per process.  The matches grow with how much of the corpus repeats
+held-out text: at most every run, so the cost per token is bounded, about 10x that of a shard without matches.
 """
 
 from __future__ import annotations
@@ -164,6 +167,12 @@ class OverlapIndex:
         self.ngrams = t.column("ngram").to_numpy()
         self.docs = t.column("doc").to_numpy()
         self.doc_unique = np.bincount(self.docs) if len(self.docs) else np.zeros(1, np.int64)
+        # each n-gram's place in (held-out document, n-gram) order: one sort of (document, rank) keys then groups a
+        # training document's distinct held-out runs by held-out document as well (no second sort per shard)
+        order = np.argsort(self.docs, kind="stable")
+        self.rank = np.empty(len(self.docs), np.int32)
+        self.rank[order] = np.arange(len(self.docs), dtype=np.int32)
+        self.doc_by_rank = self.docs[order]
         bits = 1 << max(16, (16 * max(1, len(self.ngrams)) - 1).bit_length())
         self._shift = np.uint64(64 - (bits.bit_length() - 1))
         self.bitmap = np.zeros(bits // 8, np.uint8)
@@ -218,23 +227,25 @@ class OverlapIndex:
         hit, where, doc = hit[inside], where[inside], doc[inside]
         if not len(hit):
             return {}
-        docs, first = np.unique(doc, return_index=True)            # runs are in order: the first per document
+        first = np.flatnonzero(np.concatenate([[True], doc[1:] != doc[:-1]]))    # runs are in order: sorted docs
         width = len(self.ngrams)
-        pairs = np.unique(doc * width + where)                     # distinct (document, held-out run)
-        pd, ph = pairs // width, self.docs[pairs % width].astype(np.int64)
+        key = doc * width + self.rank[where]
+        key.sort()                                  # the one sort: by document, then held-out document, then run
+        key = key[np.concatenate([[True], key[1:] != key[:-1]])]    # distinct (document, held-out run)
+        pd, ph = key // width, self.doc_by_rank[key % width].astype(np.int64)
         matched = np.bincount(pd, minlength=len(lengths))
-        cover, count = np.unique(pd * len(self.doc_unique) + ph, return_counts=True)   # (document, held-out doc)
-        best: dict[int, tuple[float, int]] = {}
-        for key, cnt in zip(cover.tolist(), count.tolist(), strict=True):
-            d, h = divmod(key, len(self.doc_unique))
-            share = cnt / max(1, int(self.doc_unique[h]))
-            if d not in best or share > best[d][0]:
-                best[d] = (share, h)
+        group = np.flatnonzero(np.concatenate([[True], (pd[1:] != pd[:-1]) | (ph[1:] != ph[:-1])]))
+        g_doc, g_held = pd[group], ph[group]                         # (document, held-out document) groups
+        share = np.diff(np.append(group, len(pd))) / np.maximum(1, self.doc_unique[g_held])
+        g_first = np.flatnonzero(np.concatenate([[True], g_doc[1:] != g_doc[:-1]]))
+        top = np.repeat(np.maximum.reduceat(share, g_first), np.diff(np.append(g_first, len(g_doc))))
+        best = np.flatnonzero(share == top)                          # the first held-out document at the max
+        best = best[np.concatenate([[True], g_doc[best][1:] != g_doc[best][:-1]])]
         starts = ends - lengths
         return {d: {"train_share": round(min(1.0, int(matched[d]) / max(1, int(lengths[d]) - self.n + 1)), 4),
-                    "heldout_row": best[d][1], "heldout_share": round(best[d][0], 4),
-                    "offset": int(hit[f] - starts[d])}
-                for d, f in zip(docs.tolist(), first.tolist(), strict=True)}
+                    "heldout_row": h, "heldout_share": round(sh, 4), "offset": int(hit[f] - starts[d])}
+                for d, f, h, sh in zip(doc[first].tolist(), first.tolist(), g_held[best].tolist(),
+                                       share[best].tolist(), strict=True)}
 
 
 _LOADED: list = []          # [(key, OverlapIndex)]: the last index this process loaded
