@@ -45,7 +45,7 @@ class MindloomConfig:
                                    "max_map_length) whatever the corpus size. Size it to the deployment's worker "
                                    "slots.", ge=1, le=1024)
     task_workers: int = _f(0, desc="Processes inside one per-shard task for the stages that handle a shard in one "
-                                   "process (exact dedup, MinHash signatures and removal, sink scatter); 0: every "
+                                   "process (exact dedup, MinHash signatures and removal); 0: every "
                                    "core of the worker. Memory of such a task is this many times one shard's.",
                            ge=0, le=256)
     domains: list[str] = _f(factory=list, desc="Domains to include (empty: every configured source).")

@@ -32,9 +32,10 @@ document needs a share of its runs, not one, to be dropped.  A bitmap of ``16 * 
 first, so only about one run in 16 (plus the true matches) goes to the lookup, which reads the run's bucket of the
 sorted n-grams (bucketed by their top bits, one or two per bucket).
 
-Memory: 20 bytes per held-out run (the n-gram, its document, its rank by document and that rank's document), plus
-the bitmap (2 bytes per run) and the bucket starts (2-4 bytes), kept by the process for its next shard
-(:func:`loaded_index`); per shard, about 40 bytes per token while it is checked.
+Memory: 16 bytes per held-out run (the n-gram, its document, its rank by document and that rank's document; 20
+with 32,768 held-out documents or more), plus the bitmap (2 bytes per run) and the bucket starts (2-4 bytes), kept
+by the process for its next shard (:func:`loaded_index`); per shard, about 40 bytes per token while it is checked.
+A scatter task holds it once: the scatter runs in the task's process, not a pool.
 Time: linear in the shard's training tokens, plus a cost per matching run (a bucket lookup and one sort of the
 slice's matches), plus loading the index once per process.  The matches grow with how much of the corpus repeats
 held-out text: at most every run, so the cost per token is bounded, about 10x that of a shard without matches.
@@ -165,7 +166,8 @@ class OverlapIndex:
         t = read_parquet(path)
         self.n = n
         self.ngrams = t.column("ngram").to_numpy()
-        self.docs = t.column("doc").to_numpy()
+        docs = t.column("doc").to_numpy()
+        self.docs = docs.astype(np.int16) if len(docs) and docs.max() < 1 << 15 else docs    # 2 bytes per run
         self.doc_unique = np.bincount(self.docs) if len(self.docs) else np.zeros(1, np.int64)
         # each n-gram's place in (held-out document, n-gram) order: one sort of (document, rank) keys then groups a
         # training document's distinct held-out runs by held-out document as well (no second sort per shard)
