@@ -172,8 +172,8 @@ class OverlapIndex:
         # each n-gram's place in (held-out document, n-gram) order: one sort of (document, rank) keys then groups a
         # training document's distinct held-out runs by held-out document as well (no second sort per shard)
         order = np.argsort(self.docs, kind="stable")
-        self.rank = np.empty(len(self.docs), np.int32)
-        self.rank[order] = np.arange(len(self.docs), dtype=np.int32)
+        self.rank = np.empty(len(self.docs), np.int32 if len(self.docs) < 1 << 31 else np.int64)
+        self.rank[order] = np.arange(len(self.docs), dtype=self.rank.dtype)
         self.doc_by_rank = self.docs[order]
         bits = 1 << max(16, (16 * max(1, len(self.ngrams)) - 1).bit_length())
         self._shift = np.uint64(64 - (bits.bit_length() - 1))
