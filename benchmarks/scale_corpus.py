@@ -174,7 +174,7 @@ def domain_targets(src: Path, total_bytes: int) -> dict[str, int]:
 _SPACE = re.compile(r"(\s+)")
 _CJK = re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")
 _EDIT_TOKEN = {"word": re.compile(r"[^\W_]+"), "code": re.compile(r"\w+"),
-               "char": re.compile(r"[\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af]")}
+               "char": _CJK}
 
 
 def shingle_kind(domain: str, text: str) -> tuple[str, int]:

@@ -63,6 +63,13 @@ def _mix(ids: Any) -> Any:
         return z ^ (z >> np.uint64(31))
 
 
+def _new(x: Any) -> Any:
+    """Where a sorted array's value changes (the first element included): the starts of its runs of equal values."""
+    import numpy as np
+
+    return np.concatenate([[True], x[1:] != x[:-1]])
+
+
 def _all_runs(tokens: Any, n: int) -> Any:
     """The hash of the run of ``n`` tokens starting at every position that has ``n`` tokens after it (runs across
     document boundaries included: callers drop them)."""
@@ -181,7 +188,7 @@ class OverlapIndex:
         slot = self.ngrams >> self._shift                  # sorted, as the n-grams are: OR each byte's bits at once
         byte = (slot >> np.uint64(3)).astype(np.int64)
         if len(byte):
-            first = np.flatnonzero(np.concatenate([[True], byte[1:] != byte[:-1]]))    # sorted: no np.unique
+            first = np.flatnonzero(_new(byte))    # sorted: no np.unique
             self.bitmap[byte[first]] = np.bitwise_or.reduceat(
                 np.uint8(1) << (slot & np.uint64(7)).astype(np.uint8), first)
         k = max(1, len(self.ngrams).bit_length() - 1)       # 2^k buckets by top bits: one or two n-grams each
@@ -229,20 +236,20 @@ class OverlapIndex:
         hit, where, doc = hit[inside], where[inside], doc[inside]
         if not len(hit):
             return {}
-        first = np.flatnonzero(np.concatenate([[True], doc[1:] != doc[:-1]]))    # runs are in order: sorted docs
+        first = np.flatnonzero(_new(doc))    # runs are in order: sorted docs
         width = len(self.ngrams)
         key = doc * width + self.rank[where]
         key.sort()                                  # the one sort: by document, then held-out document, then run
-        key = key[np.concatenate([[True], key[1:] != key[:-1]])]    # distinct (document, held-out run)
+        key = key[_new(key)]    # distinct (document, held-out run)
         pd, ph = key // width, self.doc_by_rank[key % width].astype(np.int64)
         matched = np.bincount(pd, minlength=len(lengths))
-        group = np.flatnonzero(np.concatenate([[True], (pd[1:] != pd[:-1]) | (ph[1:] != ph[:-1])]))
+        group = np.flatnonzero(_new(pd) | _new(ph))
         g_doc, g_held = pd[group], ph[group]                         # (document, held-out document) groups
         share = np.diff(np.append(group, len(pd))) / np.maximum(1, self.doc_unique[g_held])
-        g_first = np.flatnonzero(np.concatenate([[True], g_doc[1:] != g_doc[:-1]]))
+        g_first = np.flatnonzero(_new(g_doc))
         top = np.repeat(np.maximum.reduceat(share, g_first), np.diff(np.append(g_first, len(g_doc))))
         best = np.flatnonzero(share == top)                          # the first held-out document at the max
-        best = best[np.concatenate([[True], g_doc[best][1:] != g_doc[best][:-1]])]
+        best = best[_new(g_doc[best])]
         starts = ends - lengths
         return {d: {"train_share": round(min(1.0, int(matched[d]) / max(1, int(lengths[d]) - self.n + 1)), 4),
                     "heldout_row": h, "heldout_share": round(sh, 4), "offset": int(hit[f] - starts[d])}
