@@ -4,8 +4,8 @@ machine's drift.
 A whole-chain run at 4 GB takes about 20 minutes, and this machine's speed moves by 20-35 % between runs, so a
 stage's exponent from three chain runs per size carries that drift (the writer's went 1.007, 1.112 and 0.85 in
 three interleaved pairs).  Here the sink's scatter step (``sink_scatter``: every shard's copies into key-range
-buckets, with the held-out overlap check), the same step without that check (``sink_scatter_no_check``), and the
-writer step (``sink_write``: every output file packed, written and verified, from the scatter without the check)
+buckets, with the held-out overlap check), the same step without that check (``sink_scatter_no_check``), both a scatter task at a time (its shards,
+then their merge into the task's part), and the writer step (``sink_write``: every output file packed, written and verified, from the scatter without the check)
 run again on the kept outputs of the chain runs at two sizes, alternately, each step of each repeat
 in a fresh process that handles every shard or file in turn, as ``airflow dags test`` runs task after task in one
 process.  Its CPU is read from ``RUSAGE_CHILDREN`` (``common.run_measured``: the step and the verify children
@@ -40,35 +40,36 @@ STEPS = {
     "sink_scatter": """
 import sys
 from pathlib import Path
-from pipeline.tasks import sink_steps
-from pipeline.tasks.run_state import run_of
+from pipeline.ingest.output import output_specs
+from pipeline.tasks import batches, sink_steps
+from pipeline.tasks.run_state import load_run_config
 rdir = Path(sys.argv[1])
-for s in run_of([{"run_dir": str(rdir)}])[1]:
-    sink_steps.sink_scatter_shard({"run_dir": str(rdir), "shard": s})
+for h in batches.plan_batches(rdir, len(batches.shard_names(rdir)), load_run_config(rdir).parallelism):
+    sink_steps.sink_scatter_batch(h, output_specs(batches.batch_specs(h)))     # each scatter task in turn
 """,
     "sink_scatter_no_check": """
 import sys
 from pathlib import Path
 from pipeline.sink import heldout_overlap
-from pipeline.tasks import sink_steps
-from pipeline.tasks.run_state import run_of
+from pipeline.ingest.output import output_specs
+from pipeline.tasks import batches, sink_steps
+from pipeline.tasks.run_state import load_run_config
 heldout_overlap.plan_index = lambda rdir: None      # the scatter as before the held-out check: all copies kept
 rdir = Path(sys.argv[1])
-for s in run_of([{"run_dir": str(rdir)}])[1]:
-    sink_steps.sink_scatter_shard({"run_dir": str(rdir), "shard": s})
+for h in batches.plan_batches(rdir, len(batches.shard_names(rdir)), load_run_config(rdir).parallelism):
+    sink_steps.sink_scatter_batch(h, output_specs(batches.batch_specs(h)))
 """,
     "sink_write": """
 import sys
 from pathlib import Path
 from pipeline.sink import mindrecord
 from pipeline.tasks import sink_steps
-from pipeline.tasks.run_state import run_of
 rdir = Path(sys.argv[1])
-_, shards = run_of([{"run_dir": str(rdir)}])
 n = sink_steps._sink_layout(rdir)["n_files"]
 args = sink_steps._write_args(rdir)
+parts = sink_steps.scatter_parts(rdir)
 for k in range(n):
-    mindrecord.write_file_job((rdir, k, n, sorted(shards), args))
+    mindrecord.write_file_job((rdir, k, n, parts, args))
 """}
 #: What a step writes, removed before it runs again (its completion markers would skip the work).
 OUTPUTS = {"sink_scatter": ("sink/scatter", "removed/overlaps_heldout", "stats/overlaps_heldout"),

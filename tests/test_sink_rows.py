@@ -102,6 +102,66 @@ def test_rows_straddle_buckets_and_files_straddle_documents(tmp_path):
     assert np.array_equal(np.concatenate(read_rows(tmp_path / "mindrecord")), expected_stream(docs, 127, "drop", False))
 
 
+def test_a_scatter_task_merges_its_shards_into_one_part_and_the_rows_do_not_depend_on_the_parts(tmp_path,
+                                                                                                 monkeypatch):
+    """A scatter task's part holds, per bucket, its shards' copies in the order given, and replaces their files; a
+    rerun reads no tokens; the rows written from two parts are the rows written from one."""
+    import pyarrow as pa
+
+    from pipeline.sink import scatter
+
+    rng = np.random.default_rng(8)
+    docs = {f"b-{s:05d}": [rng.integers(3, 500, int(n), dtype=np.int32) for n in rng.integers(50, 3_000, 30)]
+            for s in range(3)}
+    args = dict(seed=11, n_files=4, domains=["b"])
+    runs = {}
+    for layout, groups in (("one", [[0, 1, 2]]), ("two", [[0, 1], [2]]), ("shards", None)):
+        rdir = tmp_path / layout
+        names = tokenized(rdir, docs)
+        for n in names:
+            write_parquet(pa.table({"doc_id": [f"{n}/{i}" for i in range(30)], "copies": [1, 2, 0] * 10}),
+                          rdir / "mixture" / f"{n}.parquet")
+        if groups is None:
+            runs[layout] = [scatter.run_scatter_shard(rdir, n, **args) for n in names]
+            continue
+        parts = [scatter.part_name(t, len(groups)) for t in range(len(groups))]
+        runs[layout] = [scatter.run_scatter_part(rdir, p, [names[i] for i in g], **args)
+                        for p, g in zip(parts, groups, strict=True)]
+        assert sorted(f.name for f in (rdir / scatter.SCATTER_DIR).iterdir()) == sorted(
+            f"{p}.arrow{d}" for p in parts for d in ("", ".done"))            # the shards' files are gone
+    shard_files = [scatter.scatter_path(tmp_path / "shards", n) for n in sorted(docs)]
+    for part, group in zip(runs["two"], [[0, 1], [2]], strict=True):
+        assert [s["shard"] for s in part["shards"]] == [sorted(docs)[i] for i in group]
+        for b in range(4):
+            got = scatter.open_batch(scatter.part_path(tmp_path / "two", part["part"]), b)
+            want = pa.Table.from_batches([scatter.open_batch(shard_files[i], b) for i in group]).combine_chunks()
+            assert got.equals(want.to_batches()[0] if want.num_rows else got.slice(0, 0))
+            assert part["copies"][b] == sum(runs["shards"][i]["copies"][b] for i in group) == got.num_rows
+    assert sum(sum(p["copies"]) for p in runs["two"]) == 3 * 30           # copies 1, 2, 0: 30 per shard
+
+    def no_scatter(*_a, **_k):
+        raise AssertionError("a finished part was scattered again")
+    monkeypatch.setattr(scatter, "run_scatter_shard", no_scatter)
+    assert scatter.run_scatter_part(tmp_path / "one", "part-00000-of-00001", sorted(docs), **args) == runs["one"][0]
+    monkeypatch.undo()
+    write_parquet(pa.table({"doc_id": [f"b-00002/{i}" for i in range(30)], "copies": [1] * 15 + [0] * 15}),
+                  tmp_path / "one" / "mixture" / "b-00002.parquet")                # a changed input: scattered again
+    redone = scatter.run_scatter_part(tmp_path / "one", "part-00000-of-00001", sorted(docs), **args)
+    assert redone["config"] != runs["one"][0]["config"] and sum(redone["copies"]) == 30 + 30 + 15
+
+    write = dict(seq_len=127, eos_id=2, bos_id=None, pad_id=0, remainder="drop", domain_field=True, boundaries=False,
+                 n_domains=1)
+    two = [shards.write_output_file(tmp_path / "two", k, 4, [p["part"] for p in runs["two"]], **write)
+           for k in range(4)]
+    for n in sorted(docs):                          # "one" again as it was before the change
+        write_parquet(pa.table({"doc_id": [f"{n}/{i}" for i in range(30)], "copies": [1, 2, 0] * 10}),
+                      tmp_path / "one" / "mixture" / f"{n}.parquet")
+    scatter.run_scatter_part(tmp_path / "one", "part-00000-of-00001", sorted(docs), **args)
+    one = [shards.write_output_file(tmp_path / "one", k, 4, ["part-00000-of-00001"], **write) for k in range(4)]
+    assert [e["rows_sha256"] for e in one] == [e["rows_sha256"] for e in two]
+    assert [e["samples"] for e in one] == [e["samples"] for e in two] and sum(e["samples"] for e in one) > 4
+
+
 def test_fewer_rows_than_files_fails_with_one_line(tmp_path):
     docs = {"web-00000": [np.arange(3, 103, dtype=np.int32), np.arange(3, 200, dtype=np.int32)]}
     with pytest.raises(shards.RowDealError) as err:               # 299 stream tokens: 4 rows of 64

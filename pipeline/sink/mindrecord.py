@@ -108,8 +108,9 @@ def write_mindrecord(rdir: Path, shards: list[str], *, seq_len: int, shard_num: 
         write_single_copies(rdir, shards)
     layout = sink_layout(rdir, seq_len=seq_len, shard_mb=shard_mb, shard_num=shard_num, add_bos=add_bos,
                          remainder=remainder)
-    for shard in sorted(shards):
-        scatter.run_scatter_shard(rdir, shard, seed=seed, n_files=layout["n_files"], domains=layout["domains"])
+    parts = [scatter.part_name(0, 1)]          # one scatter task: every shard in one part
+    scatter.run_scatter_part(rdir, parts[0], sorted(shards), seed=seed, n_files=layout["n_files"],
+                             domains=layout["domains"])
     args = dict(seq_len=seq_len, eos_id=eos_id, bos_id=bos_id if add_bos else None,
                 pad_id=FILE_PAD if pad_id is None or pad_id < 0 else pad_id, remainder=remainder,
                 domain_field=domain_field, boundaries=boundaries, n_domains=len(layout["domains"]),
@@ -117,11 +118,11 @@ def write_mindrecord(rdir: Path, shards: list[str], *, seq_len: int, shard_num: 
     ks = range(layout["n_files"])
     if workers > 1 and layout["n_files"] > 1:
         with ProcessPoolExecutor(min(workers, layout["n_files"]), mp_context=get_context("spawn")) as pool:
-            list(pool.map(write_file_job, [(rdir, k, layout["n_files"], sorted(shards), args) for k in ks]))
+            list(pool.map(write_file_job, [(rdir, k, layout["n_files"], parts, args) for k in ks]))
     else:
         for k in ks:
-            write_file_job((rdir, k, layout["n_files"], sorted(shards), args))
-    return shards_mod.finalize_set(rdir, layout["n_files"], sorted(shards), seq_len=seq_len,
+            write_file_job((rdir, k, layout["n_files"], parts, args))
+    return shards_mod.finalize_set(rdir, layout["n_files"], parts, seq_len=seq_len,
                                    domains=layout["domains"], domain_field=domain_field, boundaries=boundaries,
                                    extra=set_extra(rdir, layout, seed=seed, vocab_size=vocab_size,
                                                    tokenizer_sha256=tokenizer_sha256, config_sha256=config_sha256,
@@ -129,9 +130,9 @@ def write_mindrecord(rdir: Path, shards: list[str], *, seq_len: int, shard_num: 
 
 
 def write_file_job(job: tuple) -> dict:
-    """One output file from a picklable ``(rdir, k, n_files, shards, args)`` (what writer pools map over)."""
-    rdir, k, n, shards, args = job
-    return shards_mod.write_output_file(rdir, k, n, shards, **args)
+    """One output file from a picklable ``(rdir, k, n_files, scatter parts, args)`` (what writer pools map over)."""
+    rdir, k, n, parts, args = job
+    return shards_mod.write_output_file(rdir, k, n, parts, **args)
 
 
 def sink_layout(rdir: Path, *, seq_len: int, shard_mb: int, shard_num: int,

@@ -5,10 +5,11 @@ The corpus is one packed stream: every training copy in key order (:mod:`pipelin
 consecutive rows ``[k*R // n, (k+1)*R // n)``, so every file gets ``R // n`` or ``R // n + 1`` rows whatever the
 documents look like (two documents of 110 rows fill two files with 55 each), and only the stream's last partial
 row is dropped (``remainder: drop``) or padded into the last file.  :func:`row_plan` finds, from the scatter
-markers alone, where every key-range bucket starts in the stream and how many rows there are; a corpus with fewer
-rows than files fails with one line saying so.
+parts' markers alone, where every key-range bucket starts in the stream and how many rows there are; a corpus with
+fewer rows than files fails with one line saying so.
 
-:func:`write_output_file` reads only the buckets its rows fall in (memory-mapped, every shard's batch of them),
+:func:`write_output_file` reads only the buckets its rows fall in (memory-mapped, every scatter part's batch of
+them: one part per scatter task, :func:`pipeline.sink.scatter.run_scatter_part`),
 orders their copies by key, and feeds the copies that overlap its rows to a windowed
 :class:`pipeline.sink.packing.StreamPacker`, chunk by chunk, into ``sink/out/corpus-<k>-of-<n>.mindrecord``.  The
 writer then verifies its own file (every row read back through ``MindDataset`` in a memory-limited child, count and
@@ -22,8 +23,9 @@ split, renames ``sink/out`` to ``mindrecord`` and removes the scatter files.  Th
 file order.
 
 Memory of a writer task: per bucket it touches, 32 bytes per copy (key, length, domain, source); the tokens of
-one packing chunk (``CHUNK_TOKENS``, about 30 bytes per token, ~120 MB) gathered from the mapped scatter files.
-It does not grow with the corpus: the corpus grows the number of files and buckets, not the size of one.
+one packing chunk (``CHUNK_TOKENS``, about 30 bytes per token, ~120 MB) gathered from the mapped scatter parts.
+It does not grow with the corpus: the corpus grows the number of files and buckets, not the size of one, and a
+writer reads the markers of ``parallelism`` parts and maps that many files per bucket, not one per shard.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from pathlib import Path
 
 from pipeline.io import completed, config_digest, read_json, read_marker, write_json, write_marker
 from pipeline.sink.packing import StreamPacker
-from pipeline.sink.scatter import SCATTER_DIR, open_batch, scatter_path
+from pipeline.sink.scatter import SCATTER_DIR, open_batch, part_path
 from pipeline.sink.writer import MANIFEST, ShardWriter, set_manifest, shard_names
 
 OUT_DIR = Path("sink") / "out"
@@ -82,24 +84,24 @@ def row_plan(markers: list[dict], n_files: int, *, seq_len: int, bos: bool, rema
     return {"bucket_start": start.tolist(), "stream_tokens": int(start[-1]), "rows": rows}
 
 
-def _scatter_markers(rdir: Path, shards: list[str], n_files: int) -> list[dict]:
-    markers = [completed(scatter_path(rdir, s)) for s in shards]
-    missing = [s for s, m in zip(shards, markers, strict=True) if not m or m.get("n_files") != n_files]
+def _scatter_markers(rdir: Path, parts: list[str], n_files: int) -> list[dict]:
+    markers = [completed(part_path(rdir, p)) for p in parts]
+    missing = [p for p, m in zip(parts, markers, strict=True) if not m or m.get("n_files") != n_files]
     if missing:
-        raise RuntimeError(f"{scatter_path(rdir, missing[0])}: not scattered into {n_files} buckets "
-                           f"({len(missing)} shards missing); run the sink scatter step first")
+        raise RuntimeError(f"{part_path(rdir, missing[0])}: not scattered into {n_files} buckets "
+                           f"({len(missing)} of {len(parts)} scatter parts missing); run the sink scatter step first")
     return markers
 
 
-def _bucket_copies(rdir: Path, shards: list[str], markers: list[dict], b: int) -> dict:
-    """Bucket ``b`` of every shard, memory-mapped: per copy its key, length, domain and source (part, row)."""
+def _bucket_copies(rdir: Path, parts: list[str], markers: list[dict], b: int) -> dict:
+    """Bucket ``b`` of every scatter part, memory-mapped: per copy its key, length, domain and source (part, row)."""
     import numpy as np
 
     keys, lens, dom, part, sources = [], [], [], [], []
-    for shard, m in zip(shards, markers, strict=True):
+    for name, m in zip(parts, markers, strict=True):
         if not m["copies"][b]:
             continue
-        batch = open_batch(scatter_path(rdir, shard), b)
+        batch = open_batch(part_path(rdir, name), b)
         col = batch.column(2)
         offsets = col.offsets.to_numpy()
         keys.append(batch.column(0).to_numpy())
@@ -135,10 +137,11 @@ def _gather(bucket: dict, chunk):
     return flat, dst, n
 
 
-def write_output_file(rdir: Path, k: int, n_files: int, shards: list[str], *, seq_len: int, eos_id: int,
+def write_output_file(rdir: Path, k: int, n_files: int, parts: list[str], *, seq_len: int, eos_id: int,
                       bos_id: int | None, pad_id: int, remainder: str, domain_field: bool, boundaries: bool,
                       n_domains: int, megatron_dtype: str | None = None) -> dict:
-    """Pack and write output file ``k`` of ``n_files`` (its rows of the corpus stream); its manifest entry. With
+    """Pack and write output file ``k`` of ``n_files`` (its rows of the corpus stream, from the scatter ``parts``);
+    its manifest entry. With
     ``megatron_dtype`` the same pass also writes the file's documents as Megatron's ``.bin/.idx``
     (:mod:`pipeline.sink.megatron`: the documents whose first token falls in this file)."""
     import numpy as np
@@ -146,7 +149,7 @@ def write_output_file(rdir: Path, k: int, n_files: int, shards: list[str], *, se
     from .megatron import IndexedWriter, prefix_of
 
     final = output_path(rdir, k, n_files)
-    markers = _scatter_markers(rdir, shards, n_files)
+    markers = _scatter_markers(rdir, parts, n_files)
     digest = config_digest("sink_write", k, n_files, seq_len, eos_id, bos_id, pad_id, remainder, domain_field,
                            boundaries, n_domains, [m["sha256"] for m in markers], megatron_dtype)
     if done := completed(final, digest):
@@ -179,8 +182,8 @@ def write_output_file(rdir: Path, k: int, n_files: int, shards: list[str], *, se
     for b in range(n_files):
         if start[b] >= hi or start[b + 1] <= lo or start[b] == start[b + 1]:
             continue
-        bucket = _bucket_copies(rdir, shards, markers, b)
-        order = np.argsort(bucket["keys"], kind="stable")      # shard order breaks ties: deterministic
+        bucket = _bucket_copies(rdir, parts, markers, b)
+        order = np.argsort(bucket["keys"], kind="stable")      # part (then shard) order breaks ties: deterministic
         seg = bucket["lens"][order] + per
         at = start[b] + np.cumsum(seg) - seg                    # stream position of every copy
         keep = (at + seg > lo) & (at < hi)
@@ -231,7 +234,7 @@ def _verify_written(tmp_dir: Path, entry: dict, *, seq_len: int, domain_field: b
     verify(tmp_dir, full_read=True, hashes=False)
 
 
-def finalize_set(rdir: Path, n_files: int, shards: list[str], *, seq_len: int, domains: list[str],
+def finalize_set(rdir: Path, n_files: int, parts: list[str], *, seq_len: int, domains: list[str],
                  domain_field: bool, boundaries: bool, extra: dict, num_shards: int | None = None) -> dict:
     """Assemble the manifest from the writers' markers, check the row deal (and the split over ``num_shards``
     ranks), rename ``sink/out`` to ``mindrecord``; return the manifest.  Reads no MindRecord data."""
@@ -253,9 +256,10 @@ def finalize_set(rdir: Path, n_files: int, shards: list[str], *, seq_len: int, d
         if e.get("rows") != list(file_rows(rows, n_files, k)):
             raise RuntimeError(f"{output_path(rdir, k, n_files)}: holds rows {e.get('rows')}, the deal of {rows} rows "
                                f"over {n_files} files gives {list(file_rows(rows, n_files, k))}; rewrite the sink")
-    scatter = [read_marker(scatter_path(rdir, s)) for s in shards]
+    scatter = [read_marker(part_path(rdir, p)) for p in parts]
     if not all(scatter):
-        raise RuntimeError(f"{scatter_path(rdir, shards[scatter.index(None)])}: scatter marker missing; rerun the sink")
+        raise RuntimeError(f"{part_path(rdir, parts[scatter.index(None)])}: scatter marker missing; rerun the sink")
+    scatter = sorted((s for m in scatter for s in m["shards"]), key=lambda s: s["shard"])
     per_domain = {d: sum(e["tokens_per_domain"][i] for e in entries if i < len(e["tokens_per_domain"]))
                   for i, d in enumerate(domains)}
     total = sum(per_domain.values()) or 1

@@ -36,7 +36,7 @@ from pipeline.tasks.sink_steps import (  # noqa: F401  (run_step finds each step
     manifest_summary,
     plan_mixture,
     sink_file_batches,
-    sink_scatter_shard,
+    sink_scatter_batch,
     write_file_batch,
     write_validation,
 )
@@ -323,10 +323,10 @@ def publish(specs: list[dict]) -> dict:
 #: The per-shard stages, by the name the DAG's batch tasks use.
 SHARD_STAGES = {"ingest": ingest_shard, "exact_dedup": exact_dedup_shard,
                 "minhash_signatures": minhash_signatures, "minhash_removal": minhash_removal,
-                "quality": quality_shard, "tokenize": tokenize_shard, "sink_scatter": sink_scatter_shard}
+                "quality": quality_shard, "tokenize": tokenize_shard}
 
 #: Stages whose batch task makes one output for the whole batch: ``fn(batch handle, output shard specs)``.
-BATCH_STAGES = {"exact_hash": exact_hash_batch}
+BATCH_STAGES = {"exact_hash": exact_hash_batch, "sink_scatter": sink_scatter_batch}
 
 #: Stages that handle one shard in one process: their batch tasks run a pool of ``task_workers`` processes when
 #: the batch has at least this much input (plan bytes).  A pool costs about 0.3 CPU-s a task to start and stop

@@ -39,15 +39,22 @@ def _sink_final(rdir: Path) -> dict | None:
     return manifest if manifest.get("config_sha256") == load_run_config(rdir).digest() else None
 
 
-def sink_scatter_shard(spec: dict) -> dict:
-    """Sink step 1 (per shard): put the shard's training copies into the key-range buckets."""
-    rdir = Path(spec["run_dir"])
+def sink_scatter_batch(batch: dict, specs: list[dict]) -> dict:
+    """Sink step 1 (per shard batch): put its shards' training copies into the key-range buckets, merged into the
+    batch's one scatter part."""
+    rdir = Path(batch["run_dir"])
     if _sink_final(rdir):
-        return {"shard": spec["shard"], "skipped": "the MindRecord set is final"}
+        return {"part": None, "skipped": "the MindRecord set is final"}
     layout = _sink_layout(rdir)
     cfg = load_run_config(rdir)
-    return scatter.run_scatter_shard(rdir, spec["shard"], seed=cfg.seed, n_files=layout["n_files"],
-                                     domains=layout["domains"])
+    return scatter.run_scatter_part(rdir, scatter.part_name(batch["task"], batch["of"]), [s["shard"] for s in specs],
+                                    seed=cfg.seed, n_files=layout["n_files"], domains=layout["domains"])
+
+
+def scatter_parts(rdir: Path) -> list[str]:
+    """The scatter parts of the run, one per shard batch (as :func:`pipeline.tasks.corpus.plan_tasks` cut them)."""
+    handles = batches.plan_batches(rdir, len(batches.shard_names(rdir)), load_run_config(rdir).parallelism)
+    return [scatter.part_name(h["task"], h["of"]) for h in handles]
 
 
 def _sink_layout(rdir: Path) -> dict:
@@ -83,11 +90,11 @@ def write_file_batch(batch: dict) -> dict:
     if _sink_final(rdir):
         return {"task": batch["task"], "of": batch["of"], "files": 0, "samples": 0,
                 "skipped": "the MindRecord set is final"}
-    _, shards = run_of([batch])
     n_files = _sink_layout(rdir)["n_files"]
     files = list(range(batch["first"], batch["last"] + 1))
     workers = batches.pool_size(load_run_config(rdir).pack.write_workers, len(files))
-    jobs = [(rdir, k, n_files, sorted(shards), _write_args(rdir)) for k in files]
+    parts = scatter_parts(rdir)
+    jobs = [(rdir, k, n_files, parts, _write_args(rdir)) for k in files]
     with measured(rdir, "sink_write", batches.batch_unit(batch)) as prof:
         if workers > 1:
             from concurrent.futures import ProcessPoolExecutor
@@ -109,13 +116,13 @@ def finalize_mindrecord(specs: list[dict]) -> dict:
     Reads no MindRecord data: each writer verified its own file; this step checks the markers, the row deal and
     the split over ``train.workers`` ranks (``mindloom verify`` re-reads everything on request).
     """
-    rdir, shards = run_of(specs)
+    rdir, _ = run_of(specs)
     cfg = load_run_config(rdir)
     tok = _tokenizer_info(rdir)
     layout = _sink_layout(rdir)
     args = _write_args(rdir)
     manifest = sink_files.finalize_set(
-        rdir, layout["n_files"], sorted(shards), seq_len=cfg.pack.seq_len, domains=layout["domains"],
+        rdir, layout["n_files"], scatter_parts(rdir), seq_len=cfg.pack.seq_len, domains=layout["domains"],
         domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries, num_shards=cfg.train.workers,
         extra=mindrecord.set_extra(rdir, layout, seed=cfg.seed, vocab_size=tok["vocab_size"],
                                    tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), mixture=True, **args))
