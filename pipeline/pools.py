@@ -20,7 +20,8 @@ A process that runs task after task (``airflow dags test``, ``mindloom corpus``)
 one task for the next task of the same step (:func:`task_pools` with ``step``): at the shipped ``parallelism`` a
 step has 64 tasks, and each started and stopped its own workers (about 0.3 CPU-s a pool; the tokenizer's workers
 also loaded the SentencePiece model again).  The pools are shut down as soon as a task of another step starts, so
-the next step's memory does not carry them.  A process made for one task (LocalExecutor, Celery: forked per task
+the next step's memory does not carry them; so are the step caches (:func:`step_cache`: the sink scatter's
+held-out index, 150 MB at bench-scale's 4 GB, which the writer tasks after it carried).  A process made for one task (LocalExecutor, Celery: forked per task
 and left through ``os._exit``) never keeps a pool: only a process that has already run a task does.
 
 ``multiprocessing`` prepares every spawned (and the forkserver) process by importing the parent's main script
@@ -48,6 +49,8 @@ _BUSY: dict[int, int] = {}     # id(pool) -> maps running on it (never evicted w
 MAX_SHARED_POOLS = 2
 #: the idle pools the last task of ``step`` left for that step's next task in this process
 _KEPT: dict = {"step": None, "pools": {}}
+#: what a step's tasks keep in this process for its next task besides pools (:func:`step_cache`): cleared with them
+_STEP_CACHES: list = []
 _TASKS_RUN = [0]               # chain tasks this process has finished
 
 
@@ -84,9 +87,11 @@ def task_pools(step: str | None = None) -> Iterator[None]:
         keep = step is not None and _TASKS_RUN[0] and not failed     # a failed task's pools may hold abandoned work
         for key, pool in _SCOPES.pop().items():
             if keep and not getattr(pool, "_broken", False):
-                _KEPT["step"], _KEPT["pools"][key] = step, pool
+                _KEPT["pools"][key] = pool
             else:
                 pool.shutdown(wait=True, cancel_futures=True)
+        if keep:               # the step's next task keeps its pools and step caches; any other task drops them
+            _KEPT["step"] = step
         if step is not None:
             _TASKS_RUN[0] += 1
         if daemon is not None:
@@ -96,10 +101,22 @@ def task_pools(step: str | None = None) -> Iterator[None]:
 
 
 def shutdown_kept() -> None:
-    """Shut down the pools kept for the next task of a step (a task of another step starts, or the process ends)."""
+    """Shut down the pools kept for the next task of a step (a task of another step starts, or the process ends),
+    and empty the step caches."""
     pools, _KEPT["step"], _KEPT["pools"] = list(_KEPT["pools"].values()), None, {}
     for pool in pools:
         pool.shutdown(wait=True, cancel_futures=True)
+    for cache in _STEP_CACHES:
+        cache.clear()
+
+
+def step_cache() -> list:
+    """A list a module may fill with what the next task of the same step reuses in this process (the sink
+    scatter's held-out index); it is emptied when a task of another step starts, as the kept pools are shut down,
+    so the next step's memory does not carry it."""
+    cache: list = []
+    _STEP_CACHES.append(cache)
+    return cache
 
 
 atexit.register(shutdown_kept)

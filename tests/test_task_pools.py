@@ -250,3 +250,30 @@ def test_a_forked_task_process_neither_owns_nor_keeps_its_parents_pools(monkeypa
     assert os.read(r, 16) == b"0 0"
     pools.shutdown_kept()
     assert kept._shutdown_thread and pools._KEPT == {"step": None, "pools": {}}
+
+
+def test_a_steps_cache_lasts_until_a_task_of_another_step_starts(monkeypatch):
+    """The sink scatter keeps the held-out index for the step's next task (it runs no pool); the writer tasks
+    after it do not carry it, nor does a failed task's successor."""
+    from pipeline.sink import heldout_overlap
+
+    monkeypatch.setattr(pools, "_TASKS_RUN", [0])
+    cache = heldout_overlap._LOADED
+    assert cache in pools._STEP_CACHES
+    with pools.task_pools(step="sink.scatter"):               # the process's first task keeps nothing
+        cache.append("index")
+    with pools.task_pools(step="sink.scatter"):
+        assert cache == []
+        cache.append("index")
+    assert pools._KEPT["step"] == "sink.scatter"
+    with pools.task_pools(step="sink.scatter"):               # the step's next task still has it
+        assert cache == ["index"]
+    with pools.task_pools(step="sink.write_files"):           # another step: dropped before it runs
+        assert cache == []
+        cache.append("other")
+    with pytest.raises(RuntimeError):
+        with pools.task_pools(step="sink.write_files"):
+            raise RuntimeError("the task failed")
+    with pools.task_pools(step="sink.write_files"):
+        assert cache == []
+    pools.shutdown_kept()

@@ -46,6 +46,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from pipeline.pools import step_cache
+
 INDEX_FILE = "heldout_ngrams.parquet"
 TOKENS_FILE = "heldout_tokens.parquet"
 REASON = "overlaps_heldout"
@@ -257,13 +259,15 @@ class OverlapIndex:
                                        share[best].tolist(), strict=True)}
 
 
-_LOADED: list = []          # [(key, OverlapIndex)]: the last index this process loaded
+_LOADED: list = step_cache()     # [(key, OverlapIndex)]: the last index this process loaded, until another step
 
 
 def loaded_index(path: Path, index: dict) -> OverlapIndex:
-    """The plan's index, built once per process and kept for the next shard of the same plan: a scatter task (or
-    its pool worker) checks many shards, and the index grows with the held-out split (2.9 M runs, 0.4 CPU-s to
-    load and build at bench-scale's 4 GB), so building it per shard made the step quadratic in the corpus."""
+    """The plan's index, built once per process and kept for the next shard of the same plan: a scatter task
+    checks many shards, and the index grows with the held-out split (2.9 M runs, 0.4 CPU-s to load and build at
+    bench-scale's 4 GB), so building it per shard made the step quadratic in the corpus.  A process that runs
+    task after task keeps it for the step's next scatter task and drops it when a task of another step starts
+    (:func:`pipeline.pools.step_cache`)."""
     key = (str(path.resolve()), index.get("sha256"), index["n"])
     if not _LOADED or _LOADED[0][0] != key:
         _LOADED[:] = [(key, OverlapIndex(path, index["n"]))]
