@@ -161,6 +161,7 @@ def run_scatter_part(rdir: Path, part: str, shards: list[str], *, seed: int, n_f
 
     A rerun whose shards' settings and inputs are unchanged returns the part's marker (the shards' digests are
     recomputed from their inputs' markers and mixture files); otherwise the shards are scattered again."""
+    import numpy as np
     import pyarrow as pa
 
     out = part_path(rdir, part)
@@ -169,8 +170,14 @@ def run_scatter_part(rdir: Path, part: str, shards: list[str], *, seed: int, n_f
                                [_shard_digest(rdir, s, seed, n_files, domains)[0] for s in shards])
         if done := completed(out, digest):
             return done
-    markers = [run_scatter_shard(rdir, s, seed=seed, n_files=n_files, domains=domains) for s in shards]
-    digest = config_digest("sink_scatter_part", n_files, [m["config"] for m in markers])
+    copies, tokens, configs, kept = np.zeros(n_files, np.int64), np.zeros(n_files, np.int64), [], []
+    for s in shards:           # only the sums of the shards' per-bucket counts are kept (files x shards otherwise)
+        m = run_scatter_shard(rdir, s, seed=seed, n_files=n_files, domains=domains)
+        copies += np.asarray(m["copies"], np.int64)
+        tokens += np.asarray(m["tokens"], np.int64)
+        configs.append(m["config"])
+        kept.append({k: m[k] for k in SHARD_FIELDS})
+    digest = config_digest("sink_scatter_part", n_files, configs)
     readers = [pa.ipc.open_file(pa.memory_map(str(scatter_path(rdir, s)), "r")) for s in shards]
     schema = _schema()
     with atomic_path(out) as tmp, open(tmp, "wb") as fh, pa.ipc.new_file(sink := HashingFile(fh), schema) as writer:
@@ -179,9 +186,7 @@ def run_scatter_part(rdir: Path, part: str, shards: list[str], *, seed: int, n_f
             writer.write_batch(table.to_batches()[0] if table.num_rows else
                                pa.record_batch([pa.array([], f.type) for f in schema], schema=schema))
     del readers
-    extra = {"part": part, "n_files": n_files, "copies": [sum(m["copies"][b] for m in markers) for b in range(n_files)],
-             "tokens": [sum(m["tokens"][b] for m in markers) for b in range(n_files)],
-             "shards": [{k: m[k] for k in SHARD_FIELDS} for m in markers]}
+    extra = {"part": part, "n_files": n_files, "copies": copies.tolist(), "tokens": tokens.tolist(), "shards": kept}
     done = write_marker(out, extra, config=digest, sha256=sink.hash.hexdigest())
     for s in shards:          # their copies are in the part now
         scatter_path(rdir, s).unlink(missing_ok=True)
