@@ -15,11 +15,11 @@ Each size's kept run folder (``<work>/run-<size>gb-p<parallelism>``, what ``benc
 into ``<work>/stage-<size>gb``: the large read-only stage outputs linked, the rest copied.  The mixture plan runs
 there once with this checkout's code; then the steps repeat.  Nothing in the kept run changes.
 
-Why the writer reads the scatter without the check: this corpus is recombined from one 35 MB source, so each of its
-paragraphs recurs about a hundred times at 4 GB, and a held-out sample of 1 % holds most of them; the check (rightly,
-for such text) drops 23 % of the training documents at 1 GB and 82 % at 4 GB, which would leave the writer a
-different workload at each size.  The check's own cost is the difference of the two scatter rows; it grows with the
-matches it finds, which on this corpus grow with the held-out sample.
+Why the writer reads the scatter without the check: what the check drops depends on how much of the corpus repeats
+the held-out sample (on the verbatim format-4 corpus, 23 % of the training documents at 1 GB and 82 % at 4 GB; on
+format 6, 1 and 18 documents), which would leave the writer a different workload at each size.  The check's own
+cost is the difference of the two scatter rows; it grows with the matches it finds and with the held-out index,
+which grows with the held-out sample up to ``mixture.val_max_docs`` per domain.
 
     .venv/bin/python benchmarks/bench_scale.py --stage-repeats 4     # into the existing --out (scale.json)
 """

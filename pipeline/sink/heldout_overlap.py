@@ -264,7 +264,7 @@ _LOADED: list = step_cache()     # [(key, OverlapIndex)]: the last index this pr
 
 def loaded_index(path: Path, index: dict) -> OverlapIndex:
     """The plan's index, built once per process and kept for the next shard of the same plan: a scatter task
-    checks many shards, and the index grows with the held-out split (2.9 M runs, 0.4 CPU-s to load and build at
+    checks many shards, and the index grows with the held-out split (7.3 M runs, 2.8 CPU-s to load and build at
     bench-scale's 4 GB), so building it per shard made the step quadratic in the corpus.  A process that runs
     task after task keeps it for the step's next scatter task and drops it when a task of another step starts
     (:func:`pipeline.pools.step_cache`)."""
