@@ -17,7 +17,7 @@ content hash) before renaming it into place and writing the marker with its mani
 where it is written.
 
 :func:`finalize_set` assembles ``manifest.json`` from the markers (no data read), checks the row deal and the rank
-split, renames ``sink/out`` to ``mindrecord`` and removes the scatter files.  The manifest's ``layout`` is
+split, renames ``sink/out`` to ``mindrecord`` and removes the scatter parts.  The manifest's ``layout`` is
 ``"contiguous"``: the files in manifest order are the packed stream (what long-context re-packing needs,
 :mod:`pipeline.train.repack`), and ``rows_sha256`` is the sha256 of the files' own ``rows_sha256`` values joined in
 file order.
@@ -141,9 +141,8 @@ def write_output_file(rdir: Path, k: int, n_files: int, parts: list[str], *, seq
                       bos_id: int | None, pad_id: int, remainder: str, domain_field: bool, boundaries: bool,
                       n_domains: int, megatron_dtype: str | None = None) -> dict:
     """Pack and write output file ``k`` of ``n_files`` (its rows of the corpus stream, from the scatter ``parts``);
-    its manifest entry. With
-    ``megatron_dtype`` the same pass also writes the file's documents as Megatron's ``.bin/.idx``
-    (:mod:`pipeline.sink.megatron`: the documents whose first token falls in this file)."""
+    its manifest entry. With ``megatron_dtype`` the same pass also writes the file's documents as Megatron's
+    ``.bin/.idx`` (:mod:`pipeline.sink.megatron`: the documents whose first token falls in this file)."""
     import numpy as np
 
     from .megatron import IndexedWriter, prefix_of
