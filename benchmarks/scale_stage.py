@@ -4,9 +4,10 @@ machine's drift.
 A whole-chain run at 4 GB takes about 20 minutes, and this machine's speed moves by 20-35 % between runs, so a
 stage's exponent from three chain runs per size carries that drift (the writer's went 1.007, 1.112 and 0.85 in
 three interleaved pairs).  Here the sink's scatter step (``sink_scatter``: every shard's copies into key-range
-buckets, with the held-out overlap check), the same step without that check (``sink_scatter_no_check``), both a scatter task at a time (its shards,
-then their merge into the task's part), and the writer step (``sink_write``: every output file packed, written and verified, from the scatter without the check)
-run again on the kept outputs of the chain runs at two sizes, alternately, each step of each repeat
+buckets, with the held-out overlap check), the same step without that check (``sink_scatter_no_check``), both a
+scatter task at a time (its shards, then their merge into the task's part), and the writer step (``sink_write``:
+every output file packed, written and verified, from the scatter without the check) run again on the kept outputs
+of the chain runs at two sizes, alternately, each step of each repeat
 in a fresh process that handles every shard or file in turn, as ``airflow dags test`` runs task after task in one
 process.  Its CPU is read from ``RUSAGE_CHILDREN`` (``common.run_measured``: the step and the verify children
 it waits for).
@@ -36,29 +37,23 @@ from common import REPO, run_measured
 
 LINKED = ("ingest", "exact_dedup", "minhash", "quality", "tokenize", "tokenizer")
 REBUILT = ("sink", "mindrecord", "mindrecord_val", "profile", "mixture")
-STEPS = {
-    "sink_scatter": """
-import sys
-from pathlib import Path
-from pipeline.ingest.output import output_specs
-from pipeline.tasks import batches, sink_steps
-from pipeline.tasks.run_state import load_run_config
-rdir = Path(sys.argv[1])
-for h in batches.plan_batches(rdir, len(batches.shard_names(rdir)), load_run_config(rdir).parallelism):
-    sink_steps.sink_scatter_batch(h, output_specs(batches.batch_specs(h)))     # each scatter task in turn
-""",
-    "sink_scatter_no_check": """
+_SCATTER = """
 import sys
 from pathlib import Path
 from pipeline.sink import heldout_overlap
 from pipeline.ingest.output import output_specs
 from pipeline.tasks import batches, sink_steps
 from pipeline.tasks.run_state import load_run_config
-heldout_overlap.plan_index = lambda rdir: None      # the scatter as before the held-out check: all copies kept
+if sys.argv[2:] == ["no-check"]:
+    heldout_overlap.plan_index = lambda rdir: None      # the scatter as before the held-out check: all copies kept
 rdir = Path(sys.argv[1])
 for h in batches.plan_batches(rdir, len(batches.shard_names(rdir)), load_run_config(rdir).parallelism):
-    sink_steps.sink_scatter_batch(h, output_specs(batches.batch_specs(h)))
-""",
+    plan = [{**spec, "run_dir": str(rdir)} for spec in batches.batch_specs(h)]    # the mirror, not the kept run
+    sink_steps.sink_scatter_batch(h, output_specs(plan))                          # each scatter task in turn
+"""
+STEPS = {
+    "sink_scatter": _SCATTER,
+    "sink_scatter_no_check": _SCATTER,
     "sink_write": """
 import sys
 from pathlib import Path
@@ -71,6 +66,7 @@ parts = sink_steps.scatter_parts(rdir)
 for k in range(n):
     mindrecord.write_file_job((rdir, k, n, parts, args))
 """}
+ARGS = {"sink_scatter_no_check": ("no-check",)}
 #: What a step writes, removed before it runs again (its completion markers would skip the work).
 OUTPUTS = {"sink_scatter": ("sink/scatter", "removed/overlaps_heldout", "stats/overlaps_heldout"),
            "sink_scatter_no_check": ("sink/scatter",), "sink_write": ("sink/out",)}
@@ -120,7 +116,7 @@ def run_step(rdir: Path, step: str) -> dict:
     children it waits for), wall seconds and peak tree RSS."""
     for rel in OUTPUTS[step]:
         shutil.rmtree(rdir / rel, ignore_errors=True)
-    r = run_measured([sys.executable, "-c", STEPS[step], str(rdir)], cwd=REPO, log=rdir.parent / f"{step}.log",
+    r = run_measured([sys.executable, "-c", STEPS[step], str(rdir), *ARGS.get(step, ())], cwd=REPO, log=rdir.parent / f"{step}.log",
                      timeout=3600)
     if r["rc"]:
         raise RuntimeError(f"{step} on {rdir} exited {r['rc']}; see {rdir.parent / f'{step}.log'}")
