@@ -7,6 +7,9 @@ document that shares one run (boilerplate) and an unrelated one keep their copie
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -116,14 +119,14 @@ def test_one_shared_run_keeps_the_document_and_a_lower_share_drops_it(planted, t
 
 def _index_of(rdir, shard):
     mixture.plan_mixture(MixtureConfig(val_fraction=0, val_min_docs=1), rdir, [shard], SEED)
-    return rdir / "mixture" / heldout_overlap.INDEX_FILE
+    return rdir / "mixture" / heldout_overlap.INDEX_DIR
 
 
 def test_heldout_ngram_0_keeps_only_the_exact_text_check(planted):
     rdir, shard, ids, _, _ = planted
     marker = _plan_and_scatter(rdir, shard, heldout_ngram=0)
     assert marker["overlaps_heldout"] == 0 and marker["unique_docs"] == len(ids) - 1
-    assert not (rdir / "mixture" / heldout_overlap.INDEX_FILE).exists()
+    assert not (rdir / "mixture" / heldout_overlap.INDEX_DIR).exists()
     assert not (rdir / "stats" / "overlaps_heldout").exists()
 
 
@@ -133,7 +136,8 @@ def test_the_check_is_byte_identical_on_a_rerun(planted, tmp_path_factory):
     again = tmp_path_factory.mktemp("again")
     _write_tokenized(again, ids, docs)
     _plan_and_scatter(again, shard)
-    for rel in (f"mixture/{heldout_overlap.INDEX_FILE}", f"mixture/{heldout_overlap.TOKENS_FILE}",
+    for rel in (*(f"mixture/{heldout_overlap.INDEX_DIR}/{a}.npy" for a in heldout_overlap.ARRAYS),
+                f"mixture/{heldout_overlap.TOKENS_FILE}",
                 f"removed/overlaps_heldout/{shard}.parquet", f"sink/scatter/{shard}.arrow"):
         assert (rdir / rel).read_bytes() == (again / rel).read_bytes(), rel
 
@@ -146,9 +150,8 @@ def test_no_heldout_documents_write_an_empty_index_and_drop_nothing(planted):
     assert read_json(rdir / "mixture" / "plan.json")["heldout_index"]["runs"] == 0
 
 
-def test_a_process_builds_the_index_once_for_all_shards_of_a_plan(planted, monkeypatch):
-    """A scatter task checks many shards: the index (2.9 M runs at bench-scale's 4 GB, 0.4 CPU-s to build) is
-    built once per process and plan, not once per shard, which made the step quadratic in the corpus."""
+def test_a_process_maps_the_index_once_for_all_shards_of_a_plan(planted, monkeypatch):
+    """A scatter task checks many shards: it maps the index once per process and plan, not once per shard."""
     rdir, shard, _, _, _ = planted
     built = []
 
@@ -178,7 +181,7 @@ def test_a_document_names_the_heldout_one_it_covers_most_counting_each_run_once(
     quotes as much of A as of C names A, the first; one with 20 tokens of B after 20 others starts its match at 20."""
     a, b, c = np.arange(100), np.arange(1000, 1050), np.arange(2000, 2100)
     held = [a, b, c]
-    path = tmp_path / heldout_overlap.INDEX_FILE
+    path = tmp_path / heldout_overlap.INDEX_DIR
     counts = heldout_overlap.build_index(path, np.concatenate(held), [len(x) for x in held], N)
     assert counts["runs"] == 88 + 38 + 88
     docs = [np.concatenate([a[:40], b, a[:40]]), np.concatenate([a[:30], c[:30], np.arange(5000, 5100)]),
@@ -189,3 +192,39 @@ def test_a_document_names_the_heldout_one_it_covers_most_counting_each_run_once(
                        "offset": 0},
                    3: {"train_share": round(8 / 28, 4), "heldout_row": 1, "heldout_share": round(8 / 38, 4),
                        "offset": 20}}
+
+
+def test_a_scatter_task_maps_the_plans_arrays_and_computes_none(planted, monkeypatch):
+    """The plan computes every array a lookup reads (7.3 M runs at bench-scale's 4 GB took 2.8 CPU-s to load and
+    prepare in each scatter task, a task per worker process under Celery); a task maps them read-only."""
+    rdir, shard, _, _, _ = planted
+    path = _index_of(rdir, shard)
+    assert sorted(p.name for p in path.iterdir()) == sorted(f"{a}.npy" for a in heldout_overlap.ARRAYS)
+
+    def no_sort(*a, **k):
+        raise AssertionError("a scatter task sorted")
+
+    monkeypatch.setattr(np, "argsort", no_sort)
+    monkeypatch.setattr(np, "lexsort", no_sort)
+    idx = heldout_overlap.OverlapIndex(path, N)
+    for name in ("ngrams", "rank", "doc_by_rank", "doc_unique", "bitmap"):
+        arr = getattr(idx, name)
+        assert isinstance(arr.base, np.memmap) and not arr.flags.writeable, name
+    assert len(idx.ngrams) == 188 and idx.doc_unique.tolist() == [188] and len(idx.bitmap) == (1 << 16) // 8
+
+
+def test_a_plan_of_the_earlier_index_layout_is_planned_again(planted):
+    """A run planned by an earlier version (one parquet file of n-grams, named by ``file``) resumes: the plan step
+    writes the index folder again rather than leave the scatter tasks without one."""
+    rdir, shard, _, _, _ = planted
+    plan = rdir / "mixture" / "plan.json"
+    _index_of(rdir, shard)
+    body = read_json(plan)
+    body["heldout_index"] = {k: v for k, v in body["heldout_index"].items() if k != "dir"} | {"file": "x.parquet"}
+    report = read_json(plan.with_name("report.json"))
+    plan.write_text(json.dumps(body))
+    write_marker(plan, {"report": report})                     # a complete plan, as the earlier version left it
+    shutil.rmtree(rdir / "mixture" / heldout_overlap.INDEX_DIR)
+    marker = _plan_and_scatter(rdir, shard)
+    assert marker["overlaps_heldout"] == 2 and (rdir / "mixture" / heldout_overlap.INDEX_DIR).is_dir()
+    assert read_json(plan)["heldout_index"]["dir"] == heldout_overlap.INDEX_DIR

@@ -9,8 +9,10 @@ holds, so nothing is normalised or split again.
 
 - The mixture plan picks the held-out documents and writes their tokens (``mixture/heldout_tokens.parquet``,
   which the validation sets are then packed from), then :func:`build_index` hashes every run of ``n`` tokens of
-  each of them into ``mixture/heldout_ngrams.parquet``: ``ngram`` (uint64, sorted, unique) and ``doc`` (the
-  first held-out document, by ``heldout.parquet`` row, that has it).
+  each of them into ``mixture/heldout_index/``: one ``.npy`` file per array a lookup reads (:data:`ARRAYS`): the
+  n-grams (uint64, sorted, unique), each one's rank in (held-out document, n-gram) order and the document of
+  each rank, every held-out document's count of distinct runs, the bitmap and the bucket starts.  All of it is
+  computed once by the plan, so a scatter task maps the files and computes nothing before its first shard.
 - Each scatter task (:mod:`pipeline.sink.scatter`), which reads its shard's tokens anyway, hashes the runs of its
   training documents (:meth:`OverlapIndex.matches`).  A document is dropped (no copies; stats stage and reason
   ``overlaps_heldout``) when ``heldout_overlap`` (default 0.5) or more of its runs are held-out runs (it is
@@ -32,12 +34,13 @@ document needs a share of its runs, not one, to be dropped.  A bitmap of ``16 * 
 first, so only about one run in 16 (plus the true matches) goes to the lookup, which reads the run's bucket of the
 sorted n-grams (bucketed by their top bits, one or two per bucket).
 
-Memory: 16 bytes per held-out run (the n-gram, its document, its rank by document and that rank's document; 20
-with 32,768 held-out documents or more), plus the bitmap (2 bytes per run) and the bucket starts (2-4 bytes), kept
-by the process for its next shard (:func:`loaded_index`); per shard, about 40 bytes per token while it is checked.
-A scatter task holds it once: the scatter runs in the task's process, not a pool.
+Memory: 16 bytes per held-out run (the n-gram, its rank and that rank's document; 18 with 32,768 held-out
+documents or more), plus the bitmap (2 bytes per run) and the bucket starts (2-4 bytes), memory-mapped: the pages
+are the machine's page cache, shared by every scatter task that maps them, and read only where a lookup lands;
+per shard, about 40 bytes per token while it is checked.  A scatter task maps them once: the scatter runs in the
+task's process, not a pool.
 Time: linear in the shard's training tokens, plus a cost per matching run (a bucket lookup and one sort of the
-slice's matches), plus loading the index once per process.  The matches grow with how much of the corpus repeats
+slice's matches); opening the index costs a few file maps per process, at any size (the plan computes it).  The matches grow with how much of the corpus repeats
 held-out text: at most every run, so the cost per token is bounded, about 10x that of a shard without matches.
 """
 
@@ -48,7 +51,8 @@ from typing import Any
 
 from pipeline.pools import step_cache
 
-INDEX_FILE = "heldout_ngrams.parquet"
+INDEX_DIR = "heldout_index"
+ARRAYS = ("ngrams", "rank", "doc_by_rank", "doc_unique", "bitmap", "starts")    # the index's files, <name>.npy
 TOKENS_FILE = "heldout_tokens.parquet"
 REASON = "overlaps_heldout"
 CHUNK_TOKENS = 1 << 22
@@ -107,24 +111,73 @@ def run_hashes(tokens: Any, lengths: Any, n: int) -> tuple[Any, Any, Any]:
     return acc[inside], doc[inside], start[inside]
 
 
-def build_index(path: Path, flat: Any, lengths: Any, n: int) -> dict:
+def build_index(directory: Path, flat: Any, lengths: Any, n: int) -> dict:
     """Write the index of every run of ``n`` tokens of the held-out documents (``flat``: their token ids end to end,
-    in ``heldout.parquet`` order; ``lengths``: their token counts); returns its counts."""
-    import numpy as np
-    import pyarrow as pa
+    in ``heldout.parquet`` order; ``lengths``: their token counts) into ``directory`` (:data:`ARRAYS`, written
+    under a temporary name and renamed); returns its counts and the digest of its files."""
+    import hashlib
+    import os
+    import shutil
 
-    from pipeline.io import write_parquet
+    import numpy as np
 
     lengths = np.asarray(lengths, np.int64)
     hashes, doc, _ = run_hashes(flat, lengths, n)
     order = np.lexsort((doc, hashes))                  # by hash, then the first document that has it
     hashes, doc = hashes[order], doc[order]
-    first = np.ones(len(hashes), bool)
-    first[1:] = hashes[1:] != hashes[:-1]
-    write_parquet(pa.table({"ngram": pa.array(hashes[first], pa.uint64()),
-                            "doc": pa.array(doc[first].astype(np.int32), pa.int32())}), path)
+    first = _new(hashes) if len(hashes) else np.zeros(0, bool)
+    arrays = _lookup_arrays(hashes[first], doc[first])
+    directory = Path(directory)
+    tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    digest = hashlib.sha256()
+    for name in ARRAYS:
+        np.save(tmp / f"{name}.npy", arrays[name])
+        digest.update((tmp / f"{name}.npy").read_bytes())
+    if directory.exists():
+        shutil.rmtree(directory)
+    os.replace(tmp, directory)
     return {"n": n, "heldout_docs": len(lengths), "runs": int(first.sum()),
-            "docs_shorter_than_n": int((lengths < n).sum())}
+            "docs_shorter_than_n": int((lengths < n).sum()), "sha256": digest.hexdigest()}
+
+
+def _lookup_arrays(ngrams: Any, docs: Any) -> dict:
+    """What a lookup reads, computed once by the plan: ``ngrams`` (sorted, unique) and each one's first held-out
+    document ``docs`` become the arrays of :data:`ARRAYS`."""
+    import numpy as np
+
+    docs = docs.astype(np.int16 if len(docs) and docs.max() < 1 << 15 else np.int32)      # 2 bytes per run
+    # each n-gram's place in (held-out document, n-gram) order: one sort of (document, rank) keys then groups a
+    # training document's distinct held-out runs by held-out document as well (no second sort per shard)
+    order = np.argsort(docs, kind="stable")
+    rank = np.empty(len(docs), np.int32 if len(docs) < 1 << 31 else np.int64)
+    rank[order] = np.arange(len(docs), dtype=rank.dtype)
+    bits = 1 << max(16, (16 * max(1, len(ngrams)) - 1).bit_length())
+    bitmap = np.zeros(bits // 8, np.uint8)
+    slot = ngrams >> _shift(bits)                  # sorted, as the n-grams are: OR each byte's bits at once
+    byte = (slot >> np.uint64(3)).astype(np.int64)
+    if len(byte):
+        first = np.flatnonzero(_new(byte))    # sorted: no np.unique
+        bitmap[byte[first]] = np.bitwise_or.reduceat(np.uint8(1) << (slot & np.uint64(7)).astype(np.uint8), first)
+    k = _bucket_bits(len(ngrams))
+    starts = np.searchsorted(ngrams >> np.uint64(64 - k), np.arange((1 << k) + 1, dtype=np.uint64)).astype(
+        np.int32 if len(ngrams) < 1 << 31 else np.int64)
+    return {"ngrams": ngrams.astype("<u8"), "rank": rank, "doc_by_rank": docs[order],
+            "doc_unique": np.bincount(docs) if len(docs) else np.zeros(1, np.int64), "bitmap": bitmap,
+            "starts": starts}
+
+
+def _shift(bits: int) -> Any:
+    """The right shift that leaves a hash's top log2(``bits``) bits: its slot in a bitmap of ``bits`` bits."""
+    import numpy as np
+
+    return np.uint64(64 - (bits.bit_length() - 1))
+
+
+def _bucket_bits(runs: int) -> int:
+    """``k`` of the 2^k lookup buckets (by a hash's top ``k`` bits): one or two n-grams each."""
+    return max(1, runs.bit_length() - 1)
 
 
 def write_heldout(rdir: Path, held: list, n: int, overlap: float) -> dict | None:
@@ -134,11 +187,13 @@ def write_heldout(rdir: Path, held: list, n: int, overlap: float) -> dict | None
 
     ``held`` holds (domain, key, doc_id, text hash, shard) per held-out document.  Only the token columns of the
     shards that hold one are read, a document's rows filtered there; tokens stay in Arrow buffers (4 bytes each)."""
+    import shutil
+
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    from pipeline.io import read_parquet, sha256_file, write_parquet
+    from pipeline.io import read_parquet, write_parquet
 
     by_shard: dict[str, list[str]] = {}
     for h in held:
@@ -155,48 +210,29 @@ def write_heldout(rdir: Path, held: list, n: int, overlap: float) -> dict | None
     write_parquet(pa.table({"doc_id": pa.array([h[2] for h in held], pa.string()),
                             "domain": pa.array([h[0] for h in held], pa.string()), "tokens": tokens}),
                   Path(rdir) / "mixture" / TOKENS_FILE)
-    path = Path(rdir) / "mixture" / INDEX_FILE
+    path = Path(rdir) / "mixture" / INDEX_DIR
     if n <= 0:
-        path.unlink(missing_ok=True)
+        shutil.rmtree(path, ignore_errors=True)
         return None
     offsets = tokens.offsets.to_numpy()
     counts = build_index(path, tokens.values.to_numpy()[offsets[0]:offsets[-1]], np.diff(offsets), n)
-    return {**counts, "overlap": overlap, "file": INDEX_FILE, "sha256": sha256_file(path)}
+    return {**counts, "overlap": overlap, "dir": INDEX_DIR}
 
 
 class OverlapIndex:
     """The held-out runs of one mixture plan (:func:`loaded_index` keeps one per process)."""
 
-    def __init__(self, path: Path, n: int):
+    def __init__(self, directory: Path, n: int):
         import numpy as np
 
-        from pipeline.io import read_parquet
-
-        t = read_parquet(path)
         self.n = n
-        self.ngrams = t.column("ngram").to_numpy()
-        docs = t.column("doc").to_numpy()
-        self.docs = docs.astype(np.int16) if len(docs) and docs.max() < 1 << 15 else docs    # 2 bytes per run
-        self.doc_unique = np.bincount(self.docs) if len(self.docs) else np.zeros(1, np.int64)
-        # each n-gram's place in (held-out document, n-gram) order: one sort of (document, rank) keys then groups a
-        # training document's distinct held-out runs by held-out document as well (no second sort per shard)
-        order = np.argsort(self.docs, kind="stable")
-        self.rank = np.empty(len(self.docs), np.int32 if len(self.docs) < 1 << 31 else np.int64)
-        self.rank[order] = np.arange(len(self.docs), dtype=self.rank.dtype)
-        self.doc_by_rank = self.docs[order]
-        bits = 1 << max(16, (16 * max(1, len(self.ngrams)) - 1).bit_length())
-        self._shift = np.uint64(64 - (bits.bit_length() - 1))
-        self.bitmap = np.zeros(bits // 8, np.uint8)
-        slot = self.ngrams >> self._shift                  # sorted, as the n-grams are: OR each byte's bits at once
-        byte = (slot >> np.uint64(3)).astype(np.int64)
-        if len(byte):
-            first = np.flatnonzero(_new(byte))    # sorted: no np.unique
-            self.bitmap[byte[first]] = np.bitwise_or.reduceat(
-                np.uint8(1) << (slot & np.uint64(7)).astype(np.uint8), first)
-        k = max(1, len(self.ngrams).bit_length() - 1)       # 2^k buckets by top bits: one or two n-grams each
-        self._top = np.uint64(64 - k)
-        self._starts = np.searchsorted(self.ngrams >> self._top, np.arange((1 << k) + 1, dtype=np.uint64)).astype(
-            np.int32 if len(self.ngrams) < 1 << 31 else np.int64)
+        # plain arrays over the mapped files (np.memmap's subclass makes every lookup slower); the pages are shared
+        # by every process of the machine that maps them
+        a = {name: np.asarray(np.load(Path(directory) / f"{name}.npy", mmap_mode="r")) for name in ARRAYS}
+        self.ngrams, self.rank, self.doc_by_rank = a["ngrams"], a["rank"], a["doc_by_rank"]
+        self.doc_unique, self.bitmap, self._starts = a["doc_unique"], a["bitmap"], a["starts"]
+        self._shift = _shift(8 * len(self.bitmap))
+        self._top = np.uint64(64 - _bucket_bits(len(self.ngrams)))
 
     def _find(self, q: Any) -> Any:
         """Position of each hash of ``q`` in the sorted n-grams, or -1: a look at its bucket's one or two entries
@@ -259,19 +295,24 @@ class OverlapIndex:
                                        share[best].tolist(), strict=True)}
 
 
-_LOADED: list = step_cache()     # [(key, OverlapIndex)]: the last index this process loaded, until another step
+_LOADED: list = step_cache()     # [(key, OverlapIndex)]: the last index this process mapped, until another step
 
 
 def loaded_index(path: Path, index: dict) -> OverlapIndex:
-    """The plan's index, built once per process and kept for the next shard of the same plan: a scatter task
-    checks many shards, and the index grows with the held-out split (7.3 M runs, 2.8 CPU-s to load and build at
-    bench-scale's 4 GB), so building it per shard made the step quadratic in the corpus.  A process that runs
-    task after task keeps it for the step's next scatter task and drops it when a task of another step starts
-    (:func:`pipeline.pools.step_cache`)."""
+    """The plan's index, mapped once per process and kept for the next shard of the same plan.  Mapping is cheap
+    (the plan computed every array), but a task checks many shards and need not open six files for each.  A
+    process that runs task after task keeps it for the step's next scatter task and drops it when a task of
+    another step starts (:func:`pipeline.pools.step_cache`), which unmaps it."""
     key = (str(path.resolve()), index.get("sha256"), index["n"])
     if not _LOADED or _LOADED[0][0] != key:
         _LOADED[:] = [(key, OverlapIndex(path, index["n"]))]
     return _LOADED[0][1]
+
+
+def index_written(rdir: Path, index: dict | None) -> bool:
+    """Whether the plan's held-out index (``index``, from ``plan.json``; None: no index) is on disk in this
+    version's layout: a plan written before the index was a folder of arrays is planned again."""
+    return index is None or (index.get("dir") == INDEX_DIR and (Path(rdir) / "mixture" / INDEX_DIR).is_dir())
 
 
 def plan_index(rdir: Path) -> dict | None:
@@ -295,7 +336,7 @@ def drop_overlapping(rdir: Path, shard: str, table: Any, copies: Any, index: dic
 
     from pipeline.io import count_removed, new_stats, read_parquet, write_parquet, write_stats
 
-    idx = loaded_index(Path(rdir) / "mixture" / index["file"], index)
+    idx = loaded_index(Path(rdir) / "mixture" / index["dir"], index)
     tokens = table.column("tokens").combine_chunks()
     offsets = tokens.offsets.to_numpy()
     values = tokens.values.to_numpy()

@@ -122,7 +122,8 @@ def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) ->
     import pyarrow as pa
 
     plan_path = rdir / "mixture" / "plan.json"
-    if (done := completed(plan_path)) and (rdir / "mixture" / heldout_overlap.TOKENS_FILE).exists():
+    if (done := completed(plan_path)) and (rdir / "mixture" / heldout_overlap.TOKENS_FILE).exists() and \
+            heldout_overlap.index_written(rdir, heldout_overlap.plan_index(rdir)):
         return done["report"]
     shards = sorted(shards)
     sel = HeldoutSelector(seed, mc.val_fraction, mc.val_min_docs, mc.val_max_docs)
