@@ -34,14 +34,15 @@ document needs a share of its runs, not one, to be dropped.  A bitmap of ``16 * 
 first, so only about one run in 16 (plus the true matches) goes to the lookup, which reads the run's bucket of the
 sorted n-grams (bucketed by their top bits, one or two per bucket).
 
-Memory: 16 bytes per held-out run (the n-gram, its rank and that rank's document; 18 with 32,768 held-out
-documents or more), plus the bitmap (2 bytes per run) and the bucket starts (2-4 bytes), memory-mapped: the pages
+Memory: 14 bytes per held-out run (the n-gram, its rank and that rank's document; 16 with 32,768 held-out
+documents or more), plus the bitmap (2-4 bytes per run) and the bucket starts (2-4 bytes), memory-mapped: the pages
 are the machine's page cache, shared by every scatter task that maps them, and read only where a lookup lands;
 per shard, about 40 bytes per token while it is checked.  A scatter task maps them once: the scatter runs in the
 task's process, not a pool.
 Time: linear in the shard's training tokens, plus a cost per matching run (a bucket lookup and one sort of the
-slice's matches); opening the index costs a few file maps per process, at any size (the plan computes it).  The matches grow with how much of the corpus repeats
-held-out text: at most every run, so the cost per token is bounded, about 10x that of a shard without matches.
+slice's matches); opening the index costs a few file maps per process at any size (the plan computes it).  The
+matches grow with how much of the corpus repeats held-out text: at most every run, so the cost per token is
+bounded, about 10x that of a shard without matches.
 """
 
 from __future__ import annotations
