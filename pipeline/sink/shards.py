@@ -225,8 +225,13 @@ def write_output_file(rdir: Path, k: int, n_files: int, parts: list[str], *, seq
 
 
 def _verify_written(tmp_dir: Path, entry: dict, *, seq_len: int, domain_field: bool, boundaries: bool) -> None:
-    """The writer's own full check of the file it wrote: every row read back (count, length, content hash)."""
+    """The writer's own full check of the file it wrote: every row read back (count, length, content hash), in a
+    child that starts MindSpore (about 400 MB).  The heap the writing freed goes back to the OS first, so the
+    task's peak is the larger of the two, not their sum."""
+    from pipeline.profile import release_memory
     from pipeline.sink.verify import verify
+
+    release_memory()
 
     write_json(tmp_dir / MANIFEST, set_manifest([entry], seq_len=seq_len, rows_sha256=entry["rows_sha256"],
                                                 domain_field=domain_field, boundaries=boundaries))
