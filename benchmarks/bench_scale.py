@@ -236,18 +236,23 @@ def side_benchmarks(first: dict, a: argparse.Namespace) -> dict:
 # ------------------------------------------------------------------------------------------------------------
 def carry(res: dict, path: Path, side: dict | None, peer: dict | None) -> tuple[dict | None, dict | None]:
     """``--carry``: the side checks and the datatrove comparison this invocation skipped, from an earlier results
-    file, with where they came from in ``merged_from``."""
+    file.  ``carried`` names each one's own origin (the invocation that measured it, passed along when that file
+    had carried it too), and ``merged_from`` says it in words."""
     old = json.loads(path.read_text())
-    taken = []
+    origins = old.get("carried") or {}
+    labels = {"side": "the side checks (tokenizer scaling, MindRecord writers)",
+              "datatrove": "the datatrove comparison"}
+    carried = {}
     if side is None and old.get("side"):
         side = res["side"] = old["side"]
-        taken.append("the side checks (tokenizer scaling, MindRecord writers)")
+        carried["side"] = origins.get("side") or old.get("command")
     if peer is None and old.get("datatrove"):
         peer = res["datatrove"] = old["datatrove"]
-        taken.append("the datatrove comparison")
-    if taken:
-        res["merged_from"] = (f"{' and '.join(taken)} carried over from {path.name}: "
-                              f"{old.get('merged_from') or old.get('command')}")
+        carried["datatrove"] = origins.get("datatrove") or old.get("command")
+    if carried:
+        res["carried"] = carried
+        res["merged_from"] = "; ".join(f"{labels[k]} carried over from {path.name}, measured by {v}"
+                                       for k, v in carried.items())
     return side, peer
 
 

@@ -453,3 +453,22 @@ def test_stage_repeats_give_each_sink_steps_exponent_as_a_metric_and_a_table(tmp
     assert by_name["scale.sink_write_exponent_stage_repeats"]["note"].endswith("each pair's: 1.161, 0.8, 1.076")
     md = "\n".join(scale_report.markdown(res))
     assert "| sink_write | 4 GB | 4000.0 | 2 | 1 | 9 | 150.0 | 100.0 | 160.0 | 1.092 |" in md
+
+
+def test_carried_checks_name_the_invocation_that_measured_them(tmp_path):
+    """A results file that carried its side checks passes their own origin on, not its whole history; one that
+    measured them itself is named by its command."""
+    measured = tmp_path / "a.json"
+    measured.write_text(json.dumps({"command": "bench_scale.py --sizes 0.25,1", "side": {"x": 1},
+                                    "datatrove": {"y": 2}}))
+    res: dict = {}
+    side, peer = bench_scale.carry(res, measured, None, None)
+    assert (side, peer) == ({"x": 1}, {"y": 2})
+    assert res["carried"] == {"side": "bench_scale.py --sizes 0.25,1", "datatrove": "bench_scale.py --sizes 0.25,1"}
+    again = tmp_path / "b.json"
+    again.write_text(json.dumps({**res, "command": "bench_scale.py --sizes 1,4 --skip peer,side"}))
+    later: dict = {}
+    bench_scale.carry(later, again, None, {"own": 3})                  # this invocation ran its own comparison
+    assert later["carried"] == {"side": "bench_scale.py --sizes 0.25,1"} and "datatrove" not in later
+    assert later["merged_from"] == ("the side checks (tokenizer scaling, MindRecord writers) carried over from "
+                                    "b.json, measured by bench_scale.py --sizes 0.25,1")
