@@ -362,3 +362,20 @@ def test_disabled_stages_pass_documents_through(tmp_path):
         assert pq.read_table(output_path(rdir, s)).equals(pq.read_table(rdir / "exact_dedup" / f"{s}.parquet"))
         st = read_json(rdir / "stats" / "minhash" / f"{s}.json")
         assert st["in_docs"] == st["kept_docs"] == 5 and st["removed"] == {}
+
+
+def test_a_band_task_names_a_signature_file_that_lost_its_band_or_rows(tmp_path):
+    """The band reader goes through ``ParquetFile``, which leaves out a missing column without a word: a signature
+    file rewritten without the band's key column, or with a row fewer, fails the band task naming the file."""
+    from pipeline.dedup.minhash.layout import band_column, signature_path
+
+    rdir = tmp_path / "runs" / "r1"
+    shards, _, cfg, specs = stage1_run(rdir, tmp_path)
+    path = signature_path(rdir, shards[1])
+    full = pq.read_table(path)
+    pq.write_table(full.drop_columns([band_column(0)]), path)
+    with pytest.raises(MinhashError, match=rf"{path.name}: no column \['{band_column(0)}'\]"):
+        run_band(rdir, 0, cfg)
+    pq.write_table(full.slice(1), path)
+    with pytest.raises(MinhashError, match=rf"{path.name}: 4 rows, manifest says 5"):
+        run_band(rdir, 0, cfg)
