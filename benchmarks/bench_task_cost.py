@@ -13,7 +13,7 @@ wall seconds of one task:
   (one process, task after task: imports done, the pool server started, its kernels loaded);
 * **cold**: in a fresh Python process that only runs that task, as a Celery or LocalExecutor worker starts one
   per task (imports, configuration, a pool server of its own when the task uses one).  Airflow's own task-runner
-  start-up is not included (about 0.2 CPU-s per task instance under ``dags test``, measured by ``bench-scale``'s
+  start-up is not included (about 0.1 CPU-s per task instance under ``dags test``, measured by ``bench-scale``'s
   parallelism sweep).
 
 The chain runs with ``parallelism: 1``, so each batch step is one task over the one shard; map steps (exact-dedup
