@@ -333,8 +333,8 @@ BATCH_STAGES = {"exact_hash": exact_hash_batch, "sink_scatter": sink_scatter_bat
 #: (at the shipped parallelism, 1 GB gives 15 MB batches: the pooled tasks cost twice their in-process CPU in
 #: exact dedup, MinHash removal and the scatter, which do about 0.01-0.02 CPU-s of work per MB); signatures do
 #: about 0.2 CPU-s per MB, so their pool pays from a few tens of MB.  The sink scatter runs in the task's process:
-#: each of its shards needs the held-out overlap index (:mod:`pipeline.sink.heldout_overlap`, 7.3 M runs at
-#: bench-scale's 4 GB), and a pool would hold one copy per worker (with the forkserver, 1.4 GB more in one task).
+#: with the held-out overlap check (:mod:`pipeline.sink.heldout_overlap`, whose index the task memory-maps once
+#: for all its shards) it does about 0.013 CPU-s per MB, 0.2 CPU-s a 15 MB batch, less than a pool costs.
 POOLED = {"exact_dedup": 256 << 20, "minhash_signatures": 32 << 20, "minhash_removal": 256 << 20}
 
 
