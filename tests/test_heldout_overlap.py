@@ -33,6 +33,25 @@ def test_runs_across_a_document_boundary_are_left_out_and_equal_runs_hash_equal(
     assert heldout_overlap.run_hashes(a[:12], [12], N)[0].size == 0        # shorter than n: no run
 
 
+def test_run_hashes_match_each_document_hashed_alone():
+    """The runs marked from the documents' bounds are those of each document hashed on its own, with empty and
+    short documents among them, and for n = 1 (a document's runs end where the next one's begin)."""
+    rng = np.random.default_rng(SEED)
+    lengths = [0, 5, 12, 13, 14, 0, 40, 1, 27]
+    tokens = rng.integers(0, 500, sum(lengths))
+    for n in (1, 13):
+        hashes, doc, start = heldout_overlap.run_hashes(tokens, lengths, n)
+        want_h, want_d, want_s, at = [], [], [], 0
+        for d, ln in enumerate(lengths):
+            runs = heldout_overlap._all_runs(tokens[at:at + ln], n)
+            want_h += runs.tolist()
+            want_d += [d] * len(runs)
+            want_s += list(range(at, at + len(runs)))
+            at += ln
+        assert (hashes.tolist(), doc.tolist(), start.tolist()) == (want_h, want_d, want_s), n
+    assert len(want_h) == 0 + 0 + 0 + 1 + 2 + 0 + 28 + 0 + 15
+
+
 def _ids(n: int) -> list[str]:
     return [f"web-{i:03d}" for i in range(n)]
 

@@ -38,7 +38,8 @@ Memory: 14 bytes per held-out run (the n-gram, its rank and that rank's document
 documents or more), plus the bitmap (2-4 bytes per run) and the bucket starts (2-4 bytes), memory-mapped: the pages
 are the machine's page cache, shared by every scatter task that maps them, and read only where a lookup lands;
 per shard, about 40 bytes per token while it is checked.  A scatter task maps them once: the scatter runs in the
-task's process, not a pool.
+task's process, not a pool.  The plan's build peaks at about 53 bytes per held-out token (the runs' hashes, their
+sort order and the arrays it writes): 403 MB over the 7.7 M tokens of bench-scale's 4 GB run.
 Time: linear in the shard's training tokens, plus a cost per matching run (a bucket lookup and one sort of the
 slice's matches); opening the index costs a few file maps per process at any size (the plan computes it).  The
 matches grow with how much of the corpus repeats held-out text: at most every run, so the cost per token is
@@ -63,11 +64,15 @@ def _mix(ids: Any) -> Any:
     """splitmix64 of every id: 64 well-spread bits per token id."""
     import numpy as np
 
-    with np.errstate(over="ignore"):
-        z = ids.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-        z = (z ^ (z >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-        z = (z ^ (z >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-        return z ^ (z >> np.uint64(31))
+    with np.errstate(over="ignore"):       # in place: one array of 8 bytes per token, and one shift at a time
+        z = ids.astype(np.uint64)
+        z += np.uint64(0x9E3779B97F4A7C15)
+        z ^= z >> np.uint64(30)
+        z *= np.uint64(0xBF58476D1CE4E5B9)
+        z ^= z >> np.uint64(27)
+        z *= np.uint64(0x94D049BB133111EB)
+        z ^= z >> np.uint64(31)
+        return z
 
 
 def _new(x: Any) -> Any:
@@ -103,13 +108,19 @@ def _inside(starts: Any, ends: Any, n: int) -> tuple[Any, Any]:
 def run_hashes(tokens: Any, lengths: Any, n: int) -> tuple[Any, Any, Any]:
     """(hash, document index, start in ``tokens``) of every run of ``n`` tokens inside one document; ``tokens``
     is the documents' ids end to end, ``lengths`` their token counts.  Runs across a document boundary are left
-    out."""
+    out.  The documents' runs are marked from their bounds (1 byte per token), not looked up per run."""
     import numpy as np
 
     acc = _all_runs(tokens, n)
-    start = np.arange(len(acc), dtype=np.int64)
-    doc, inside = _inside(start, np.cumsum(np.asarray(lengths, np.int64)), n)
-    return acc[inside], doc[inside], start[inside]
+    lengths = np.asarray(lengths, np.int64)
+    valid = np.maximum(lengths - n + 1, 0)             # runs inside each document
+    begins = np.cumsum(lengths) - lengths
+    marks = np.zeros(len(acc) + 1, np.int8)            # +1 where a document's runs begin, -1 after its last one
+    np.add.at(marks, begins[valid > 0], 1)
+    np.add.at(marks, (begins + valid)[valid > 0], -1)
+    inside = np.cumsum(marks[:-1], dtype=np.int8).view(bool)
+    doc = np.repeat(np.arange(len(lengths), dtype=np.int32), valid)
+    return acc[inside], doc, np.flatnonzero(inside)
 
 
 def build_index(directory: Path, flat: Any, lengths: Any, n: int) -> dict:
@@ -123,23 +134,33 @@ def build_index(directory: Path, flat: Any, lengths: Any, n: int) -> dict:
     import numpy as np
 
     lengths = np.asarray(lengths, np.int64)
-    hashes, doc, _ = run_hashes(flat, lengths, n)
-    order = np.lexsort((doc, hashes))                  # by hash, then the first document that has it
-    hashes, doc = hashes[order], doc[order]
+    hashes, doc, start = run_hashes(flat, lengths, n)
+    del start
+    # by hash, then the first document that has it: runs come in document order, and a stable sort keeps it
+    order = np.argsort(hashes, kind="stable")
+    hashes = hashes[order]
+    doc = doc[order]
+    del order
     first = _new(hashes) if len(hashes) else np.zeros(0, bool)
-    arrays = _lookup_arrays(hashes[first], doc[first])
+    ngrams = hashes[first]
+    del hashes
+    arrays = _lookup_arrays(ngrams, doc[first])
+    runs = len(ngrams)
+    del ngrams, doc, first
     directory = Path(directory)
     tmp = directory.with_name(f".{directory.name}.tmp-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     digest = hashlib.sha256()
     for name in ARRAYS:
-        np.save(tmp / f"{name}.npy", arrays[name])
-        digest.update((tmp / f"{name}.npy").read_bytes())
+        np.save(tmp / f"{name}.npy", arrays.pop(name))
+        with open(tmp / f"{name}.npy", "rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
     if directory.exists():
         shutil.rmtree(directory)
     os.replace(tmp, directory)
-    return {"n": n, "heldout_docs": len(lengths), "runs": int(first.sum()),
+    return {"n": n, "heldout_docs": len(lengths), "runs": runs,
             "docs_shorter_than_n": int((lengths < n).sum()), "sha256": digest.hexdigest()}
 
 
@@ -156,11 +177,15 @@ def _lookup_arrays(ngrams: Any, docs: Any) -> dict:
     rank[order] = np.arange(len(docs), dtype=rank.dtype)
     bits = 1 << max(16, (16 * max(1, len(ngrams)) - 1).bit_length())
     bitmap = np.zeros(bits // 8, np.uint8)
-    slot = ngrams >> _shift(bits)                  # sorted, as the n-grams are: OR each byte's bits at once
-    byte = (slot >> np.uint64(3)).astype(np.int64)
+    shift = _shift(bits)                  # a hash's slot: its top bits; sorted, as the n-grams are
+    byte = (ngrams >> (shift + np.uint64(3))).view(np.int64)           # < 2^61: the view is the value
     if len(byte):
-        first = np.flatnonzero(_new(byte))    # sorted: no np.unique
-        bitmap[byte[first]] = np.bitwise_or.reduceat(np.uint8(1) << (slot & np.uint64(7)).astype(np.uint8), first)
+        first = np.flatnonzero(_new(byte))    # sorted: no np.unique; OR each byte's bits at once
+        bit = (ngrams >> shift).astype(np.uint8) & np.uint8(7)
+        bit = np.left_shift(np.uint8(1), bit, out=bit)
+        bitmap[byte[first]] = np.bitwise_or.reduceat(bit, first)
+        del bit
+    del byte
     k = _bucket_bits(len(ngrams))
     starts = np.searchsorted(ngrams >> np.uint64(64 - k), np.arange((1 << k) + 1, dtype=np.uint64)).astype(
         np.int32 if len(ngrams) < 1 << 31 else np.int64)
