@@ -397,6 +397,14 @@ def test_parallelism_sweep_judges_the_shipped_parallelism_against_8_on_the_same_
     ratio, same = scale_targets.sweep_targets([run(8, 400.0, 90), run(64, 480.0, 350, digest="other")], 64)
     assert ratio["met"] is False and same["met"] is False and same["value"] == 0.0
     assert scale_targets.sweep_targets([run(64, 440.0, 350)], 64) == []         # no parallelism 8: nothing judged
+    # the shipped point of repeated main runs: the median of its runs is judged, not the run its figures come from
+    repeated = scale_targets.sweep_point({"parallelism": 64, "size_gb": 1.0, "corpus_mb": 1000.0, "rc": 0,
+                                          "cpu_s": 420.0, "wall_s": 1.0, "task_states": {"success": 350},
+                                          "outputs_sha256": "abc",
+                                          "spread": {"cpu_s": {"median": 450.0, "values": [420.0, 480.0]}}})
+    ratio, same = scale_targets.sweep_targets([run(8, 400.0, 90), repeated], 64)
+    assert (ratio["value"], ratio["values"], ratio["met"]) == (1.125, [1.05, 1.2], True)
+    assert "median of 2 runs: 420, 480, each over 8: 1.050, 1.200" in ratio["note"]
 
 
 def test_add_sweep_keeps_an_earlier_invocations_sweep_points_and_this_runs_own_parallelism(tmp_path):
