@@ -181,14 +181,15 @@ def sweep_point(run: dict) -> dict:
     of the main runs, which repeat, also keeps every repeat's CPU (``cpu_s_runs``): its other figures are those of
     one run, and with two repeats that is the cheaper one."""
     inst = run.get("task_states") or {}
+    point = {"parallelism": run.get("parallelism"), "size_gb": run["size_gb"], "corpus_mb": run["corpus_mb"],
+             "rc": run.get("rc"), "cpu_s": run["cpu_s"], "wall_s": run["wall_s"], "mb_per_cpu_s": run.get("mb_per_cpu_s"),
+             "task_instances": sum(inst.values()), "tasks_cpu_s": run.get("tasks_cpu_s"),
+             "profile_cpu_s": round(sum(s["cpu_s"] for s in run.get("stages_profile") or []), 1),
+             "tokens": run.get("tokens"), "outputs_sha256": run.get("outputs_sha256"),
+             "peak_task_rss_mb": run.get("peak_task_rss_mb"),
+             "yardstick_cpu_s": round(sum(run["yardstick"]) / len(run["yardstick"]), 3) if run.get("yardstick") else None}
     runs = ((run.get("spread") or {}).get("cpu_s") or {}).get("values") or []
-    return ({"cpu_s_runs": runs} if len(runs) > 1 else {}) | {"parallelism": run.get("parallelism"), "size_gb": run["size_gb"], "corpus_mb": run["corpus_mb"],
-            "rc": run.get("rc"), "cpu_s": run["cpu_s"], "wall_s": run["wall_s"], "mb_per_cpu_s": run.get("mb_per_cpu_s"),
-            "task_instances": sum(inst.values()), "tasks_cpu_s": run.get("tasks_cpu_s"),
-            "profile_cpu_s": round(sum(s["cpu_s"] for s in run.get("stages_profile") or []), 1),
-            "tokens": run.get("tokens"), "outputs_sha256": run.get("outputs_sha256"),
-            "peak_task_rss_mb": run.get("peak_task_rss_mb"),
-            "yardstick_cpu_s": round(sum(run["yardstick"]) / len(run["yardstick"]), 3) if run.get("yardstick") else None}
+    return point | {"cpu_s_runs": runs} if len(runs) > 1 else point
 
 
 def sweep_targets(points: list[dict], shipped: int) -> list[dict]:

@@ -21,9 +21,9 @@ one task for the next task of the same step (:func:`task_pools` with ``step``): 
 step has 64 tasks, and each started and stopped its own workers (about 0.3 CPU-s a pool; the tokenizer's workers
 also loaded the SentencePiece model again).  The pools are shut down as soon as a task of another step starts, so
 the next step's memory does not carry them; so are the step caches (:func:`step_cache`: the sink scatter's
-mapping of the held-out index, 136 MB of mapped pages at bench-scale's 4 GB, which the writer tasks need not hold).  A process made for one
-task (LocalExecutor, Celery: forked per task and left through ``os._exit``) never keeps a pool: only a process that
-has already run a task does.
+mapping of the held-out index, 136 MB of mapped pages at bench-scale's 4 GB, which the writer tasks need not
+hold).  A process made for one task (LocalExecutor, Celery: forked per task and left through ``os._exit``) never
+keeps a pool: only a process that has already run a task does.
 
 ``multiprocessing`` prepares every spawned (and the forkserver) process by importing the parent's main script
 as ``__mp_main__``.  Inside an Airflow task that script is the ``airflow`` CLI: each pool worker imported all of

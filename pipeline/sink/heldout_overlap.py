@@ -108,7 +108,16 @@ def _inside(starts: Any, ends: Any, n: int) -> tuple[Any, Any]:
 def run_hashes(tokens: Any, lengths: Any, n: int) -> tuple[Any, Any, Any]:
     """(hash, document index, start in ``tokens``) of every run of ``n`` tokens inside one document; ``tokens``
     is the documents' ids end to end, ``lengths`` their token counts.  Runs across a document boundary are left
-    out.  The documents' runs are marked from their bounds (1 byte per token), not looked up per run."""
+    out."""
+    import numpy as np
+
+    acc, inside, doc = _runs_inside(tokens, lengths, n)
+    return acc[inside], doc, np.flatnonzero(inside)
+
+
+def _runs_inside(tokens: Any, lengths: Any, n: int) -> tuple[Any, Any, Any]:
+    """The hash of the run at every position, whether it lies inside one document, and the document of each run
+    that does.  The documents' runs are marked from their bounds (1 byte per token), not looked up per run."""
     import numpy as np
 
     acc = _all_runs(tokens, n)
@@ -119,8 +128,7 @@ def run_hashes(tokens: Any, lengths: Any, n: int) -> tuple[Any, Any, Any]:
     np.add.at(marks, begins[valid > 0], 1)
     np.add.at(marks, (begins + valid)[valid > 0], -1)
     inside = np.cumsum(marks[:-1], dtype=np.int8).view(bool)
-    doc = np.repeat(np.arange(len(lengths), dtype=np.int32), valid)
-    return acc[inside], doc, np.flatnonzero(inside)
+    return acc, inside, np.repeat(np.arange(len(lengths), dtype=np.int32), valid)
 
 
 def build_index(directory: Path, flat: Any, lengths: Any, n: int) -> dict:
@@ -134,8 +142,9 @@ def build_index(directory: Path, flat: Any, lengths: Any, n: int) -> dict:
     import numpy as np
 
     lengths = np.asarray(lengths, np.int64)
-    hashes, doc, start = run_hashes(flat, lengths, n)
-    del start
+    acc, inside, doc = _runs_inside(flat, lengths, n)
+    hashes = acc[inside]
+    del acc, inside
     # by hash, then the first document that has it: runs come in document order, and a stable sort keeps it
     order = np.argsort(hashes, kind="stable")
     hashes = hashes[order]
