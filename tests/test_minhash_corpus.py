@@ -19,7 +19,8 @@ from conftest import SHARED_CORPORA
 from test_minhash_pipeline import write_shard
 
 from pipeline.dedup.minhash import MinhashConfig, SignatureEngine, run_minhash
-from pipeline.dedup.minhash.layout import decisions_path, edges_path
+from pipeline.dedup.minhash.clusters import checked_pairs
+from pipeline.dedup.minhash.layout import decisions_path
 
 DOMAINS = ("web", "code", "long", "academic")
 
@@ -77,7 +78,7 @@ def test_dup_groups_found_at_expected_similarity(tmp_path):
     assert found["high"][0] >= 200 and found["high"][1] == found["high"][0], found
     assert found["mid"][0] >= 20 and found["mid"][1] >= 0.85 * found["mid"][0], found
     # every removal is justified by a verified pair; labelled families dominate what is removed
-    edges = pq.read_table(edges_path(rdir)).to_pylist()
+    edges = checked_pairs(rdir, cfg).to_pylist()
     passed = [e for e in edges if e["passed"]]
     assert passed and all(e["similarity"] >= cfg.threshold for e in passed)
     assert all(r["similarity"] >= cfg.threshold for r in decided)

@@ -19,14 +19,15 @@ from pipeline.dedup.minhash import (
     MinhashError,
     buckets,
     build_manifest,
-    clusters,
     run_band,
     run_clusters,
     run_minhash,
     run_removal_shard,
     run_signatures_shard,
 )
-from pipeline.dedup.minhash.layout import decisions_path, edges_path, output_path, report_path
+from pipeline.dedup.minhash import clusters
+from pipeline.dedup.minhash.clusters import band_edges, checked_pairs, components
+from pipeline.dedup.minhash.layout import decisions_path, output_path, report_path
 from pipeline.io import read_json, sha256_file, write_marker, write_parquet
 
 
@@ -147,7 +148,7 @@ def test_rerun_is_byte_identical_and_skips(tmp_path):
         rdir = tmp_path / "runs" / name
         shards, _ = slices_run(rdir)
         run_minhash(rdir, shards, MinhashConfig(), tmp_path)
-        files = sorted(p for p in (rdir / "minhash").rglob("*") if p.is_file() and p.suffix in (".parquet",))
+        files = sorted(p for p in (rdir / "minhash").rglob("*") if p.is_file() and p.suffix in (".parquet", ".arrow"))
         outs.append({str(p.relative_to(rdir)): sha256_file(p) for p in files})
     assert outs[0] == outs[1] and len(outs[0]) >= 2 + 2 + 14 + 1
     rdir = tmp_path / "runs" / "r1"
@@ -191,7 +192,7 @@ def test_jaccard_check_rejects_lsh_false_positives(tmp_path):
     write_shard(rdir, "web-00000", docs)
     rep = run_minhash(rdir, ["web-00000"], cfg, tmp_path)
     assert rep["false_positives_rejected"] == 1 and rep["removed"][REASON_NEAR_DUP] == 0
-    edge = pq.read_table(edges_path(rdir)).to_pylist()
+    edge = checked_pairs(rdir, cfg).to_pylist()
     assert len(edge) == 1 and edge[0]["method"] == "exact" and not edge[0]["passed"]
     assert 0.35 < edge[0]["similarity"] < 0.5
     rdir = tmp_path / "unchecked"
@@ -200,32 +201,33 @@ def test_jaccard_check_rejects_lsh_false_positives(tmp_path):
     assert rep["removed"][REASON_NEAR_DUP] == 1
 
 
-def test_the_jaccard_check_holds_one_chunk_of_shingle_sets_not_the_store(tmp_path):
-    """The exact check reads the on-disk shingle store chunk by chunk: with a budget smaller than any pair, every
-    pair is its own chunk, the most held at once is one pair's two sets, and every similarity equals the whole-store
-    answer and the Jaccard of the stored sets computed here pair by pair."""
-    from pipeline.dedup.minhash.layout import read_manifest
-    from pipeline.dedup.minhash.verify import ShingleStore
+def decisions_of(rdir: Path, shards: list[str]) -> dict:
+    return {s: pq.read_table(decisions_path(rdir, s)).to_pylist() for s in shards} | \
+        {f"kept:{s}": sha256_file(output_path(rdir, s)) for s in shards}
 
-    rdir = tmp_path / "runs" / "r1"
-    shards, _, cfg, _ = stage1_run(rdir, tmp_path)
-    manifest = read_manifest(rdir, cfg.digest())
-    gids = np.arange(manifest["docs"], dtype=np.uint64)
-    store = ShingleStore(rdir, manifest, cfg, gids, tmp_path / "store.u64")
-    a, b = (x.astype(np.uint64).ravel() for x in np.triu_indices(len(gids), 1))
-    whole = store.jaccard(a, b, chunk_bytes=1 << 40)
-    assert store.max_chunk_bytes == store.total * 8        # one chunk: every document's set
-    store.max_chunk_bytes = 0
-    one_pair_each = store.jaccard(a, b, chunk_bytes=1)
-    sizes = np.diff(store.offsets) * 8
-    assert store.max_chunk_bytes == max(sizes[i] + sizes[j] for i, j in zip(a, b, strict=True))
-    assert np.array_equal(whole, one_pair_each)
-    values, offs = np.fromfile(store.path, np.uint64), store.offsets
-    sets = [values[offs[i]:offs[i + 1]] for i in range(len(gids))]
-    direct = [len(np.intersect1d(sets[i], sets[j])) / len(np.union1d(sets[i], sets[j])) for i, j in zip(a, b, strict=True)]
-    assert np.allclose(whole, direct, atol=1e-12)
-    assert (whole > 0.9).sum() >= 3            # the near-duplicate families are there to be found
-    store.close()
+
+def test_tasks_and_memory_change_no_decision(tmp_path, monkeypatch):
+    """Stage 3 cut into 3 tasks per step, each holding one slot of pairs and sets at a time, with the components
+    left to the rounds: the same decisions, outputs and report as one task holding everything."""
+    from pipeline.dedup.minhash.clusters import check, runs
+
+    one = tmp_path / "one"
+    shards, _ = slices_run(one)
+    report = run_minhash(one, shards, MinhashConfig(), tmp_path)
+    assert read_json(clusters.plan_path(one))["tasks"] == 1
+    many = tmp_path / "many"
+    slices_run(many)
+    monkeypatch.setattr(clusters, "EDGES_PER_TASK", 1)
+    monkeypatch.setattr(check, "BYTES_PER_PAIR", 1 << 40)            # every slot a range of its own
+    monkeypatch.setattr(components, "BYTES_PER_RESIDUAL", 1 << 40)   # only an empty residual fits: rounds run
+    again = run_minhash(many, shards, MinhashConfig(memory_mb=16), tmp_path, parallelism=3)
+    summary = read_json(many / "minhash" / "clusters" / "summary.json")
+    assert (summary["tasks"], summary["residual_edges"]) == (3, 0) and summary["rounds"] >= 1
+    checked = [read_json(runs.marker_file(many, "check", t, 3))["stats"] for t in range(3)]
+    assert sum(c["ranges"] for c in checked) >= sum(c["distinct_pairs"] for c in checked) > 3
+    assert decisions_of(one, shards) == decisions_of(many, shards)
+    assert {k: v for k, v in again.items() if k != "member_pairs"} == \
+        {k: v for k, v in report.items() if k != "member_pairs"}
 
 
 def test_stage4_refuses_changed_input(tmp_path):
@@ -254,35 +256,28 @@ def test_partitioned_bands_and_clusters_equal_in_memory(tmp_path, monkeypatch):
     whole = {}
     for b in range(cfg.bands):
         run_band(rdir, b, cfg)
-        whole[b] = pq.read_table(buckets.band_path(rdir, b))
+        whole[b] = band_edges(rdir, cfg, b)
     monkeypatch.setattr(buckets, "_BYTES_PER_DOC", 1 << 30)       # 10 docs "need" 10 GB of 1 GB: 16 partitions
     reads: list[tuple[str, int]] = []
     read_keys = buckets._read_keys
     monkeypatch.setattr(buckets, "_read_keys", lambda r, e, b: reads.append((e["shard"], b)) or read_keys(r, e, b))
+    from pipeline.dedup.minhash.clusters import runs
+
     for b in range(cfg.bands):
-        buckets.band_path(rdir, b).unlink()
+        runs.marker_file(rdir, "bands", b, cfg.bands).unlink()
         stats = run_band(rdir, b, cfg)
         assert stats["partitions"] == 16
         assert sorted(reads) == sorted((s, b) for s in shards)     # each key file read once, not once per partition
-        assert not (buckets.band_path(rdir, b).parent / f".work-{b:03d}").exists()    # spill files removed
+        assert not (runs.step_dir(rdir, "bands") / f".work-{b:03d}").exists()    # spill files removed
         reads.clear()
-        assert sorted(pq.read_table(buckets.band_path(rdir, b)).to_pylist(), key=str) == \
-            sorted(whole[b].to_pylist(), key=str)
-    total = sum(pq.read_table(buckets.band_path(rdir, b)).num_rows for b in range(cfg.bands))
-    parts = list(clusters.edge_partitions(rdir, cfg.bands, total * 10**6, 16, tmp_path / "spill"))
-    one = list(clusters.edge_partitions(rdir, cfg.bands, total, 1024, tmp_path / "spill"))
-    assert len(parts) > 1 and len(one) == 1
-    merged = sorted(zip(np.concatenate([p[0] for p in parts]).tolist(), np.concatenate([p[1] for p in parts]).tolist(),
-                        strict=True))
-    assert merged == sorted(zip(one[0][0].tolist(), one[0][1].tolist(), strict=True))
-    assert len(set(merged)) == len(merged)
+        assert sorted(band_edges(rdir, cfg, b).to_pylist(), key=str) == sorted(whole[b].to_pylist(), key=str)
 
 
 def test_union_find_matches_reference_components():
     rng = random.Random(3)
     for n in (1, 10, 200):
         edges = [(rng.randrange(n), rng.randrange(n)) for _ in range(n)]
-        parent = clusters.union(np.arange(n), np.array([e[0] for e in edges], np.int64),
+        parent = components.union(np.arange(n), np.array([e[0] for e in edges], np.int64),
                                 np.array([e[1] for e in edges], np.int64))
         ref = list(range(n))
 
@@ -307,7 +302,7 @@ def test_missing_stage_outputs_fail_clearly(tmp_path):
     run_signatures_shard(rdir, shards[0], MinhashConfig())
     run_signatures_shard(rdir, shards[1], MinhashConfig())
     build_manifest(rdir, shards, MinhashConfig(), tmp_path)
-    with pytest.raises(MinhashError, match="stage 2 output missing"):
+    with pytest.raises(MinhashError, match="clustering step 'bands' has not finished"):
         run_clusters(rdir, MinhashConfig())
 
 

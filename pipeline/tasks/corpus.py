@@ -143,6 +143,10 @@ def _expander(stage: str, batch: dict, cfg: MindloomConfig):
     if stage == "exact_dedup":
         return lambda plan: exact_dedup.attach_drops(Path(batch["run_dir"]), batch["task"], batch["of"],
                                                      ingest_output.output_specs(plan), cfg.dedup.exact_partitions)
+    if stage == "minhash_removal":
+        from pipeline.dedup.minhash.removal import attach_decisions
+
+        return lambda plan: attach_decisions(Path(batch["run_dir"]), cfg.minhash, ingest_output.output_specs(plan))
     return ingest_output.output_specs
 
 
@@ -208,20 +212,43 @@ def minhash_band(band_spec: dict) -> dict:
     return minhash.run_band(rdir, band_spec["band"], load_run_config(rdir).minhash)
 
 
-@profiled("minhash_clusters")
-def minhash_clusters(specs: list[dict]) -> dict:
-    """Near dedup, stage 3: union-find over (checked) candidate pairs; survivors chosen by the configured rule."""
-    from pipeline.dedup import minhash
+@profiled("minhash_cluster_tasks")
+def minhash_cluster_tasks(specs: list[dict]) -> list[dict]:
+    """Near dedup, stage 3: the items every clustering step is mapped over (``parallelism`` at most, fewer when
+    stage 2 found few candidate edges)."""
+    from pipeline.dedup.minhash import clusters
 
     rdir, _ = run_of(specs)
-    return minhash.run_clusters(rdir, load_run_config(rdir).minhash)
+    cfg = load_run_config(rdir)
+    return clusters.plan_tasks(rdir, cfg.minhash, cfg.parallelism)
+
+
+def minhash_cluster(step: str, item: dict) -> dict:
+    """Near dedup, stage 3: one task of clustering step ``step`` (``pipeline.dedup.minhash.clusters.STEPS``)."""
+    from pipeline.dedup.minhash import clusters
+
+    with measured(item["run_dir"], f"minhash_{step}", batches.batch_unit(item)) as prof:
+        out = clusters.run_step(step, item, load_run_config(item["run_dir"]).minhash)
+    return {**out, **{k: prof[k] for k in ("wall_s", "cpu_s", "peak_rss_mb")}}
+
+
+@profiled("minhash_finish")
+def minhash_cluster_finish(specs: list[dict]) -> dict:
+    """Near dedup, stage 3: the one task that joins the last open edges of the component rounds."""
+    from pipeline.dedup.minhash import clusters
+
+    rdir, _ = run_of(specs)
+    cfg = load_run_config(rdir)
+    return clusters.run_step("finish", {"run_dir": str(rdir), "task": 0,
+                                        "of": clusters.planned_tasks(rdir, cfg.minhash)}, cfg.minhash)
 
 
 def minhash_removal(spec: dict) -> dict:
     """Near dedup, stage 4 (per shard): drop the non-survivors; verifies the stage-1 manifest first."""
     from pipeline.dedup import minhash
 
-    return minhash.run_removal_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash)
+    return minhash.run_removal_shard(Path(spec["run_dir"]), spec["shard"], load_run_config(spec["run_dir"]).minhash,
+                                     decided=spec.get("minhash_decisions"))
 
 
 @profiled("minhash_report")
@@ -358,7 +385,7 @@ def run_step(task_id: str, item=None, **plan_args):
         if step.kind == "plan":
             return fn(**plan_args)
         if step.kind != "batch":
-            return fn(item)
+            return fn(item) if step.stage is None else fn(step.stage, item)
         out = fn(step.stage, item)
         if step.then:       # the batch's later stages in the same task: their own profile, markers and stats
             out["then"] = {stage: {k: v for k, v in fn(stage, item).items()

@@ -12,7 +12,8 @@ Kinds of step (``item`` is what one task receives):
            the stages in ``then`` over the same batch
 ``run``    one fan-in task; receives the list of handles (a few numbers each, never the plan)
 ``fan``    one task that returns the items a ``map`` step is mapped over (hash partitions, bands, file batches)
-``map``    mapped over the items returned by the ``fan`` step named in ``over``
+``map``    mapped over the items returned by the ``fan`` step named in ``over`` (``call(item)``, or
+           ``call(stage, item)`` when the step names a ``stage``: the steps of MinHash's clustering share one call)
 
 Stages with no barrier between them share a task (``then``): ingest hashes its batch for exact dedup, and exact
 dedup's task computes the survivors' MinHash signatures.  Each mapped task instance costs a fixed amount whatever
@@ -37,7 +38,8 @@ class Step:
     group: str | None              # Airflow task group (None: top level)
     kind: str                      # one of KINDS
     call: str = "run_stage_batch"  # function of pipeline.tasks.corpus that the task body calls
-    stage: str | None = None       # batch steps: the per-shard stage (pipeline.tasks.corpus.SHARD_STAGES)
+    stage: str | None = None       # batch steps: the per-shard stage (pipeline.tasks.corpus.SHARD_STAGES); map
+                                   # steps: the first argument of ``call`` (then ``call(stage, item)``)
     then: tuple[str, ...] = ()     # batch steps: stages the same task runs next over the same batch (no barrier)
     after: tuple[str, ...] = ()    # task ids that must finish first (besides the data dependency)
     over: str | None = None        # map steps: the fan step whose items they are mapped over
@@ -58,6 +60,23 @@ def _batch(name: str, group: str, stage: str | tuple[str, ...], *after: str) -> 
     return Step(name, group, "batch", stage=first, then=tuple(then), after=after)
 
 
+#: MinHash stage 3's steps, in order (``pipeline.dedup.minhash.clusters.STEPS``; named here so the DAG file does
+#: not import numpy to parse): each mapped over the items of ``cluster_tasks``, but ``finish``, which runs once.
+CLUSTER_STEPS = ("pairs", "gather", "check", "ls_1", "ss_1", "ls_2", "ss_2", "ls_3", "finish", "labels", "decide")
+
+
+def _cluster_steps() -> list[Step]:
+    out, before = [], "near_dedup.cluster_tasks"
+    for name in CLUSTER_STEPS:
+        if name == "finish":
+            out.append(Step(name, "near_dedup", "run", "minhash_cluster_finish", after=(before,)))
+        else:
+            out.append(Step(name, "near_dedup", "map", "minhash_cluster", stage=name, over="near_dedup.cluster_tasks",
+                            after=(before,) if before != "near_dedup.cluster_tasks" else (), label="part-{task:03d}"))
+        before = f"near_dedup.{name}"
+    return out
+
+
 STEPS: tuple[Step, ...] = (
     Step("plan", None, "plan", "plan_tasks"),
     _batch("ingest_shard", "ingest", ("ingest", "exact_hash")),
@@ -67,8 +86,9 @@ STEPS: tuple[Step, ...] = (
     _batch("exact_dedup", "clean", ("exact_dedup", "minhash_signatures"), "clean.exact_partition"),
     Step("bands", "near_dedup", "fan", "minhash_bands", after=("clean.exact_dedup",)),
     Step("band", "near_dedup", "map", "minhash_band", over="near_dedup.bands", label="band-{band:03d}"),
-    Step("clusters", "near_dedup", "run", "minhash_clusters", after=("near_dedup.band",)),
-    _batch("removal", "near_dedup", "minhash_removal", "near_dedup.clusters"),
+    Step("cluster_tasks", "near_dedup", "fan", "minhash_cluster_tasks", after=("near_dedup.band",)),
+    *_cluster_steps(),
+    _batch("removal", "near_dedup", "minhash_removal", "near_dedup.decide"),
     Step("dedup_report", "near_dedup", "run", "minhash_report", after=("near_dedup.removal",)),
     Step("train_classifier", "filter", "run", "train_classifier", after=("near_dedup.removal",)),
     _batch("quality_filter", "filter", "quality", "filter.train_classifier"),

@@ -5,7 +5,9 @@ DAG wiring (each task body is one call; ``cfg`` is the run's frozen :class:`Minh
     signatures  = run_signatures_shard(rdir, shard, cfg)        mapped over shards   (stage 1)
     band_specs  = build_manifest(rdir, shards, cfg, data_root)  one task; returns [{"run_dir", "band"}, ...]
     bands       = run_band(rdir, band, cfg)                     mapped over bands    (stage 2)
-    clusters    = run_clusters(rdir, cfg)                       one task             (stage 3)
+    items       = clusters.plan_tasks(rdir, cfg, parallelism)   one task; returns T <= parallelism items
+    clusters    = clusters.run_step(step, item, cfg)            each of clusters.STEPS mapped over the items
+                                                                (stage 3; ``finish`` runs once)
     removal     = run_removal_shard(rdir, shard, cfg)           mapped over shards   (stage 4)
     report      = write_report(rdir, cfg)                       one task, after stage 4
     add_release(rdir, cfg, data_root, release, kept_stage)      at publish: index what shipped
@@ -68,8 +70,10 @@ def build_manifest(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data
 
 
 def run_minhash(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data_root: str | Path,
-                release: str | None = None, input_stage: str = "exact_dedup", quality=None) -> dict:
-    """All four stages and the report, in order, in this process; returns the report."""
+                release: str | None = None, input_stage: str = "exact_dedup", quality=None,
+                parallelism: int = 1) -> dict:
+    """All four stages and the report, in order, in this process; returns the report.  ``parallelism`` caps the
+    clustering tasks as in the DAG (their count also depends on the candidate edges)."""
     from pipeline.dedup.minhash.buckets import run_band
     from pipeline.dedup.minhash.clusters import run_clusters
     from pipeline.dedup.minhash.removal import run_removal_shard
@@ -82,7 +86,7 @@ def run_minhash(rdir: str | Path, shards: list[str], cfg: MinhashConfig, data_ro
         run_signatures_shard(rdir, shard, cfg, input_stage, quality)
     for spec in build_manifest(rdir, shards, cfg, data_root, release, input_stage):
         run_band(rdir, spec["band"], cfg)
-    run_clusters(rdir, cfg)
+    run_clusters(rdir, cfg, parallelism)
     for shard in shards:
         run_removal_shard(rdir, shard, cfg)
     return write_report(rdir, cfg)

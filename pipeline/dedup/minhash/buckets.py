@@ -35,8 +35,7 @@ import numpy as np
 
 from pipeline.dedup.minhash.config import MinhashConfig, check_config
 from pipeline.dedup.minhash.index import DedupIndex
-from pipeline.dedup.minhash.layout import MinhashError, band_column, band_path, read_manifest, signature_path
-from pipeline.io import atomic_path, completed, write_marker
+from pipeline.dedup.minhash.layout import MinhashError, band_column, read_manifest, signature_path
 
 log = logging.getLogger(__name__)
 
@@ -123,9 +122,11 @@ def _partitions(rdir: Path, manifest: dict, band: int, bits: int, work: Path):
 
 
 def run_band(rdir: Path, band: int, cfg: MinhashConfig) -> dict:
-    """Candidate edges of band ``band`` → ``minhash/bands/band_<bb>.parquet`` (columns a, b; uint64 gids)."""
+    """Candidate edges of band ``band`` → runs of (a, b) addressed by the slot of a (``minhash/cc/bands/``)."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
+
+    from pipeline.dedup.minhash.clusters import runs
+    from pipeline.io import config_digest
 
     cfg = check_config(cfg)
     if not cfg.enabled:
@@ -134,30 +135,27 @@ def run_band(rdir: Path, band: int, cfg: MinhashConfig) -> dict:
     if not 0 <= band < cfg.bands:
         raise MinhashError(f"band {band} out of range: the config has {cfg.bands} bands")
     manifest = read_manifest(rdir, cfg.digest())
-    out = band_path(rdir, band)
-    if (done := completed(out)) and done.get("config") == cfg.digest():
+    digest = runs.digest_of("minhash_band", cfg.digest(), config_digest(manifest), band)
+    if done := runs.done(rdir, "bands", band, cfg.bands, digest):
         return done["stats"]
+    runs.clear_outputs(rdir, "bands", band, cfg.bands)
     index = DedupIndex.from_manifest(manifest)
     bits = partition_bits(manifest["docs"], cfg.memory_mb)
     stats = {"band": band, "partitions": 1 << bits, "docs": 0, "buckets": 0, "largest_bucket": 0, "edges": 0,
              "index_matches": 0}
     schema = pa.schema([("a", pa.uint64()), ("b", pa.uint64())])
-    with atomic_path(out) as tmp, pq.ParquetWriter(tmp, schema, compression="zstd") as writer:
-        for keys, gids in _partitions(rdir, manifest, band, bits, out.parent / f".work-{band:03d}"):
-            a, b, info = star_edges(keys, gids)
-            stats["docs"] += len(keys)
-            stats["buckets"] += info["buckets"]
-            stats["largest_bucket"] = max(stats["largest_bucket"], info["largest"])
-            ia, ib = index.match_band(band, keys, gids)
-            stats["index_matches"] += len(ia)
-            a, b = np.concatenate([a, ia]), np.concatenate([b, ib])
-            order = np.lexsort((b, a))
-            a, b = a[order], b[order]
-            stats["edges"] += len(a)
-            if len(a):
-                writer.write_table(pa.table({"a": a, "b": b}, schema=schema), row_group_size=1 << 20)
-    write_marker(out, {"stats": stats, "config": cfg.digest()})
+    writer = runs.RunWriter(rdir, "bands", band, cfg.bands, "edges")
+    for keys, gids in _partitions(rdir, manifest, band, bits, runs.step_dir(rdir, "bands") / f".work-{band:03d}"):
+        a, b, info = star_edges(keys, gids)
+        stats["docs"] += len(keys)
+        stats["buckets"] += info["buckets"]
+        stats["largest_bucket"] = max(stats["largest_bucket"], info["largest"])
+        ia, ib = index.match_band(band, keys, gids)
+        stats["index_matches"] += len(ia)
+        a, b = np.concatenate([a, ia]), np.concatenate([b, ib])
+        stats["edges"] += len(a)
+        writer.write(pa.table({"a": a, "b": b}, schema=schema), runs.slot_of(a))
+    runs.commit(rdir, "bands", band, cfg.bands, digest, {"edges": writer.written}, stats)
     log.info("minhash band %d: %d docs, %d buckets (largest %d), %d edges, %d index matches", band, stats["docs"],
              stats["buckets"], stats["largest_bucket"], stats["edges"], stats["index_matches"])
     return stats
-

@@ -19,7 +19,6 @@ import numpy as np
 from pipeline.dedup.minhash.config import MinhashConfig, check_config
 from pipeline.dedup.minhash.layout import (
     MinhashError,
-    clusters_summary_path,
     decisions_path,
     input_path,
     output_path,
@@ -34,13 +33,18 @@ log = logging.getLogger(__name__)
 STAGE = "minhash"
 
 
-def run_removal_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage: str = "exact_dedup") -> dict:
+def run_removal_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage: str = "exact_dedup",
+                      decided=None) -> dict:
     """``<input_stage>/<shard>.parquet`` minus its near duplicates → ``minhash/<shard>.parquet``; returns stats.
 
-    With ``enabled: false`` the shard passes through unchanged (``input_stage`` names it; otherwise the manifest
-    does), so later stages always read ``minhash/``.
+    ``decided`` is the shard's slice of stage 3's decisions (:func:`attach_decisions` reads a batch's at once);
+    without it the shard's id range is read from the decision runs.  With ``enabled: false`` the shard passes
+    through unchanged (``input_stage`` names it; otherwise the manifest does), so later stages always read
+    ``minhash/``.
     """
     import pyarrow as pa
+
+    from pipeline.dedup.minhash.clusters import read_decisions
 
     cfg = check_config(cfg)
     rdir = Path(rdir)
@@ -51,14 +55,15 @@ def run_removal_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage: s
         return _pass_through(rdir, shard, input_path(rdir, input_stage, shard), out, cfg)
     manifest = read_manifest(rdir, cfg.digest())
     entry = shard_entry(manifest, shard, rdir)
-    if completed(clusters_summary_path(rdir)) is None:
-        raise MinhashError(f"{clusters_summary_path(rdir)} is missing: run minhash stage 3 (clusters) first")
+    if decided is None:
+        decided = read_decisions(rdir, cfg, entry["offset"], entry["offset"] + entry["docs"])
     src = verify_input(rdir, manifest, shard)
     table = read_parquet(src)
     if table.num_rows != entry["docs"]:
         raise MinhashError(f"{src}: {table.num_rows} rows, the stage-1 manifest says {entry['docs']}")
-    decided = read_parquet(decisions_path(rdir, shard))
-    rows = decided.column("row").to_numpy().astype(np.int64)
+    rows = (decided.column("gid").to_numpy().astype(np.int64) - entry["offset"])
+    part = decided.drop_columns(["gid", "kept_gid"]).add_column(0, "row", pa.array(rows.astype(np.int32)))
+    write_parquet(part, decisions_path(rdir, shard))         # the shard's removals, for audit
     if len(rows):
         have = table.column("doc_id").take(pa.array(rows)).to_pylist()
         want = decided.column("doc_id").to_pylist()
@@ -70,6 +75,34 @@ def run_removal_shard(rdir: Path, shard: str, cfg: MinhashConfig, input_stage: s
     drop[rows] = True
     reasons = np.array(decided.column("reason").to_pylist(), dtype=object)
     return _write(rdir, shard, table, drop, rows, reasons, entry["domain"], out, cfg)
+
+
+def attach_decisions(rdir: Path, cfg: MinhashConfig, specs: list[dict]) -> list[dict]:
+    """Each shard spec of a batch with its slice of stage 3's decisions, read once for the batch's id range
+    (a contiguous range: a batch's shards are consecutive in the manifest)."""
+    from pipeline.dedup.minhash.clusters import read_decisions
+
+    cfg = check_config(cfg)
+    if not cfg.enabled or not specs:
+        return specs
+    manifest = read_manifest(Path(rdir), cfg.digest())
+    entries = [shard_entry(manifest, s["shard"], Path(rdir)) for s in specs]
+    if any(completed(output_path(Path(rdir), s["shard"])) is None for s in specs):
+        lo = min(e["offset"] for e in entries)
+        hi = max(e["offset"] + e["docs"] for e in entries)
+        decided = read_decisions(Path(rdir), cfg, lo, hi)
+        gids = decided.column("gid").to_numpy().astype(np.int64)
+    else:
+        decided, gids = None, None
+    out = []
+    for spec, e in zip(specs, entries, strict=True):
+        if decided is None:
+            out.append(spec)
+            continue
+        r0, r1 = np.searchsorted(gids, [e["offset"], e["offset"] + e["docs"]])
+        out.append({**spec, "minhash_decisions": decided.slice(int(r0), int(r1 - r0)).combine_chunks()
+                    if r1 > r0 else decided.schema.empty_table()})
+    return out
 
 
 def _pass_through(rdir: Path, shard: str, src: Path, out: Path, cfg: MinhashConfig) -> dict:

@@ -6,7 +6,7 @@ S-curve of the configured bands × rows, and a few example clusters with the spa
 differs from the one that was kept (word-level diff, context included).
 
 Cost: one small stats JSON per shard, plus two rows per example.  Stage 3 chooses the example clusters while
-its decisions are in memory (:func:`select_examples`, stored in the clusters summary with the global ids of the
+its decisions are in memory (:func:`pipeline.dedup.minhash.clusters.decide.select_examples`, stored in the clusters summary with the global ids of the
 rows to compare), so this task opens no decisions file and reads no doc-id column.
 """
 
@@ -19,7 +19,6 @@ import numpy as np
 
 from pipeline.dedup.minhash.config import MinhashConfig, check_config, curve_threshold, s_curve
 from pipeline.dedup.minhash.layout import (
-    clusters_summary_path,
     gid_to_shard,
     input_path,
     read_manifest,
@@ -47,34 +46,6 @@ def differing_spans(kept: str, removed: str, limit: int = 5) -> list[dict]:
     return spans
 
 
-def select_examples(decided, limit: int) -> list[dict]:
-    """The ``limit`` largest clusters (ties: smallest cluster id), from stage 3's decisions while they are in memory.
-
-    Each keeps its first 20 removed doc ids (ascending global id, i.e. shard then row), the count, and the global
-    ids of the survivor and of the first removed member, so the report reads exactly two rows per example.
-    """
-    if limit == 0 or decided.num_rows == 0:
-        return []
-    cluster = decided.column("cluster").to_numpy()
-    ids, counts = np.unique(cluster, return_counts=True)
-    chosen = ids[np.lexsort((ids, -counts))][:limit]
-    gid = decided.column("gid").to_numpy()
-    sel = np.flatnonzero(np.isin(cluster, chosen))      # one pass over the removed docs, not one per example
-    sel = sel[np.argsort(gid[sel], kind="stable")]       # members by global id: shard, then row
-    out = []
-    for c in chosen:
-        rows = sel[cluster[sel] == c]
-        first = int(rows[0])
-        sim = decided.column("similarity")[first].as_py()
-        out.append({"cluster": int(c), "kept": decided.column("kept_doc_id")[first].as_py(),
-                    "kept_gid": int(decided.column("kept_gid")[first].as_py()),
-                    "removed": decided.column("doc_id").take(rows[:20]).to_pylist(),
-                    "removed_gid": int(gid[first]), "removed_count": len(rows),
-                    "reason": decided.column("reason")[first].as_py(),
-                    "similarity": None if sim is None or np.isnan(sim) else round(float(sim), 4)})
-    return out
-
-
 def _texts(rdir: Path, manifest: dict, gids: list[int]) -> dict[int, str]:
     """Texts of current-run global ids: only the row groups that hold them, one file open per shard."""
     shard_idx, rows = gid_to_shard(manifest, np.asarray(gids, np.uint64))
@@ -96,7 +67,9 @@ def write_report(rdir: Path, cfg: MinhashConfig) -> dict:
         write_json(report_path(rdir), report)
         return report
     manifest = read_manifest(rdir, cfg.digest())
-    summary = read_json(clusters_summary_path(rdir))
+    from pipeline.dedup.minhash.clusters import write_summary
+
+    summary = write_summary(rdir, cfg)
     per_domain: dict[str, dict] = {}
     for entry in manifest["shards"]:
         stats_file = rdir / "stats" / "minhash" / f"{entry['shard']}.json"
