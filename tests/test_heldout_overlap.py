@@ -98,7 +98,7 @@ def planted(tmp_path):
 
 def _plan_and_scatter(rdir, shard, **mc):
     mixture.plan_mixture(MixtureConfig(**{"val_fraction": 0, "val_min_docs": 1, **mc}), rdir, [shard], SEED)
-    return scatter.run_scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"])
+    return scatter.scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"]).marker
 
 
 def test_a_copy_and_a_document_holding_most_of_a_heldout_one_are_dropped_and_named(planted):
@@ -187,10 +187,9 @@ def test_a_process_maps_the_index_once_for_all_shards_of_a_plan(planted, monkeyp
     assert heldout_overlap.loaded_index(path, dict(index)) is first and len(built) == 1
     other = heldout_overlap.loaded_index(path, {**index, "sha256": "another plan"})
     assert other is not first and len(built) == 2
-    assert scatter.run_scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"])["overlaps_heldout"] == 2
+    assert scatter.scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"]).marker["overlaps_heldout"] == 2
     assert len(built) == 3                                  # the plan's own sha256 again: one more load, then kept
-    (rdir / "sink" / "scatter" / f"{shard}.arrow.done").unlink()
-    assert scatter.run_scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"])["overlaps_heldout"] == 2
+    assert scatter.scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"]).marker["overlaps_heldout"] == 2
     assert len(built) == 3
 
 

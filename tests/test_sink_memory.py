@@ -2,7 +2,8 @@
 
 Synthetic tokenized shards (real packing, real MindRecord files) at 1x and 2x the tokens, with the same
 ``pack.shard_mb``: the corpus doubles the number of output files, never the size of one, and each of the two
-scatter tasks merges twice the shards into its part.  Each scatter and writer task runs in a fresh process: the writers' peak RSS of the process tree (:func:`pipeline.profile.measured`; a writer
+scatter tasks merges twice the shards into its part (its runs set to two shards' tokens, so both sizes write
+several).  Each scatter and writer task runs in a fresh process: the writers' peak RSS of the process tree (:func:`pipeline.profile.measured`; a writer
 verifies its file in a child) and each scatter process's own high-water mark (``VmHWM``) are compared.
 The old single-task sink held every token (about 37 bytes per token: 16M tokens would add ~600 MB), so it fails this.
 """
@@ -34,6 +35,7 @@ from pipeline.sink import scatter, shards
 rdir, step, arg = Path(sys.argv[1]), sys.argv[2], json.loads(sys.argv[3])
 with measured(rdir, step, str(arg["unit"])) as m:
     if step == "scatter":
+        scatter.RUN_TOKENS = arg["run_tokens"]
         scatter.run_scatter_part(rdir, arg["part"], arg["shards"], seed=7, n_files=arg["n_files"], domains=["a", "b"])
     else:
         e = shards.write_output_file(rdir, arg["k"], arg["n_files"], arg["parts"], seq_len=2047, eos_id=2,
@@ -85,7 +87,8 @@ def peaks(rdir: Path, n_shards: int) -> tuple[float, float, int]:
     # a scatter task is one process and lasts a second or two: its exact high-water mark, since the 0.2 s
     # samples of measured() catch its peak or not by chance (and twice the shards gave twice the chances)
     scat = [child(rdir, "scatter", {"unit": p, "part": p, "shards": shards[t * half:(t + 1) * half],
-                                    "n_files": n_files})["maxrss_mb"] for t, p in enumerate(parts)]
+                                    "n_files": n_files, "run_tokens": 2 * SHARD_TOKENS})["maxrss_mb"]
+            for t, p in enumerate(parts)]
     written = [child(rdir, "write", {"unit": k, "k": k, "n_files": n_files, "parts": parts}) for k in (0, 1)]
     assert all(w["samples"] > 0 for w in written)
     return max(scat), max(w["peak_rss_mb"] for w in written), n_files

@@ -9,7 +9,8 @@ parts' markers alone, where every key-range bucket starts in the stream and how 
 fewer rows than files fails with one line saying so.
 
 :func:`write_output_file` reads only the buckets its rows fall in (memory-mapped, every scatter part's batch of
-them: one part per scatter task, :func:`pipeline.sink.scatter.run_scatter_part`),
+them: one part per scatter task, :func:`pipeline.sink.scatter.run_scatter_part`; each file closed once mapped, so
+the task holds no descriptor per part),
 orders their copies by key, and feeds the copies that overlap its rows to a windowed
 :class:`pipeline.sink.packing.StreamPacker`, chunk by chunk, into ``sink/out/corpus-<k>-of-<n>.mindrecord``.  The
 writer then verifies its own file (every row read back through ``MindDataset`` in a memory-limited child, count and

@@ -10,7 +10,7 @@ slot of its label (output ``members``).
 search.  The task also counts its components (sizes, removals by reason) and keeps its largest ones as report
 examples, so the summary adds up markers and reads no decision.
 
-Memory: about ``BYTES_PER_MEMBER`` per member of the slot range held (ids, fields, the doc-id strings, the sort).
+Memory: about ``LABEL_BYTES`` per node (labels) and ``DECIDE_BYTES`` per member (decide) of the slot range held.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from pipeline.dedup.minhash.layout import MinhashError, split_index_node
 from pipeline.dedup.minhash.survivors import rank_keys
 from pipeline.dedup.minhash.verify import is_index
 
-BYTES_PER_MEMBER = 256
+LABEL_BYTES = 400            # peak per node of labels (measured 360): nodes, fields, similarities, the join
+DECIDE_BYTES = 700           # peak per member of decide (measured 640): members, rank keys, doc-id strings, output
 
 
 def member_schema():
@@ -74,7 +75,7 @@ def run_labels(ctx, item: dict) -> tuple[dict, dict]:
     writer = runs.RunWriter(ctx.rdir, "labels", item["task"], item["of"], "members")
     stats = {"members": 0, "ranges": 0}
     counts = runs.slot_counts(node_runs, lo, hi)
-    for r0, r1 in runs.plan_ranges(counts, lo, BYTES_PER_MEMBER, ctx.budget):
+    for r0, r1 in runs.plan_ranges(counts, lo, LABEL_BYTES, ctx.budget):
         node, label = labels_of(runs.read_range(node_runs, r0, r1, node_schema()), roots)
         order = np.argsort(node, kind="stable")
         node, label = node[order], label[order]
@@ -110,7 +111,7 @@ def run_decide(ctx, item: dict) -> tuple[dict, dict]:
     stats = {"members": 0, "docs_in_clusters": 0, "clusters": 0, "largest_cluster": 0, "cluster_sizes": {},
              "removed": {REASON_NEAR_DUP: 0, REASON_PREVIOUS: 0}, "examples": [], "ranges": 0}
     counts = runs.slot_counts(member_runs, lo, hi)
-    for r0, r1 in runs.plan_ranges(counts, lo, BYTES_PER_MEMBER, ctx.budget):
+    for r0, r1 in runs.plan_ranges(counts, lo, DECIDE_BYTES, ctx.budget):
         members = runs.read_range(member_runs, r0, r1, member_schema())
         decided, sizes = decide_members(ctx, members)
         stats["ranges"] += 1

@@ -22,7 +22,7 @@ import numpy as np
 from pipeline.dedup.minhash.clusters import runs
 from pipeline.dedup.minhash.verify import is_index
 
-BYTES_PER_EDGE = 96          # the range's edges, the sort index and sorted copies, the requests built from them
+BYTES_PER_EDGE = 128         # peak per candidate edge read: the edges, the sort, the requests (measured 112)
 NEED_SET, NEED_SIGNATURE = 1, 2
 
 
@@ -98,10 +98,11 @@ def _merge_requests(gid: np.ndarray, slot: np.ndarray, need: np.ndarray):
 
 
 def read_pairs(ctx, item: dict, r0: int, r1: int) -> tuple[np.ndarray, np.ndarray]:
-    """The task's own distinct pairs of slots ``[r0, r1)`` (sorted by a, then b)."""
+    """The task's own distinct pairs of slots ``[r0, r1)`` (a pair's slot is in one of its runs only, so they are
+    distinct as read)."""
     paths = [runs.step_dir(ctx.rdir, "pairs") / r["run"] for r in ctx.own_marker("pairs", item)["outputs"]["pairs"]]
     t = runs.read_range(paths, r0, r1, edge_schema())
-    return distinct(t.column("a").to_numpy(), t.column("b").to_numpy())
+    return t.column("a").to_numpy(), t.column("b").to_numpy()
 
 
 def pair_counts(ctx, item: dict, lo: int, hi: int) -> np.ndarray:
