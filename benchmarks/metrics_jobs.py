@@ -142,6 +142,38 @@ def task_cost_metrics(runs: list[dict]) -> list[dict]:
     return out
 
 
+def cluster_graph_metrics(runs: list[dict]) -> list[dict]:
+    """Issue #49's targets on the synthetic 1 TB-shape duplicate graph: every clustering task's peak RSS, the CPU
+    exponent between the sizes, and the components against one process's union-find."""
+    res = runs[-1].get("cluster_graph.json", {}) if runs else {}
+    done = res.get("runs", [])
+    if not done:
+        return []
+    sizes = " and ".join(f"{r['graph']['clustered']:.2g}" for r in done)
+    where = f"clusters.run_step per task in forked processes, {sizes} clustered documents, check off"
+    out = [metric("cluster_graph", "peak_task_rss_mb", "MB", [max(r["peak_task_rss_mb"] for r in done)],
+                  target=res["targets"]["peak_task_rss_mb"], op="<=", compared=where, worst=True,
+                  note="; ".join(f"{r['graph']['clustered']:.2g}: {r['largest_task']['step']} task "
+                                 f"{r['largest_task']['task']}, {r['peak_task_rss_mb']} MB" for r in done))]
+    if res.get("cpu_exponent") is not None:
+        out.append(metric("cluster_graph", "cpu_exponent", "exponent", [res["cpu_exponent"]],
+                          target=res["targets"]["cpu_exponent"], op="<=", compared=where,
+                          note=" → ".join(f"{r['cpu_s']} CPU-s ({r['tasks']} tasks)" for r in done)))
+    checked = [r for r in done if "components_check" in r]
+    for r in checked:
+        c = r["components_check"]
+        out.append(metric("cluster_graph", "components_equal_union_find", "bool", [1.0 if c["equal"] else 0.0],
+                          target=1.0, op=">=", compared=f"union-find over every band edge in one process, "
+                                                        f"{r['graph']['clustered']:.2g} clustered documents",
+                          note=f"{c['nodes']:,} nodes, {c['components']:,} components"))
+    for r in done:
+        n = f"{r['graph']['clustered']:.0e}".replace("e+0", "e")
+        out.append(metric("cluster_graph", f"cpu_s_{n}", "CPU-s", [r["cpu_s"]], compared=where,
+                          note=f"{r['tasks']} tasks per step, resolved after round {r['summary']['rounds']}; "
+                               + ", ".join(f"{k} {v['cpu_s']}" for k, v in r["steps"].items() if v["cpu_s"] >= 0.5)))
+    return out
+
+
 def scaling_metrics(runs: list[dict]) -> list[dict]:
     import scaling
 

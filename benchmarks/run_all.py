@@ -36,7 +36,7 @@ import topics  # noqa: E402
 from common import REPO  # noqa: E402
 
 TOPIC_ORDER = ("ingest", "filters", "quality_kernels", "minhash", "datasketch", "tokenize", "mindrecord", "train",
-               "parallel", "memory_plan", "scaling", "task_cost")
+               "parallel", "memory_plan", "scaling", "task_cost", "cluster_graph")
 OPT_IN = ("scale",)            # run only when named in --topics (make bench-scale)
 
 

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from common import REPO, spread
 from metrics_jobs import (
+    cluster_graph_metrics,
     memory_plan_metrics,
     parallel_metrics,
     scale_metrics,
@@ -95,6 +96,10 @@ TOPICS: dict[str, dict] = {
                         "python": "project", "needs": [], "files": ["quality_kernels.json"],
                         "argv": _bench("bench_quality_kernels.py", ["--repeats", "{r}"], ["--repeats", "1"]),
                         "outer_runs": lambda r: 1, "metrics": quality_kernels_metrics},
+    "cluster_graph": {"title": "MinHash clustering on a duplicate graph at 1 TB shape", "issue": 49,
+                      "python": "project", "needs": [], "files": ["cluster_graph.json"], "timeout": 6 * 3600,
+                      "argv": _bench("bench_cluster_graph.py", [], ["--quick"]), "outer_runs": lambda r: 1,
+                      "metrics": cluster_graph_metrics},
     "scaling": {"title": "The whole data chain at 1×–8×", "issue": 10, "python": "project", "needs": [],
                 "files": ["scaling.json"], "argv": _bench("scaling.py", [], ["--quick"]),
                 "outer_runs": lambda r: 1, "metrics": scaling_metrics},

@@ -79,7 +79,7 @@ def test_a_killed_clustering_resumes_at_its_first_uncommitted_task(graph):
     for step in ("labels", "decide"):                      # the same runs, byte for byte
         for t in range(3):
             mine = read_json(runs.marker_file(killed, step, t, 3))["outputs"]
-            for out, written in mine.items():
+            for written in mine.values():
                 for r in written:
                     assert sha256_file(runs.step_dir(killed, step) / r["run"]) == \
                         sha256_file(runs.step_dir(whole, step) / r["run"])

@@ -19,13 +19,13 @@ from pipeline.dedup.minhash import (
     MinhashError,
     buckets,
     build_manifest,
+    clusters,
     run_band,
     run_clusters,
     run_minhash,
     run_removal_shard,
     run_signatures_shard,
 )
-from pipeline.dedup.minhash import clusters
 from pipeline.dedup.minhash.clusters import band_edges, checked_pairs, components
 from pipeline.dedup.minhash.layout import decisions_path, output_path, report_path
 from pipeline.io import read_json, sha256_file, write_marker, write_parquet

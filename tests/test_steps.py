@@ -18,8 +18,8 @@ def test_the_declared_chain_runs_top_to_bottom():
     assert STEPS[-1].task_id == "publish" and STEPS[-1].outlet
     batch = [stage for s in STEPS if s.kind == "batch" for stage in (s.stage, *s.then)]
     assert batch == ["ingest", "exact_hash", "exact_dedup", "minhash_signatures", "minhash_removal", "quality",
-                     "tokenize", "sink_scatter"]
-    # stages with no barrier between them share a mapped task: 6 mapped batch tasks per run, not 8
+                     "release_part", "tokenize", "sink_scatter"]
+    # stages with no barrier between them share a mapped task: 6 mapped batch tasks per run, not 9
     assert [s.task_id for s in STEPS if s.kind == "batch"] == [
         "ingest.ingest_shard", "clean.exact_dedup", "near_dedup.removal", "filter.quality_filter", "tokenize.encode",
         "sink.scatter"]

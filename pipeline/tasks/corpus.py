@@ -268,6 +268,36 @@ def quality_shard(spec: dict) -> dict:
                                      prescored=prescores_path(rdir, spec["shard"]))
 
 
+def release_part_batch(batch: dict, specs: list[dict]) -> dict:
+    """The dedup index's part of this batch (per batch, after its quality shards): what the batch ships, so the
+    publish step adds the release without reading every shard (``pipeline.dedup.minhash.release``)."""
+    cfg = load_run_config(batch["run_dir"])
+    if not cfg.minhash.enabled:
+        return {"skipped": "minhash.enabled is false"}
+    from pipeline.dedup.minhash.release import write_release_part
+
+    rdir = Path(batch["run_dir"])
+    return write_release_part(rdir, cfg.minhash, cfg.data_root, rdir.name, batch["task"], batch["of"],
+                              [s["shard"] for s in specs], kept_stage="quality")
+
+
+def _release_parts(rdir: Path, cfg: MindloomConfig) -> int:
+    """The number of release parts: the run's shard batches."""
+    return len(batches.plan_batches(rdir, len(batches.shard_names(rdir)), cfg.parallelism))
+
+
+@profiled("release_band")
+def minhash_release_band(band_spec: dict) -> dict:
+    """The dedup index: one band's sorted keys of everything the run ships, from the batches' parts."""
+    rdir = Path(band_spec["run_dir"])
+    cfg = load_run_config(rdir)
+    if not cfg.minhash.enabled:
+        return {"band": band_spec["band"], "skipped": "minhash.enabled is false"}
+    from pipeline.dedup.minhash.release import merge_release_band
+
+    return merge_release_band(cfg.minhash, cfg.data_root, rdir.name, band_spec["band"], _release_parts(rdir, cfg))
+
+
 def train_classifier(specs: list[dict]) -> dict:
     """The quality classifier (:mod:`pipeline.quality.classifier`): trained on a sample of the deduplicated shards,
     or a supplied model calibrated on it, before the quality tasks score with it.  Off: returns at once (no
@@ -335,10 +365,10 @@ def publish(specs: list[dict]) -> dict:
     empty = Path(rdir) / "empty_sources.json"
     summary["empty_sources"] = read_json(empty) if empty.exists() else []
     if cfg.minhash.enabled:     # later refreshes can deduplicate against what this run shipped
-        from pipeline.dedup import minhash
+        from pipeline.dedup.minhash.release import register_release
 
-        summary["dedup_release"] = minhash.add_release(rdir, cfg.minhash, cfg.data_root, release=rdir.name,
-                                                       kept_stage="quality")
+        summary["dedup_release"] = register_release(cfg.minhash, cfg.data_root, Path(rdir).name,
+                                                    _release_parts(Path(rdir), cfg), kept_stage="quality")
     write_json(Path(rdir) / "corpus_summary.json", summary)
     summary["report_html"] = str(write_report(Path(rdir) / "report.html",
                                               f"mindloom corpus {cfg.run_name} ({Path(rdir).name})",
@@ -353,7 +383,8 @@ SHARD_STAGES = {"ingest": ingest_shard, "exact_dedup": exact_dedup_shard,
                 "quality": quality_shard, "tokenize": tokenize_shard}
 
 #: Stages whose batch task makes one output for the whole batch: ``fn(batch handle, output shard specs)``.
-BATCH_STAGES = {"exact_hash": exact_hash_batch, "sink_scatter": sink_scatter_batch}
+BATCH_STAGES = {"exact_hash": exact_hash_batch, "sink_scatter": sink_scatter_batch,
+                "release_part": release_part_batch}
 
 #: Stages that handle one shard in one process: their batch tasks run a pool of ``task_workers`` processes when
 #: the batch has at least this much input (plan bytes).  A pool costs about 0.3 CPU-s a task to start and stop

@@ -91,7 +91,7 @@ STEPS: tuple[Step, ...] = (
     _batch("removal", "near_dedup", "minhash_removal", "near_dedup.decide"),
     Step("dedup_report", "near_dedup", "run", "minhash_report", after=("near_dedup.removal",)),
     Step("train_classifier", "filter", "run", "train_classifier", after=("near_dedup.removal",)),
-    _batch("quality_filter", "filter", "quality", "filter.train_classifier"),
+    _batch("quality_filter", "filter", ("quality", "release_part"), "filter.train_classifier"),
     Step("train_tokenizer", "tokenize", "run", "train_tokenizer", after=("filter.quality_filter",)),
     _batch("encode", "tokenize", "tokenize", "tokenize.train_tokenizer"),
     Step("plan_mixture", "sink", "run", "plan_mixture", after=("tokenize.encode",)),
@@ -100,8 +100,11 @@ STEPS: tuple[Step, ...] = (
     Step("write_files", "sink", "map", "write_file_batch", over="sink.output_files"),
     Step("write_mindrecord", "sink", "run", "finalize_mindrecord", after=("sink.write_files",)),
     Step("write_validation", "sink", "run", "write_validation", after=("sink.plan_mixture",)),
+    Step("release_band", "near_dedup", "map", "minhash_release_band", over="near_dedup.bands",
+         after=("filter.quality_filter",), label="band-{band:03d}"),
     Step("publish", None, "run", "publish",
-         after=("sink.write_mindrecord", "sink.write_validation", "near_dedup.dedup_report"), outlet=True),
+         after=("sink.write_mindrecord", "sink.write_validation", "near_dedup.dedup_report", "near_dedup.release_band"),
+         outlet=True),
 )
 
 BY_ID: dict[str, Step] = {s.task_id: s for s in STEPS}

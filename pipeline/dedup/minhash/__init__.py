@@ -34,7 +34,7 @@ from pipeline.dedup.minhash.config import (
 
 # The stages load lazily (PEP 562): ``pipeline.config`` imports this package for ``MinhashConfig``, and every task
 # process imports ``pipeline.config``; numpy, the kernels and the index are only loaded by what uses them.
-_LAZY = {"run_band": "buckets", "run_clusters": "clusters", "DedupIndex": "index", "add_release": "index",
+_LAZY = {"run_band": "buckets", "run_clusters": "clusters", "DedupIndex": "index", "add_release": "release",
          "MinhashError": "layout", "write_manifest": "layout", "run_removal_shard": "removal",
          "write_report": "report", "SignatureEngine": "signatures", "run_signatures_shard": "signatures",
          "to_minhash": "signatures"}

@@ -14,12 +14,13 @@ Memory: about 112 bytes per document of the band partition being merged (keys an
 sort index and sorted copies, run labels) plus about 40 MB of fixed cost, and one shard's key column while reading.
 Measured as the rise of peak RSS (``VmHWM``) of a fresh process running one band over synthetic stage-1 files with
 20 % of documents in buckets: from 65 MB to 157 MB for 0.5 M documents and to 210 MB for 1 M (one partition), i.e.
-111 bytes per document.  Output: 16 bytes per candidate edge (a, b), written one partition at a time.
+111 bytes per document.  Output: 16 bytes per candidate edge (a, b), one run per partition addressed by the slot
+of ``a`` (:mod:`pipeline.dedup.minhash.clusters.runs`), so stage 3's tasks each read the edges of their anchors.
 
 Passes: every shard's key column of the band is read exactly once.  When 2^p partitions are needed, that single
 read scatters (key, gid) pairs (16 bytes per document) into 2^p spill files on local disk under
-``minhash/bands/.work-<bbb>/``, each then read once, sorted and merged on its own and deleted; without partitions
-the keys go straight to memory.  (Before, each of the 2^p partitions re-read every shard's keys: 2^p reads.)
+``minhash/cc/bands/.work-<bbb>/``, each then read once, sorted and merged on its own and deleted; without
+partitions the keys go straight to memory.
 For 1e9 documents and the default 1024 MB: p = 7 (128 partitions of 7.8 M documents, about 0.9 GB each), 8 GB
 of key reads and 16 GB of spill written and read once per band task, 14 band tasks.
 """

@@ -6,11 +6,15 @@ sub-folders that never match ``minhash/*.parquet``::
     signatures/<shard>.parquet   stage 1: one row per input document (band keys, signature, survivor fields)
     manifest.json                after stage 1: shard order, doc counts, global id offsets, sha256 of inputs and
                                  signature files, config digest, and the dedup-index releases this run compares to
-    bands/band_<bbb>.parquet     stage 2: candidate edges (a, b) of one band
-    clusters/<shard>.parquet     stage 3: removed rows of one shard: row, doc_id, cluster (smallest global id of
+    cc/bands/                    stage 2: runs of candidate edges (a, b) of each band, by the slot of a, and a
+                                 marker per band task (:mod:`pipeline.dedup.minhash.clusters.runs`)
+    cc/plan.json, cc/<step>/     stage 3: the clustering tasks and every step's runs and task markers
+                                 (:mod:`pipeline.dedup.minhash.clusters`); ``cc/check/`` keeps every checked pair
+                                 with its similarity and verdict (:func:`~pipeline.dedup.minhash.clusters.checked_pairs`)
+    clusters/summary.json        stage 3's counts and report examples, added up from its task markers
+    clusters/<shard>.parquet     stage 4: removed rows of one shard: row, doc_id, cluster (smallest global id of
                                  its current members), kept_doc_id (``<release>:<doc_id>`` when an earlier
                                  release's document was kept), reason, similarity (best verified pair)
-    clusters/edges.parquet       stage 3: every distinct candidate pair with its similarity and verdict
     report.json                  clusters, removals per domain, example clusters with differing spans
 
 A document's *global id* is ``offset[shard] + row`` with shards in manifest order; ids of documents in the dedup
@@ -51,16 +55,8 @@ def manifest_path(rdir: Path) -> Path:
     return stage_dir(rdir) / "manifest.json"
 
 
-def band_path(rdir: Path, band: int) -> Path:
-    return stage_dir(rdir) / "bands" / f"band_{band:03d}.parquet"
-
-
 def decisions_path(rdir: Path, shard: str) -> Path:
     return stage_dir(rdir) / "clusters" / f"{shard}.parquet"
-
-
-def edges_path(rdir: Path) -> Path:
-    return stage_dir(rdir) / "clusters" / "edges.parquet"
 
 
 def clusters_summary_path(rdir: Path) -> Path:

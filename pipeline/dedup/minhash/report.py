@@ -100,6 +100,7 @@ def write_report(rdir: Path, cfg: MinhashConfig) -> dict:
         "index": {"releases": summary["index_releases"], "pairs": summary["index_pairs"],
                   "rejected": summary["index_false_positives"]},
         "removed": summary["removed"], "per_domain": per_domain, "examples": examples,
+        "clustering": {k: summary[k] for k in ("tasks", "rounds", "residual_edges")},
     }
     write_json(report_path(rdir), report)
     return report
