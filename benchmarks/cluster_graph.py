@@ -5,13 +5,15 @@ What ``bench_cluster_graph.py`` runs the real clustering tasks on, where no text
 * ``docs`` documents in shards of ``DOCS_PER_SHARD`` (the 10^9-document model's ``ingest.docs_per_shard``); a
   hash of the global id puts 30 % of them in near-duplicate clusters, in random order over the whole corpus (a
   cluster's members are scattered over all shards, as mirrors and boilerplate are).
-* Cluster sizes are heavy-tailed: P(size >= s) = (2 / s)^2 for s >= 2 (a Pareto tail of index 2, mean about 3.3,
-  so 10^8 clustered documents form about 3 × 10^7 clusters; the largest of 3 × 10^7 is about 10^4).
+* Cluster sizes are heavy-tailed: P(size >= s) = (2 / s)^2.2 for s >= 2 (a Pareto tail of index 2.2, mean about
+  3.25, so 10^8 clustered documents form about 3 × 10^7 clusters, a few dozen of them over 1,000 documents).
 * Band files as stage 2 writes them (:mod:`pipeline.dedup.minhash.buckets`): per band, each cluster's members
   that agree with the cluster's template on all ``rows`` values of the band share a bucket, which becomes a star
   from its smallest id.  A member's similarity to the template is uniform in [0.75, 1], so it agrees on a band with
   probability s^rows (0.41 on average at 8 rows): the same pair is found by several bands, different bands pick
-  different anchors, and a member found by no band is given one band.  One run per band and chunk of clusters,
+  different anchors.  A member that shares no band with another member of its cluster is put in the band most of
+  its cluster shares, so every document drawn into a cluster has a candidate pair (the clustered documents are
+  the graph's nodes).  One run per band and chunk of clusters,
   addressed by the anchor's slot, like stage 2's one run per key partition.
 * Stage 1's signature files hold the survivor fields (doc id, quality verdict and score, length, source) of every
   document, in row groups of 1024 rows as stage 1 writes them, but no signature column: the clustering reads
@@ -36,13 +38,14 @@ CLUSTERED_SHARE = 0.3
 CHUNK = 4_000_000
 SIM_LOW = 0.75
 DOMAINS = ("web", "books", "academic", "code", "encyclopedia")
+TAIL = 2.2                 # P(size >= s) = (2 / s)^TAIL
 
 
 def cluster_sizes(members: int, rng: np.random.Generator) -> np.ndarray:
-    """Sizes >= 2 with P(size >= s) = (2 / s)^2, summing to ``members``."""
+    """Sizes >= 2 with P(size >= s) = (2 / s)^TAIL, summing to ``members``."""
     parts, total = [], 0
     while total < members:
-        s = np.floor(2.0 / np.sqrt(1.0 - rng.random(1 << 20))).astype(np.int64)
+        s = np.floor(2.0 / (1.0 - rng.random(1 << 20)) ** (1.0 / TAIL)).astype(np.int64)
         parts.append(s)
         total += int(s.sum())
     sizes = np.concatenate(parts)
@@ -72,8 +75,13 @@ def band_stars(members: np.ndarray, comp: np.ndarray, sims: np.ndarray, bands: i
                rng: np.random.Generator) -> list[tuple[np.ndarray, np.ndarray, dict]]:
     """Per band: the star edges (anchor, member) of the buckets of ``members`` and the band's bucket counts."""
     match = rng.random((bands, len(members))) < (sims ** rows)
-    none = ~match.any(axis=0)
-    match[rng.integers(0, bands, int(none.sum())), np.flatnonzero(none)] = True
+    local = comp - comp[0]
+    counts = np.stack([np.bincount(local[match[b]], minlength=int(local[-1]) + 1) for b in range(bands)])
+    shared = np.zeros(len(members), bool)
+    for b in range(bands):
+        shared |= match[b] & (counts[b][local] >= 2)
+    alone = np.flatnonzero(~shared)                      # in the band most of its cluster shares
+    match[np.argmax(counts, axis=0)[local[alone]], alone] = True
     out = []
     for b in range(bands):
         sel = np.flatnonzero(match[b])
