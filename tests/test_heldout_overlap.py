@@ -98,7 +98,8 @@ def planted(tmp_path):
 
 def _plan_and_scatter(rdir, shard, **mc):
     mixture.plan_mixture(MixtureConfig(**{"val_fraction": 0, "val_min_docs": 1, **mc}), rdir, [shard], SEED)
-    return scatter.scatter_shard(rdir, shard, seed=SEED, n_files=1, domains=["web"]).marker
+    part = scatter.run_scatter_part(rdir, scatter.part_name(0, 1), [shard], seed=SEED, n_files=1, domains=["web"])
+    return {**part["shards"][0], "copies": part["copies"]}          # one shard: the part's counts are its own
 
 
 def test_a_copy_and_a_document_holding_most_of_a_heldout_one_are_dropped_and_named(planted):
@@ -157,7 +158,7 @@ def test_the_check_is_byte_identical_on_a_rerun(planted, tmp_path_factory):
     _plan_and_scatter(again, shard)
     for rel in (*(f"mixture/{heldout_overlap.INDEX_DIR}/{a}.npy" for a in heldout_overlap.ARRAYS),
                 f"mixture/{heldout_overlap.TOKENS_FILE}",
-                f"removed/overlaps_heldout/{shard}.parquet", f"sink/scatter/{shard}.arrow"):
+                f"removed/overlaps_heldout/{shard}.parquet", f"sink/scatter/{scatter.part_name(0, 1)}.arrow"):
         assert (rdir / rel).read_bytes() == (again / rel).read_bytes(), rel
 
 

@@ -16,7 +16,8 @@ output files (a writer reads about one bucket's worth).
 :func:`run_scatter_part` does that for every shard of one scatter task and writes one *part*,
 ``sink/scatter/part-<task>-of-<tasks>.arrow`` (an Arrow IPC file, uncompressed), whose record batch ``b`` is bucket
 ``b`` of all its shards in order.  Shards go to disk in *runs* of about ``RUN_TOKENS`` tokens, one record batch
-each, and the runs are merged into the part at most ``MERGE_FAN_IN`` open at once: the task writes
+each, and the runs are merged into the part (``MERGE_FAN_IN`` at most at once, a group of buckets at a time, every
+run closed after each group): the task writes
 runs + buckets record batches, not shards x buckets (a corpus 250 times bench-scale's 4 GB has about 250,000
 shards and 3,000 files: 7.5e8 batches), and holds a bounded number of files open whatever its shard count.  The
 part's completion marker lists the tokens and copies per bucket, so a writer knows where every bucket starts in
@@ -29,7 +30,7 @@ the stream from the parts' markers alone and reads only the buckets its rows fal
 Memory: one tokenized shard being read, about 30 bytes per token of the shard (the Parquet column, its copy
 reordered by key), plus the shards held for the next run: ``RUN_TOKENS`` tokens at 4 bytes, twice while the run is
 put in bucket order, and 24 bytes per copy for keys and indices; the merge holds one bucket of the part (the
-part's copies over the number of files).  It does not depend on the corpus size.  The tokenized input is identified by its marker's digest, the mixture decisions are hashed as they
+part's copies over the number of files) and maps about ``MERGE_TOKENS`` tokens of its runs at a time.  It does not depend on the corpus size.  The tokenized input is identified by its marker's digest, the mixture decisions are hashed as they
 are read.
 """
 
@@ -48,10 +49,14 @@ SCATTER_DIR = Path("sink") / "scatter"
 TOKEN_BYTES = 4
 #: What a part's marker keeps of each of its shards' markers (the set's manifest lists them as its inputs).
 SHARD_FIELDS = ("shard", "docs", "unique_docs", "overlaps_heldout", "input_sha256", "mixture_sha256")
-#: tokens of shards held before they are written as one run (4 bytes each: 128 MB)
-RUN_TOKENS = 32 << 20
-#: runs merged at once: the most files a scatter task holds open
-MERGE_FAN_IN = 128
+#: tokens of shards held before they are written as one run (4 bytes each: 64 MB)
+RUN_TOKENS = 16 << 20
+#: runs merged at once.  A run is one record batch, mapped with its file closed: it holds a mapping (Linux allows
+#: 65,530), not a descriptor; only the runs of a second merge pass (past this many) hold one each while merged
+MERGE_FAN_IN = 1024
+#: tokens of the buckets merged with one set of mappings: they are closed after each group, so the pages a merge
+#: touched do not stay resident for the whole part (4 bytes each: 256 MB)
+MERGE_TOKENS = 64 << 20
 
 
 def n_output_files(row_tokens: int, shard_mb: int, shard_num: int) -> int:
@@ -191,6 +196,7 @@ class _Run:
         self.reader = pa.ipc.open_file(self.src)
         off = _offsets_path(path)
         self.offsets = np.load(off) if off.exists() else None
+        self.whole = None
         if self.offsets is not None:            # one batch: mapped, and the file closed (the mapping stays)
             self.whole = self.reader.get_batch(0)
             self.src.close()
@@ -203,23 +209,34 @@ class _Run:
 
     def close(self) -> None:
         self.src.close()
+        self.reader = self.whole = None
 
 
-def _merge(runs: list[Path], out, n_files: int) -> None:
-    """Bucket ``b`` of ``out`` (a writable binary file) = bucket ``b`` of every run, in order: ``n_files`` batches."""
+def _merge(runs: list[Path], out, n_files: int, bucket_tokens) -> None:
+    """Bucket ``b`` of ``out`` (a writable binary file) = bucket ``b`` of every run, in order: ``n_files`` batches.
+
+    The runs are opened for a group of consecutive buckets of about ``MERGE_TOKENS`` tokens and closed after it,
+    so what the task maps and touches at once is one group of the part, not all of it."""
+    import numpy as np
     import pyarrow as pa
 
     schema = _schema()
-    opened = [_Run(r) for r in runs]
-    try:
-        with pa.ipc.new_file(out, schema) as writer:
-            for b in range(n_files):
-                table = pa.Table.from_batches([r.bucket(b) for r in opened], schema).combine_chunks()
-                writer.write_batch(table.to_batches()[0] if table.num_rows else
-                                   pa.record_batch([pa.array([], f.type) for f in schema], schema=schema))
-    finally:
-        for r in opened:
-            r.close()
+    cum = np.concatenate([[0], np.cumsum(np.asarray(bucket_tokens, np.int64))])
+    with pa.ipc.new_file(out, schema) as writer:
+        b = 0
+        while b < n_files:
+            stop = max(b + 1, int(np.searchsorted(cum, cum[b] + MERGE_TOKENS, side="right")) - 1)
+            opened = [_Run(r) for r in runs]
+            try:
+                for k in range(b, min(stop, n_files)):
+                    table = pa.Table.from_batches([r.bucket(k) for r in opened], schema).combine_chunks()
+                    writer.write_batch(table.to_batches()[0] if table.num_rows else
+                                       pa.record_batch([pa.array([], f.type) for f in schema], schema=schema))
+            finally:
+                for r in opened:
+                    r.close()
+                del opened
+            b = stop
 
 
 def run_scatter_part(rdir: Path, part: str, shards: list[str], *, seed: int, n_files: int,
@@ -230,7 +247,8 @@ def run_scatter_part(rdir: Path, part: str, shards: list[str], *, seed: int, n_f
     Shards are held in memory until they hold ``RUN_TOKENS`` tokens and then written as one *run* (a single
     record batch in bucket order), so the task writes a record batch per run, not one per shard and bucket; the
     runs are merged into the part ``MERGE_FAN_IN`` at a time (in more passes only past ``MERGE_FAN_IN`` runs,
-    about 8 GB of tokens), so the task never holds more files open than that, whatever its number of shards.
+    64 GB of tokens), a group of buckets at a time, so the task holds a bounded number of files open and pages
+    mapped, whatever its number of shards.
 
     A rerun whose shards' settings and inputs are unchanged returns the part's marker (the shards' digests are
     recomputed from their inputs' markers and mixture files); otherwise the shards are scattered again."""
@@ -269,12 +287,12 @@ def run_scatter_part(rdir: Path, part: str, shards: list[str], *, seed: int, n_f
         for g in range(0, len(runs), MERGE_FAN_IN):
             merged.append(work / f"merge-{level}-{g // MERGE_FAN_IN:06d}.arrow")
             with open(merged[-1], "wb") as fh:
-                _merge(runs[g:g + MERGE_FAN_IN], fh, n_files)
+                _merge(runs[g:g + MERGE_FAN_IN], fh, n_files, tokens)
         runs, level = merged, level + 1
     digest = config_digest("sink_scatter_part", n_files, configs)
     with atomic_path(out) as tmp, open(tmp, "wb") as fh:
         sink = HashingFile(fh)
-        _merge(runs, sink, n_files)
+        _merge(runs, sink, n_files, tokens)
     extra = {"part": part, "n_files": n_files, "copies": copies.tolist(), "tokens": tokens.tolist(), "shards": kept}
     done = write_marker(out, extra, config=digest, sha256=sink.hash.hexdigest())
     shutil.rmtree(work, ignore_errors=True)
