@@ -162,12 +162,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--parallelism", type=int, default=64)
     ap.add_argument("--quick", action="store_true", help="1e5,1e6 at parallelism 8")
     ap.add_argument("--keep", action="store_true", help="keep the run folders under .cache/bench-cluster/")
+    ap.add_argument("--edges-per-task", type=int, default=None,
+                    help="clusters.EDGES_PER_TASK for this run (default: the shipped one)")
     ap.add_argument("--out", default=str(RESULTS_DIR / "cluster_graph.json"))
     a = ap.parse_args(argv)
     sizes = [int(float(x)) for x in ("1e5,1e6" if a.quick else a.sizes).split(",")]
+    if a.edges_per_task:
+        from pipeline.dedup.minhash import clusters
+
+        clusters.EDGES_PER_TASK = a.edges_per_task          # the forked tasks inherit it
     parallelism = 8 if a.quick else a.parallelism
     res = {"command": " ".join(["benchmarks/bench_cluster_graph.py", *(argv or sys.argv[1:])]), "date": now(),
            "machine": machine(), "parallelism": parallelism, "memory_mb": 1024, "jaccard_check": False,
+           "edges_per_task": a.edges_per_task or None,
            "targets": {"peak_task_rss_mb": TARGET_RSS_MB, "cpu_exponent": TARGET_EXPONENT}, "runs": []}
     for i, n in enumerate(sorted(sizes)):
         res["runs"].append(run_size(n, parallelism, check=i == 0, keep=a.keep))

@@ -94,8 +94,9 @@ class MinhashConfig:
     engine: str = _f("auto", desc="Signature engine: numba (compiled), numpy (hashlib + numpy), auto: numba when "
                                   "installed. Both give identical signatures.", choices=ENGINES)
     batch_bytes: int = _f(8 << 20, desc="Text bytes per signature batch.", ge=1 << 10)
-    memory_mb: int = _f(1024, desc="Memory budget of one band or cluster task; larger inputs are processed in "
-                                   "partitions spilled to disk.", ge=16)
+    memory_mb: int = _f(1024, desc="Memory budget of one band, clustering or release-index task: larger inputs "
+                                   "are read in ranges of at most this much, spilled to disk. The clustering's "
+                                   "residual after its rounds must fit it.", ge=16)
     report_examples: int = _f(5, desc="Example clusters (with differing spans) in the report.", ge=0, le=100)
 
     @property

@@ -150,7 +150,7 @@ def merge_release_band(cfg: MinhashConfig, data_root: str | Path, release: str, 
         distinct = keys_out.rows
     for path in written:
         path.unlink()
-        path.with_name(path.name[:-len(".arrow")] + ".slots.npy").unlink()
+        path.with_name(path.name[:-len(".arrow")] + ".slots").unlink()
     work.rmdir()
     return {"band": band, "keys": int(starts[-1]), "distinct": distinct, "runs": len(written)}
 

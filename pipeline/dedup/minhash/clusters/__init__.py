@@ -80,36 +80,55 @@ def plan_tasks(rdir: str | Path, cfg: MinhashConfig, parallelism: int) -> list[d
     rdir = Path(rdir)
     if not cfg.enabled:
         return [{"run_dir": str(rdir), "task": 0, "of": 1, "shards": [0, 0]}]
-    ctx = Context(rdir, cfg, tasks=1)
-    edges = sum(m["stats"]["edges"] for m in ctx.markers("bands", tasks=cfg.bands))
+    manifest = read_manifest(rdir, cfg.digest())
+    found = runs.markers(rdir, "bands", cfg.bands, "run stage 2 (the band tasks) first")
+    edges = sum(m["stats"]["edges"] for m in found)
     tasks = max(1, min(int(parallelism), math.ceil(edges / EDGES_PER_TASK)))
-    items = [{"run_dir": str(rdir), "task": k, "of": tasks, "shards": list(r)}
-             for k, r in enumerate(doc_ranges(ctx.manifest, tasks))]
+    ranges = doc_ranges(manifest, tasks)
+    items = [{"run_dir": str(rdir), "task": k, "of": tasks, "shards": list(r)} for k, r in enumerate(ranges)]
+    shards = manifest["shards"]
+    starts = [shards[a]["offset"] if a < len(shards) else manifest["docs"] for a, _ in ranges]
     write_json(plan_path(rdir), {"tasks": tasks, "candidate_edges": edges, "config": cfg.digest(),
-                                 "manifest": ctx.manifest_digest, "items": items})
+                                 "manifest": config_digest(manifest), "index": manifest.get("index") or {},
+                                 "starts": starts, "items": items})
     return items
 
 
-def planned_tasks(rdir: Path, cfg: MinhashConfig) -> int:
+def _plan(rdir: Path, cfg: MinhashConfig) -> dict:
     path = plan_path(rdir)
     if not path.exists():
         raise MinhashError(f"{path} is missing: plan the clustering tasks after stage 2 (the bands)")
     plan = read_json(path)
     if plan.get("config") != cfg.digest():
         raise MinhashError(f"{path}: planned for another minhash config; plan the clustering tasks again")
-    return int(plan["tasks"])
+    return plan
+
+
+def planned_tasks(rdir: Path, cfg: MinhashConfig) -> int:
+    return int(_plan(rdir, cfg)["tasks"])
 
 
 class Context:
-    """What every clustering task reads first: the run's manifest, budget, index, and the steps' markers."""
+    """What every clustering task reads first: the plan (task count, the manifest's digest, the index releases),
+    the budget and the steps' markers.  The stage-1 manifest (about 250 bytes per shard) is parsed only by a task
+    that reads shards (``gather``)."""
 
     def __init__(self, rdir: Path, cfg: MinhashConfig, tasks: int):
         self.rdir, self.cfg, self.tasks = Path(rdir), cfg, tasks
-        self.manifest = read_manifest(self.rdir, cfg.digest())
-        self.manifest_digest = config_digest(self.manifest)
+        plan = _plan(self.rdir, cfg)
+        self.manifest_digest = plan["manifest"]
+        self.starts = np.array(plan["starts"], np.int64)      # the document ranges' first global ids
         self.budget = cfg.memory_mb << 20
-        self.index = DedupIndex.from_manifest(self.manifest)
+        self.index = DedupIndex.from_manifest({"index": plan.get("index")})
         self._markers: dict = {}
+
+    @functools.cached_property
+    def manifest(self) -> dict:
+        manifest = read_manifest(self.rdir, self.cfg.digest())
+        if config_digest(manifest) != self.manifest_digest:
+            raise MinhashError(f"{self.rdir}: the stage-1 manifest changed after the clustering tasks were planned; "
+                               "plan them again")
+        return manifest
 
     def markers(self, step: str, tasks: int | None = None) -> list[dict]:
         n = tasks or (self.cfg.bands if step == "bands" else 1 if step in SINGLE else self.tasks)
@@ -129,14 +148,6 @@ class Context:
     def band_runs_by_band(self) -> list[list[Path]]:
         return [runs.input_runs(self.rdir, "bands", [m], "edges") for m in self.markers("bands")]
 
-    @functools.cached_property
-    def starts(self) -> np.ndarray:
-        shards = self.manifest["shards"]
-        return np.array([shards[a]["offset"] if a < len(shards) else self.manifest["docs"]
-                         for a, _ in doc_ranges(self.manifest, self.tasks)], np.int64)
-
-    def range_starts(self) -> np.ndarray:
-        return self.starts
 
     def engine(self):
         from pipeline.dedup.minhash.signatures import SignatureEngine
@@ -231,6 +242,7 @@ def write_summary(rdir: str | Path, cfg: MinhashConfig) -> dict:
     cfg = check_config(cfg)
     rdir = Path(rdir)
     ctx = decisions_ready(rdir, cfg)
+    docs = read_manifest(rdir, cfg.digest())["docs"]
 
     def total(step: str, key: str) -> int:
         return sum(m["stats"].get(key, 0) for m in ctx.markers(step))
@@ -247,7 +259,7 @@ def write_summary(rdir: str | Path, cfg: MinhashConfig) -> dict:
         "index_pairs": total("check", "index_pairs"), "index_false_positives": total("check", "index_false_positives"),
         "member_pairs": total("check", "member_pairs"), "member_pairs_passed": total("check", "member_pairs_passed"),
         "tasks": ctx.tasks, "rounds": finish["round"], "residual_edges": finish["residual"],
-        "docs": ctx.manifest["docs"], "docs_in_clusters": total("decide", "docs_in_clusters"),
+        "docs": docs, "docs_in_clusters": total("decide", "docs_in_clusters"),
         "clusters": total("decide", "clusters"),
         "largest_cluster": max((m["stats"]["largest_cluster"] for m in decided), default=0),
         "cluster_sizes": dict(sorted(sizes.items(), key=lambda kv: int(kv[0]))),

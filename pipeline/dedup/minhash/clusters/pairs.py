@@ -61,7 +61,7 @@ def run_pairs(ctx, item: dict) -> dict:
     band_runs = ctx.band_runs()
     pairs_out = runs.RunWriter(ctx.rdir, "pairs", item["task"], item["of"], "pairs")
     requests_out = runs.RunWriter(ctx.rdir, "pairs", item["task"], item["of"], "requests")
-    starts = ctx.range_starts()
+    starts = ctx.starts
     stats = {"candidate_edges": 0, "distinct_pairs": 0, "index_pairs": 0, "ranges": 0}
     counts = runs.slot_counts(band_runs, lo, hi)
     for r0, r1 in runs.plan_ranges(counts, lo, BYTES_PER_EDGE, ctx.budget):

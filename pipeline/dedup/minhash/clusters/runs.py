@@ -3,7 +3,8 @@
 Every clustering step is a shuffle: a task reads the records addressed to its share of a fixed space of
 ``SLOTS`` slots (a hash of the node the record is about) from every file the step before wrote, and writes its own
 records addressed to the slots of the step after.  A *run* is one such file: an Arrow IPC file of one record batch
-sorted by slot, and beside it ``<run>.slots.npy``, the ``SLOTS + 1`` row offsets of the slots.  A reader takes the
+sorted by slot, and beside it ``<run>.slots``, the ``SLOTS + 1`` row offsets of the slots (raw little-endian int64,
+so a reader takes the two or the range it needs with one positioned read).  A reader takes the
 rows of a slot range from every run through a memory map of only those rows, copies them and closes the file, so
 a task holds one run open at a time whatever the number of runs, and its memory is set by how many slots it reads
 at once (:func:`plan_ranges`), not by the corpus.
@@ -56,7 +57,12 @@ def task_slots(task: int, tasks: int) -> tuple[int, int]:
 
 
 def _offsets_path(run: Path) -> Path:
-    return run.with_name(run.name[: -len(".arrow")] + ".slots.npy")
+    return run.with_name(run.name[: -len(".arrow")] + ".slots")
+
+
+def _offsets(run: Path, lo: int, hi: int) -> np.ndarray:
+    """Row offsets of slots ``lo`` .. ``hi`` (inclusive) of a run."""
+    return np.fromfile(_offsets_path(run), dtype="<i8", count=hi - lo + 1, offset=8 * lo)
 
 
 def write_run(path: Path, table, slots: np.ndarray) -> dict:
@@ -69,8 +75,8 @@ def write_run(path: Path, table, slots: np.ndarray) -> dict:
     order = np.argsort(slots, kind="stable")
     bounds = np.searchsorted(slots[order], np.arange(SLOTS + 1)).astype(np.int64)
     table = table.take(pa.array(order)) if len(order) and not np.all(order[1:] > order[:-1]) else table
-    with atomic_path(_offsets_path(path)) as tmp, open(tmp, "wb") as fh:
-        np.save(fh, bounds)
+    with atomic_path(_offsets_path(path)) as tmp:
+        bounds.astype("<i8").tofile(tmp)
     with atomic_path(path) as tmp, pa.OSFile(str(tmp), "wb") as sink, \
             pa.ipc.new_file(sink, table.schema) as writer:
         writer.write_table(table.combine_chunks(), max_chunksize=max(1, table.num_rows))
@@ -81,33 +87,32 @@ def slot_counts(runs: list[Path], lo: int, hi: int) -> np.ndarray:
     """Rows per slot of ``[lo, hi)`` summed over ``runs`` (each run's offsets read through a memory map)."""
     counts = np.zeros(hi - lo, np.int64)
     for run in runs:
-        offs = np.load(_offsets_path(run), mmap_mode="r")
-        counts += np.diff(np.asarray(offs[lo:hi + 1]))
-        del offs
+        counts += np.diff(_offsets(run, lo, hi))
     return counts
 
 
 def read_range(runs: list[Path], lo: int, hi: int, schema):
-    """The rows of slots ``[lo, hi)`` of every run, in run order, as one table with buffers of its own: each run
-    is mapped, sliced, copied and closed before the next is opened."""
+    """The rows of slots ``[lo, hi)`` of every run, in run order, as one table.  Each run is mapped and its file
+    closed at once (the mapping lives as long as the rows do), so no descriptor stays open whatever the number of
+    runs, and only the pages of those rows are read."""
     import pyarrow as pa
 
     pieces = []
     for run in runs:
-        offs = np.load(_offsets_path(run), mmap_mode="r")
-        r0, r1 = int(offs[lo]), int(offs[hi])
-        del offs
+        r0, r1 = (int(x) for x in _offsets(run, lo, hi)[[0, -1]])
         if r1 == r0:
             continue
-        with pa.memory_map(str(run), "r") as src:
-            batch = pa.ipc.open_file(src).get_batch(0).slice(r0, r1 - r0)
-            if batch.schema != schema:
-                raise ValueError(f"{run}: columns {batch.schema.names} differ from the step's {schema.names}")
-            pieces.append(pa.table([pa.concat_arrays([c]) for c in batch.columns], schema=schema))  # copies
-            del batch
+        src = pa.memory_map(str(run), "r")
+        try:
+            batch = pa.ipc.open_file(src).get_batch(0)
+        finally:
+            src.close()
+        if batch.schema != schema:
+            raise ValueError(f"{run}: columns {batch.schema.names} differ from the step's {schema.names}")
+        pieces.append(batch.slice(r0, r1 - r0))
     if not pieces:
         return schema.empty_table()
-    return pa.concat_tables(pieces).combine_chunks()
+    return pa.Table.from_batches(pieces, schema).combine_chunks()
 
 
 def plan_ranges(counts: np.ndarray, lo: int, bytes_per_row: float, budget: int) -> list[tuple[int, int]]:
