@@ -15,7 +15,9 @@ At the smallest size it also checks the components: every node's label from the 
 smallest id of its component by union-find over all of stage 2's edges in one process.
 
 Writes ``benchmarks/results/cluster_graph.json``: per size the graph, per step the tasks' CPU, wall and peak
-RSS, the largest task, the disk each step wrote, and the CPU exponent between the sizes.
+RSS, the largest task, the disk each step wrote, and the CPU exponent between the sizes, also divided by how much
+slower the machine was during the large run (``scale_stats.yardstick``, a fixed workload timed before and after
+each size's tasks).
 """
 
 from __future__ import annotations
@@ -119,6 +121,9 @@ def run_size(clustered: int, parallelism: int, check: bool, keep: bool) -> dict:
     print(f"[cluster_graph] {clustered:,}: {graph}", flush=True)
     with fork.Pool(1, maxtasksperchild=1) as pool:
         items = pool.apply(_plan, ((str(rdir), parallelism),))
+    import scale_stats
+
+    stick = [scale_stats.yardstick(3)]          # the machine's speed before and after the tasks (CPU-s)
     tasks, steps = [], {}
     t0 = time.time()
     for step in STEPS:
@@ -133,7 +138,8 @@ def run_size(clustered: int, parallelism: int, check: bool, keep: bool) -> dict:
                        "disk_mb": _du_mb(folder) if folder.exists() else 0.0,
                        "skipped": sum(1 for d in done if d.get("skipped"))}
         print(f"[cluster_graph]   {step}: {steps[step]}", flush=True)
-    out = {"clustered": clustered, "graph": graph, "tasks": len(items), "steps": steps,
+    stick.append(scale_stats.yardstick(3))
+    out = {"clustered": clustered, "graph": graph, "tasks": len(items), "steps": steps, "yardstick_cpu_s": stick,
            "cpu_s": round(sum(s["cpu_s"] for s in steps.values()), 1), "wall_s": round(time.time() - t0, 1),
            "peak_task_rss_mb": max(t["peak_rss_mb"] for t in tasks),
            "largest_task": max(tasks, key=lambda t: t["peak_rss_mb"]),
@@ -181,8 +187,11 @@ def main(argv: list[str] | None = None) -> int:
         Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     if len(res["runs"]) >= 2:
         lo, hi = res["runs"][0], res["runs"][-1]
-        res["cpu_exponent"] = round(math.log(hi["cpu_s"] / lo["cpu_s"]) /
-                                    math.log(hi["graph"]["clustered"] / lo["graph"]["clustered"]), 3)
+        span = math.log(hi["graph"]["clustered"] / lo["graph"]["clustered"])
+        res["cpu_exponent"] = round(math.log(hi["cpu_s"] / lo["cpu_s"]) / span, 3)
+        slower = sum(hi["yardstick_cpu_s"]) / sum(lo["yardstick_cpu_s"])     # the machine during the large run
+        res["yardstick_ratio"] = round(slower, 3)
+        res["cpu_exponent_per_yardstick"] = round(math.log(hi["cpu_s"] / lo["cpu_s"] / slower) / span, 3)
     res["peak_task_rss_mb"] = max(r["peak_task_rss_mb"] for r in res["runs"])
     Path(a.out).write_text(json.dumps(res, indent=1) + "\n")
     print(json.dumps({k: res.get(k) for k in ("cpu_exponent", "peak_task_rss_mb")}), flush=True)

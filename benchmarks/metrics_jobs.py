@@ -158,7 +158,10 @@ def cluster_graph_metrics(runs: list[dict]) -> list[dict]:
     if res.get("cpu_exponent") is not None:
         out.append(metric("cluster_graph", "cpu_exponent", "exponent", [res["cpu_exponent"]],
                           target=res["targets"]["cpu_exponent"], op="<=", compared=where,
-                          note=" → ".join(f"{r['cpu_s']} CPU-s ({r['tasks']} tasks)" for r in done)))
+                          note=" → ".join(f"{r['cpu_s']} CPU-s ({r['tasks']} tasks)" for r in done)
+                          + (f"; per yardstick {res['cpu_exponent_per_yardstick']} (the machine "
+                             f"{res['yardstick_ratio']}x as slow during the large run)"
+                             if res.get("cpu_exponent_per_yardstick") is not None else "")))
     checked = [r for r in done if "components_check" in r]
     for r in checked:
         c = r["components_check"]

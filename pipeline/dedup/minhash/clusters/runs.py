@@ -92,9 +92,10 @@ def slot_counts(runs: list[Path], lo: int, hi: int) -> np.ndarray:
 
 
 def read_range(runs: list[Path], lo: int, hi: int, schema):
-    """The rows of slots ``[lo, hi)`` of every run, in run order, as one table.  Each run is mapped and its file
-    closed at once (the mapping lives as long as the rows do), so no descriptor stays open whatever the number of
-    runs, and only the pages of those rows are read."""
+    """The rows of slots ``[lo, hi)`` of every run, in run order, as one table with buffers of its own: each run
+    is mapped, sliced, copied and closed before the next is opened, so one file is open at a time whatever the
+    number of runs, and only the pages of those rows are read.  (Slicing without the copy and combining the slices
+    once costs 5-10 % more CPU in the steps that read many runs.)"""
     import pyarrow as pa
 
     pieces = []
@@ -102,17 +103,15 @@ def read_range(runs: list[Path], lo: int, hi: int, schema):
         r0, r1 = (int(x) for x in _offsets(run, lo, hi)[[0, -1]])
         if r1 == r0:
             continue
-        src = pa.memory_map(str(run), "r")
-        try:
-            batch = pa.ipc.open_file(src).get_batch(0)
-        finally:
-            src.close()
-        if batch.schema != schema:
-            raise ValueError(f"{run}: columns {batch.schema.names} differ from the step's {schema.names}")
-        pieces.append(batch.slice(r0, r1 - r0))
+        with pa.memory_map(str(run), "r") as src:
+            batch = pa.ipc.open_file(src).get_batch(0).slice(r0, r1 - r0)
+            if batch.schema != schema:
+                raise ValueError(f"{run}: columns {batch.schema.names} differ from the step's {schema.names}")
+            pieces.append(pa.table([pa.concat_arrays([c]) for c in batch.columns], schema=schema))  # copies
+            del batch
     if not pieces:
         return schema.empty_table()
-    return pa.Table.from_batches(pieces, schema).combine_chunks()
+    return pa.concat_tables(pieces).combine_chunks()
 
 
 def plan_ranges(counts: np.ndarray, lo: int, bytes_per_row: float, budget: int) -> list[tuple[int, int]]:
