@@ -369,7 +369,7 @@ def tiny_corpus(out: Path, src: Path, per_domain_bytes: int = 150_000, warc_reco
 
 ISSUE = {"ingest": 3, "filters": 4, "minhash": 5, "datasketch": 5, "tokenize": 6, "mindrecord": 6, "train": 7,
          "scaling": 10, "ablation": 10, "parallel": 15, "scale": 13, "memory_plan": 22, "task_cost": 33,
-         "quality_kernels": 34}
+         "quality_kernels": 34, "cluster_graph": 49}
 
 
 def metric(topic: str, name: str, unit: str, values: list, *, compared: str | None = None, target: float | None = None,

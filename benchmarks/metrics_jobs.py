@@ -152,12 +152,12 @@ def cluster_graph_metrics(runs: list[dict]) -> list[dict]:
     sizes = " and ".join(f"{r['graph']['clustered']:.2g}" for r in done)
     where = f"clusters.run_step per task in forked processes, {sizes} clustered documents, check off"
     out = [metric("cluster_graph", "peak_task_rss_mb", "MB", [max(r["peak_task_rss_mb"] for r in done)],
-                  target=res["targets"]["peak_task_rss_mb"], op="<=", compared=where, worst=True,
+                  target=res["targets"]["peak_task_rss_mb"], op="<=", compared=where, worst=True, headline=True,
                   note="; ".join(f"{r['graph']['clustered']:.2g}: {r['largest_task']['step']} task "
                                  f"{r['largest_task']['task']}, {r['peak_task_rss_mb']} MB" for r in done))]
     if res.get("cpu_exponent") is not None:
         out.append(metric("cluster_graph", "cpu_exponent", "exponent", [res["cpu_exponent"]],
-                          target=res["targets"]["cpu_exponent"], op="<=", compared=where,
+                          target=res["targets"]["cpu_exponent"], op="<=", compared=where, headline=True,
                           note=" → ".join(f"{r['cpu_s']} CPU-s ({r['tasks']} tasks)" for r in done)
                           + (f"; per yardstick {res['cpu_exponent_per_yardstick']} (the machine "
                              f"{res['yardstick_ratio']}x as slow during the large run)"
