@@ -23,7 +23,11 @@ def test_nodes_and_workers_are_checked_per_node():
                     (dict(backend="slurm", nodes=2, workers=32), r"train.workers: 32 is more than this deployment launches over 2 nodes \(16 per node"),
                     (dict(backend="slurm", nodes=2, workers=4, tensor_parallel=4, model_overrides={"n_heads": 4,
                           "n_kv_heads": 4}), r"train.tensor_parallel: must divide the ranks of one node"),
-                    (dict(backend="slurm", slurm_args=["--time=1:00:00", "-N 4"]), r"train.slurm_args: .*'-N 4'")):
+                    (dict(backend="slurm", slurm_args=["--time=1:00:00", "-N 4"]), r"train.slurm_args: .*'-N 4'"),
+                    (dict(backend="slurm", env=["HCCL_CONNECT_TIMEOUT"]), r"train.env\[0\]: must be KEY=VALUE"),
+                    (dict(backend="slurm", env=["1X=2"]), r"train.env\[0\]: must be KEY=VALUE"),
+                    (dict(backend="slurm", slurm_setup=["module load cann\nrm -rf /"]),
+                     r"train.slurm_setup: one shell line per item")):
         with pytest.raises(ConfigError, match=msg):
             _train(**kw)
 
@@ -41,8 +45,35 @@ def test_the_batch_script_allocates_nodes_by_tasks_and_exports_the_job_id(tmp_pa
                  "export PATH=/venv/bin:/usr/bin"):
         assert want in lines, (want, text)
     assert "SECRET" not in text  # only what a rank needs is exported, not the submitter's whole environment
-    assert lines[-1] == (f"exec srun --kill-on-bad-exit=1 --export=ALL /venv/bin/python -m pipeline.train.slurm "
-                         f"--job {tmp_path}/job.json")
+    assert "#SBATCH --export=NONE" in lines     # the job starts empty: nothing else of the worker's environment
+    assert lines[-1].endswith(" --kill-on-bad-exit=1 --export=ALL --distribution=block /venv/bin/python -m "
+                              f"pipeline.train.slurm --job {tmp_path}/job.json")
+
+
+def test_an_ascend_sites_setup_runs_before_srun_with_its_variables_and_interpreter(tmp_path):
+    from pipeline.train.slurm import batch_script
+
+    text = batch_script(tmp_path / "job.json", tmp_path, nodes=16, tasks_per_node=8, python="/opt/venv/bin/python",
+                        env={"PATH": "/usr/bin", "MINDLOOM_JOB_ID": "abc", "AIRFLOW__CORE__FERNET_KEY": "k",
+                             "RANK_TABLE_FILE": "/stray.json"},
+                        setup=["source /usr/local/Ascend/ascend-toolkit/set_env.sh", "module load cann/8.0"],
+                        rank_env=["HCCL_CONNECT_TIMEOUT=1800", "HCCL_SOCKET_IFNAME=eth0 eth1"], cpus_per_task=24,
+                        container="/images/mindspore.sqsh")
+    lines = text.splitlines()
+    order = [lines.index(x) for x in ("export MINDLOOM_JOB_ID=abc", "export HCCL_CONNECT_TIMEOUT=1800",
+                                      "export HCCL_SOCKET_IFNAME='eth0 eth1'", "export SRUN_CPUS_PER_TASK=24",
+                                      "source /usr/local/Ascend/ascend-toolkit/set_env.sh", "module load cann/8.0")]
+    assert order == sorted(order) and order[-1] < len(lines) - 1      # setup after the exports, before srun
+    assert "AIRFLOW__" not in text and "RANK_TABLE_FILE" not in text
+    assert " --distribution=block --cpus-per-task=24 --container-image=/images/mindspore.sqsh /opt/venv/bin/python " \
+        in lines[-1]
+
+
+def test_the_master_port_stays_below_the_ephemeral_range():
+    from pipeline.train.slurm import master_port
+
+    ports = [master_port(j) for j in range(0, 200_000, 7)]
+    assert min(ports) >= 10_000 and max(ports) < 32_768
 
 
 def test_each_task_gets_its_rank_and_the_first_nodes_scheduler():
@@ -55,10 +86,10 @@ def test_each_task_gets_its_rank_and_the_first_nodes_scheduler():
     assert {k: got[k] for k in ("MS_ROLE", "MS_NODE_ID", "RANK_ID", "MS_WORKER_NUM", "RANK_SIZE", "MS_SCHED_HOST",
                                 "MS_SCHED_PORT", "DEVICE_ID", "MINDLOOM_JOB_ID")} == {
         "MS_ROLE": "MS_WORKER", "MS_NODE_ID": "5", "RANK_ID": "5", "MS_WORKER_NUM": "16", "RANK_SIZE": "16",
-        "MS_SCHED_HOST": "10.0.0.5", "MS_SCHED_PORT": "20123", "DEVICE_ID": "1", "MINDLOOM_JOB_ID": "abc"}
+        "MS_SCHED_HOST": "10.0.0.5", "MS_SCHED_PORT": "10123", "DEVICE_ID": "1", "MINDLOOM_JOB_ID": "abc"}
     assert rank_env({**env, "SLURM_PROCID": "0"})[1]  # task 0 starts the scheduler
     assert rank_env({**env, "MINDLOOM_MASTER_ADDR": "head"})[0]["MS_SCHED_HOST"] == "head"
-    assert rank_env({**env, "SLURM_JOB_ID": "40124"})[0]["MS_SCHED_PORT"] == "20124"  # per job: no collision
+    assert rank_env({**env, "SLURM_JOB_ID": "40124"})[0]["MS_SCHED_PORT"] == "10124"  # per job: no collision
 
 
 @pytest.mark.parametrize("slurm_says, want", [("PENDING", "PENDING"), ("CANCELLED+", "LOST"), (None, "LOST"),

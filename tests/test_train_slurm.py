@@ -2,7 +2,10 @@
 
 A two-stage job (warmup -> main with ``init: continue``) on 2 ranks, one per Slurm node, through the operator in its
 own process (``tests/operator_try.py``, as an Airflow task process runs it): its losses equal the local backend's
-(one-host msrun, same 2 ranks) at every step of both stages. The main stage's task process is SIGKILLed mid-stage;
+(one-host msrun, same 2 ranks) at every step of both stages.  The job runs as an Ascend site's would: a
+``slurm_setup`` line exports a variable, ``train.env`` passes another, ``train.python`` is a wrapper script that
+records each rank's environment; the Airflow worker's own variables (``AIRFLOW__*``, a stray ``RANK_TABLE_FILE``)
+reach no rank. The main stage's task process is SIGKILLed mid-stage;
 the next try reconnects to the same Slurm job id and finishes. A task stopped with SIGTERM (Airflow's stop) runs
 ``on_kill``, which scancels the job.
 """
@@ -42,6 +45,7 @@ train:
   checkpoint_every: 2
   metrics_every: 1
   eval_tokens: 0
+{slurm_extra}
   stages:
     - {{name: warmup, overrides: {{steps: 4, warmup_steps: 2}}}}
     - {{name: main, init: continue, overrides: {{steps: 10, warmup_steps: 1}}}}
@@ -83,9 +87,23 @@ def corpus(tmp_path_factory):
     return path
 
 
+WRAPPER = """#!/bin/sh
+env > "rank-env.$SLURM_PROCID.txt"
+exec {python} "$@"
+"""
+
+
 def _config(root: Path, backend: str, nodes: int) -> Path:
     path = root / f"{backend}.yaml"
-    path.write_text(TRAIN.format(root=root / "data", backend=backend, nodes=nodes))
+    extra = ""
+    if backend == "slurm":              # what an Ascend site sets: a setup line, rank variables, its interpreter
+        wrapper = root / "pywrap.sh"
+        wrapper.write_text(WRAPPER.format(python=sys.executable))
+        wrapper.chmod(0o755)
+        extra = (f"  slurm_setup: ['export MINDLOOM_SETUP_MARK=setup-ran']\n"
+                 f"  env: ['MINDLOOM_ENV_MARK=env-ran', 'HCCL_CONNECT_TIMEOUT=1800']\n"
+                 f"  python: {wrapper}")
+    path.write_text(TRAIN.format(root=root / "data", backend=backend, nodes=nodes, slurm_extra=extra))
     return path
 
 
@@ -95,7 +113,10 @@ def _losses(stage_dir: Path) -> dict[int, float]:
 
 
 def _env(cfg: Path) -> dict:
-    return {**os.environ, "MINDLOOM_CONFIG": str(cfg), "PYTHONPATH": str(REPO)}
+    """The task process's environment, with what an Airflow worker holds that no rank should see."""
+    return {**os.environ, "MINDLOOM_CONFIG": str(cfg), "PYTHONPATH": str(REPO),
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://airflow:secret@db/airflow",
+            "RANK_TABLE_FILE": "/nonexistent/rank_table.json"}
 
 
 def _try(tmp: Path, cfg: Path, run: str, stage: str, try_number: int, corpus: Path) -> subprocess.Popen:
@@ -154,6 +175,12 @@ def test_two_stages_on_two_slurm_nodes_equal_local_and_a_killed_task_reattaches(
     warm_sid = json.loads((stages / "warmup" / "launch.json").read_text())["slurm_job_id"]
     nodes = subprocess.run(["scontrol", "-o", "show", "job", warm_sid], capture_output=True, text=True).stdout
     assert " NodeList=node[1-2] " in nodes and " NumNodes=2 " in nodes, nodes
+    for rank in (0, 1):                 # every rank went through the wrapper, with the setup's and train.env's
+        env = dict(line.split("=", 1) for line in (stages / "warmup" / f"rank-env.{rank}.txt").read_text()
+                   .splitlines() if "=" in line)
+        assert env["MINDLOOM_SETUP_MARK"] == "setup-ran" and env["MINDLOOM_ENV_MARK"] == "env-ran", sorted(env)
+        assert env["HCCL_CONNECT_TIMEOUT"] == "1800" and env["SLURM_PROCID"] == str(rank)
+        assert not [k for k in env if k.startswith("AIRFLOW__") or k == "RANK_TABLE_FILE"], sorted(env)
 
     first = _try(tmp_path, cfg, "run1", "main", 1, corpus)
     sid = _wait_for(lambda: _running_slurm_job(stages / "main"), 300, "the main stage to run on Slurm")

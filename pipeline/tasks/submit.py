@@ -33,9 +33,11 @@ def start_stage_job(cfg: MindloomConfig, job_path: str | Path, out_dir: str | Pa
         stage = read_json(job_path).get("stage") or "train"
         layout = cfg.train.layout(stage)
         env = launch_env(job_id)
+        t = cfg.train
         script = slurm.batch_script(job_path, out_dir, nodes=layout.nodes, tasks_per_node=layout.per_node, env=env,
-                                    python=sys.executable, stage=stage,
-                                    partition=cfg.train.slurm_partition, extra=cfg.train.slurm_args)
+                                    python=t.python or sys.executable, stage=stage, partition=t.slurm_partition,
+                                    extra=t.slurm_args, setup=t.slurm_setup, rank_env=t.env,
+                                    cpus_per_task=t.slurm_cpus_per_task, container=t.slurm_container)
         argv = ["sbatch", "--parsable", str(out_dir / slurm.SCRIPT)]
         record_launch(out_dir, argv, None, try_number=try_number, launched=launched, job_id=job_id)
         sid = slurm.submit(script, out_dir)

@@ -220,6 +220,19 @@ class TrainConfig:
     slurm_partition: str = _f("", desc="sbatch --partition of the jobs (empty: the cluster's default).")
     slurm_args: list[str] = _f(factory=list, desc="Extra sbatch options, one per item, e.g. ['--account=llm', "
                                "'--time=72:00:00', '--gpus-per-node=8'].")
+    slurm_setup: list[str] = _f(factory=list, desc="Shell lines the Slurm batch script runs before srun, in the "
+                                "job's clean environment, e.g. ['source /usr/local/Ascend/ascend-toolkit/set_env.sh', "
+                                "'module load cann']. Their exports reach every rank.")
+    slurm_container: str = _f("", desc="Container image every rank runs in (srun --container-image, pyxis/enroot "
+                              "sites); empty: none.")
+    slurm_cpus_per_task: int = _f(0, desc="srun --cpus-per-task of each rank (and SRUN_CPUS_PER_TASK); 0: Slurm's "
+                                  "default.", ge=0)
+    python: str = _f("", desc="Interpreter the ranks run on the compute nodes (backend slurm), e.g. a venv's "
+                     "bin/python or a wrapper script; empty: the one running the Airflow task.")
+    env: list[str] = _f(factory=list, desc="KEY=VALUE pairs passed to every rank of a Slurm job, e.g. "
+                        "['HCCL_CONNECT_TIMEOUT=1800', 'HCCL_SOCKET_IFNAME=eth0', 'MS_TOPO_TIMEOUT=3600']. The job "
+                        "starts from an empty environment (sbatch --export=NONE) plus these and the few the "
+                        "trainer needs: nothing else of the Airflow worker's.")
     tensor_parallel: int = _f(1, desc="Ranks per tensor-parallel group (inside one node); must divide workers.",
                               ge=1)
     zero: bool = _f(False, desc="ZeRO-1: shard the Adam moments over the data-parallel ranks.")
@@ -267,6 +280,13 @@ class TrainConfig:
         bad = [a for a in self.slurm_args if not isinstance(a, str) or not a.startswith("--") or "\n" in a]
         if bad:
             raise ConfigError(f"train.slurm_args: each item must be one '--option[=value]' string, got {bad[0]!r}")
+        bad = [line for line in self.slurm_setup if "\n" in line or "\r" in line]
+        if bad:
+            raise ConfigError(f"train.slurm_setup: one shell line per item, got {bad[0]!r}")
+        for i, pair in enumerate(self.env):
+            key = pair.split("=", 1)[0]
+            if "=" not in pair or not key.replace("_", "a").isalnum() or key[0].isdigit() or "\n" in pair:
+                raise ConfigError(f"train.env[{i}]: must be KEY=VALUE with KEY a shell variable name, got {pair!r}")
         try:
             check_layout(ModelConfig.from_preset(self.preset, **self.model_overrides), self.tensor_parallel,
                          where="train.tensor_parallel")
@@ -352,7 +372,8 @@ class TrainConfig:
         return eff
 
 
-_NOT_PER_STAGE = ("preset", "model_overrides", "stages", "backend", "nodes", "slurm_partition", "slurm_args")
+_NOT_PER_STAGE = ("preset", "model_overrides", "stages", "backend", "nodes", "slurm_partition", "slurm_args",
+                  "slurm_setup", "slurm_container", "slurm_cpus_per_task", "python", "env")
 
 
 def check_layout(cfg: ModelConfig, tp: int, where: str = "TrainJob.tensor_parallel") -> None:

@@ -9,9 +9,16 @@ worker it spawns: ``MS_ROLE=MS_WORKER``, ``MS_NODE_ID`` = ``RANK_ID`` = ``SLURM_
 * master address: ``SLURM_LAUNCH_NODE_IPADDR``, the node that runs the batch script, which is the first node of
   the allocation (``MINDLOOM_MASTER_ADDR`` overrides it);
 * master port: derived from the Slurm job id (:func:`master_port`), so two jobs sharing a node never collide and
-  every task computes the same port without talking to the others;
-* job id (``MINDLOOM_JOB_ID``) and the environment: exported in the batch script and passed to every task by
-  ``srun`` (``--export=ALL``), so every rank on every node takes the same lease and writes the same job id.
+  every task computes the same port without talking to the others; 10000-29999, below Linux's ephemeral range
+  (32768-60999), so an outgoing connection cannot hold it;
+* the environment: the job starts empty (``#SBATCH --export=NONE``: nothing of the Airflow worker's, whose
+  variables hold its connections and secrets), the script exports the few the trainer needs (``PATH``, the job id
+  ``MINDLOOM_JOB_ID`` ...) and ``train.env``, then runs ``train.slurm_setup`` (CANN's ``set_env.sh``, ``module
+  load``), and ``srun --export=ALL`` passes that to every task, so every rank on every node takes the same lease
+  and writes the same job id;
+* ``srun --distribution=block``: consecutive ranks on one node, so a tensor-parallel group (consecutive ranks,
+  ``train.tensor_parallel`` dividing the ranks per node) never spans nodes; ``--cpus-per-task`` and a container
+  image when configured.
 
 The operator keeps the Slurm job id in ``launch.json``; :func:`state` reads ``squeue`` and then ``scontrol`` (which
 keeps a finished job for ``MinJobAge``; ``sacct`` needs slurmdbd), and :func:`cancel` runs ``scancel``. No
@@ -27,7 +34,10 @@ import sys
 from pathlib import Path
 
 SCRIPT = "slurm.sbatch"
-PORT_BASE, PORT_SPAN = 20000, 20000
+PORT_BASE, PORT_SPAN = 10000, 20000
+#: what the batch script exports of the submitting process's environment (then ``train.env``): nothing else
+KEEP = ("PATH", "PYTHONPATH", "MINDLOOM_JOB_ID", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED", "GLOG_v",
+        "MINDLOOM_MASTER_ADDR", "MINDLOOM_FAIL_AT_STEP", "HOME", "LANG")
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 
 
@@ -41,8 +51,12 @@ def master_port(slurm_job_id: int | str) -> int:
 
 def batch_script(job_path: str | Path, out_dir: str | Path, *, nodes: int, tasks_per_node: int, env: dict,
                  python: str = sys.executable, stage: str = "train", partition: str = "",
-                 extra: list[str] | tuple = ()) -> str:
-    """The ``sbatch`` script of one stage: the allocation, the exported environment, one srun task per rank."""
+                 extra: list[str] | tuple = (), setup: list[str] | tuple = (), rank_env: list[str] | tuple = (),
+                 cpus_per_task: int = 0, container: str = "") -> str:
+    """The ``sbatch`` script of one stage: the allocation, a clean environment (``KEEP`` of ``env``, then
+    ``rank_env`` pairs), the ``setup`` lines, one srun task per rank."""
+    import shutil
+
     out_dir = Path(out_dir)
     lines = ["#!/bin/bash",
              f"#SBATCH --job-name=mindloom-{stage}",
@@ -50,16 +64,23 @@ def batch_script(job_path: str | Path, out_dir: str | Path, *, nodes: int, tasks
              f"#SBATCH --ntasks-per-node={tasks_per_node}",
              f"#SBATCH --output={out_dir}/slurm-%j.log",
              f"#SBATCH --chdir={out_dir}",
-             "#SBATCH --open-mode=append"]
+             "#SBATCH --open-mode=append",
+             "#SBATCH --export=NONE"]
     if partition:
         lines.append(f"#SBATCH --partition={partition}")
     lines += [f"#SBATCH {a}" for a in extra]
-    keep = ("PATH", "PYTHONPATH", "MINDLOOM_JOB_ID", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED", "GLOG_v",
-            "MINDLOOM_MASTER_ADDR", "MINDLOOM_FAIL_AT_STEP")
-    lines += [f"export {k}={shlex.quote(str(env[k]))}" for k in keep if env.get(k) is not None]
-    lines += ["set -u",
-              f"exec srun --kill-on-bad-exit=1 --export=ALL {shlex.quote(python)} -m pipeline.train.slurm "
-              f"--job {shlex.quote(str(job_path))}"]
+    lines += [f"export {k}={shlex.quote(str(env[k]))}" for k in KEEP if env.get(k) is not None]
+    lines += [f"export {k}={shlex.quote(v)}" for k, v in (pair.split("=", 1) for pair in rank_env)]
+    if cpus_per_task:
+        lines.append(f"export SRUN_CPUS_PER_TASK={int(cpus_per_task)}")
+    lines += [*setup, "set -u"]
+    srun = [shutil.which("srun") or "srun", "--kill-on-bad-exit=1", "--export=ALL", "--distribution=block"]
+    if cpus_per_task:
+        srun.append(f"--cpus-per-task={int(cpus_per_task)}")
+    if container:
+        srun.append(f"--container-image={container}")
+    lines.append(f"exec {' '.join(shlex.quote(a) for a in srun)} {shlex.quote(python)} -m pipeline.train.slurm "
+                 f"--job {shlex.quote(str(job_path))}")
     return "\n".join(lines) + "\n"
 
 
