@@ -209,7 +209,7 @@ def decisions_of(rdir: Path, shards: list[str]) -> dict:
 def test_tasks_and_memory_change_no_decision(tmp_path, monkeypatch):
     """Stage 3 cut into 3 tasks per step, each holding one slot of pairs and sets at a time, with the components
     left to the rounds: the same decisions, outputs and report as one task holding everything."""
-    from pipeline.dedup.minhash.clusters import check, runs
+    from pipeline.dedup.minhash.clusters import check, gather, runs
 
     one = tmp_path / "one"
     shards, _ = slices_run(one)
@@ -219,12 +219,15 @@ def test_tasks_and_memory_change_no_decision(tmp_path, monkeypatch):
     slices_run(many)
     monkeypatch.setattr(clusters, "EDGES_PER_TASK", 1)
     monkeypatch.setattr(check, "BYTES_PER_PAIR", 1 << 40)            # every slot a range of its own
+    monkeypatch.setattr(gather, "BYTES_PER_REQUEST", 1 << 40)        # and every slot of requests
     monkeypatch.setattr(components, "BYTES_PER_RESIDUAL", 1 << 40)   # only an empty residual fits: rounds run
     again = run_minhash(many, shards, MinhashConfig(memory_mb=16), tmp_path, parallelism=3)
     summary = read_json(many / "minhash" / "clusters" / "summary.json")
     assert (summary["tasks"], summary["residual_edges"]) == (3, 0) and summary["rounds"] >= 1
     checked = [read_json(runs.marker_file(many, "check", t, 3))["stats"] for t in range(3)]
     assert sum(c["ranges"] for c in checked) >= sum(c["distinct_pairs"] for c in checked) > 3
+    gathered = [read_json(runs.marker_file(many, "gather", t, 3))["stats"] for t in range(3)]
+    assert sum(g["ranges"] for g in gathered) > 3 and sum(g["docs"] for g in gathered) == 10 - 5
     assert decisions_of(one, shards) == decisions_of(many, shards)
     assert {k: v for k, v in again.items() if k not in ("member_pairs", "clustering")} == \
         {k: v for k, v in report.items() if k not in ("member_pairs", "clustering")}

@@ -90,7 +90,7 @@ def plan_tasks(rdir: str | Path, cfg: MinhashConfig, parallelism: int) -> list[d
     starts = [shards[a]["offset"] if a < len(shards) else manifest["docs"] for a, _ in ranges]
     write_json(plan_path(rdir), {"tasks": tasks, "candidate_edges": edges, "config": cfg.digest(),
                                  "manifest": config_digest(manifest), "index": manifest.get("index") or {},
-                                 "starts": starts, "items": items})
+                                 "starts": starts, "docs": manifest["docs"], "items": items})
     return items
 
 
@@ -118,6 +118,7 @@ class Context:
         plan = _plan(self.rdir, cfg)
         self.manifest_digest = plan["manifest"]
         self.starts = np.array(plan["starts"], np.int64)      # the document ranges' first global ids
+        self.docs = int(plan["docs"])
         self.budget = cfg.memory_mb << 20
         self.index = DedupIndex.from_manifest({"index": plan.get("index")})
         self._markers: dict = {}

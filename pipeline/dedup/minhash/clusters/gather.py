@@ -13,8 +13,9 @@ The shingle sets of every clustered document are therefore written once per aski
 tasks' runs, and read back by the one task that checks those pairs, sequentially: no store holds them all and
 nothing is read at random.  Most documents are asked for by one slot (their bucket's anchor's).
 
-Memory: one shard's requested texts and their sets, plus what was gathered since the last run was written (a
-run is written whenever that passes half of ``memory_mb``).
+Memory: the requests of one range of the task's documents (``BYTES_PER_REQUEST`` each, within half of
+``memory_mb``), one shard's requested texts and their sets, plus what was gathered since the last run was written
+(a run is written whenever that passes half of ``memory_mb``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ from __future__ import annotations
 import numpy as np
 
 from pipeline.dedup.minhash.clusters import runs
-from pipeline.dedup.minhash.clusters.pairs import NEED_SET, NEED_SIGNATURE, request_schema
+from pipeline.dedup.minhash.clusters.pairs import NEED_SET, NEED_SIGNATURE, doc_slot, request_schema
 from pipeline.dedup.minhash.layout import MinhashError, input_path, read_rows, signature_path
 
 FIELDS = ("doc_id", "keep", "score", "n_chars", "source")
+BYTES_PER_REQUEST = 64       # a request held while its range is sorted and gathered (ids, slots, flags, the sort)
 
 
 def fields_schema():
@@ -62,20 +64,43 @@ class _Outbox:
 
 
 def run_gather(ctx, item: dict) -> tuple[dict, dict]:
-    """Read the item's requested rows; write runs ``fields``, ``sets`` and ``sigs``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
+    """Read the item's requested rows; write runs ``fields``, ``sets`` and ``sigs``.
 
+    Requests are addressed by :func:`doc_slot` (a linear cut of the global ids), so the task reads those of its
+    document range in slot ranges within half of ``memory_mb`` (a slot at the range's edge may hold another task's
+    documents too: they are left to it)."""
     task, tasks = item["task"], item["of"]
-    req = runs.read_range(ctx.inputs("pairs", "requests"), task, task + 1, request_schema())
-    gid, slot, need = (req.column(c).to_numpy() for c in ("gid", "slot", "need"))
-    del req
-    order = np.lexsort((slot, gid))              # requests from several pair tasks: by document, then slot
-    gid, slot, need = gid[order], slot[order], need[order]
+    g0 = int(ctx.starts[task])
+    g1 = int(ctx.starts[task + 1]) if task + 1 < tasks else ctx.docs
+    req_runs = ctx.inputs("pairs", "requests")
     outs = {name: _Outbox(runs.RunWriter(ctx.rdir, "gather", task, tasks, name), schema)
             for name, schema in (("fields", fields_schema()), ("sets", sets_schema()), ("sigs", sets_schema()))}
     engine = ctx.engine() if ctx.cfg.jaccard_check else None
-    stats = {"requests": len(gid), "docs": 0, "texts": 0, "set_values": 0, "signatures": 0}
+    stats = {"requests": 0, "docs": 0, "texts": 0, "set_values": 0, "signatures": 0, "ranges": 0}
+    if g1 > g0:
+        lo, hi = int(doc_slot(np.array([g0]), ctx.docs)[0]), int(doc_slot(np.array([g1 - 1]), ctx.docs)[0]) + 1
+        counts = runs.slot_counts(req_runs, lo, hi)
+        for r0, r1 in runs.plan_ranges(counts, lo, BYTES_PER_REQUEST, ctx.budget // 2):
+            req = runs.read_range(req_runs, r0, r1, request_schema())
+            gid, slot, need = (req.column(c).to_numpy() for c in ("gid", "slot", "need"))
+            del req
+            mine = (gid >= g0) & (gid < g1)
+            order = np.lexsort((slot[mine], gid[mine]))   # requests of several pair tasks: by document, then slot
+            gid, slot, need = gid[mine][order], slot[mine][order], need[mine][order]
+            stats["requests"] += len(gid)
+            stats["ranges"] += 1
+            _gather_range(ctx, item, engine, gid, slot, need, outs, stats)
+    for o in outs.values():
+        o.flush()
+    stats["engine"] = engine.engine if engine is not None else None
+    return {name: o.writer.written for name, o in outs.items()}, stats
+
+
+def _gather_range(ctx, item: dict, engine, gid, slot, need, outs: dict, stats: dict) -> None:
+    """The requested rows of ``gid`` (sorted), shard by shard in manifest order."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
     shards = ctx.manifest["shards"]
     bounds = np.searchsorted(gid.astype(np.int64), [e["offset"] for e in shards] + [ctx.manifest["docs"]])
     for s in range(item["shards"][0], item["shards"][1]):
@@ -84,7 +109,7 @@ def run_gather(ctx, item: dict) -> tuple[dict, dict]:
             continue
         entry = shards[s]
         g, sl, nd = gid[lo:hi], slot[lo:hi], need[lo:hi]
-        docs, first = np.unique(g, return_index=True)
+        docs = np.unique(g)
         rows = (docs - np.uint64(entry["offset"])).astype(np.int64)
         stats["docs"] += len(docs)
         f = read_rows(signature_path(ctx.rdir, entry["shard"]), rows, list(FIELDS))
@@ -120,10 +145,6 @@ def run_gather(ctx, item: dict) -> tuple[dict, dict]:
         if sum(o.bytes for o in outs.values()) > ctx.budget // 2:
             for o in outs.values():
                 o.flush()
-    for o in outs.values():
-        o.flush()
-    stats["engine"] = engine.engine if engine is not None else None
-    return {name: o.writer.written for name, o in outs.items()}, stats
 
 
 def _shingle_sets(ctx, engine, entry: dict, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:

@@ -8,7 +8,8 @@ It then asks the documents' own tasks for what the check needs (:mod:`.gather`):
 is requested by the slot of the pair's anchor, with a flag saying whether its shingle set is needed (a pair of
 this run, check on) or its signature (a pair with an earlier release); every request also brings the document's
 survivor fields.  Requests are addressed to the *document range* of the document (the task whose shards hold it),
-so the gather task reads its own shards once, in order.
+so the gather task reads its own shards once, in order; they are addressed by :func:`doc_slot`, a linear cut of the
+ids, so it reads them a range at a time.
 
 Memory: about ``BYTES_PER_EDGE`` per candidate edge of the slot range being made distinct.
 """
@@ -48,9 +49,10 @@ def distinct(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return a[keep], b[keep]
 
 
-def doc_range_of(gids: np.ndarray, starts: np.ndarray) -> np.ndarray:
-    """Index of the document range (a cluster task's shards) that holds every current gid."""
-    return np.searchsorted(starts, gids.astype(np.int64), side="right") - 1
+def doc_slot(gids: np.ndarray, docs: int) -> np.ndarray:
+    """The slot a request for a current document is addressed to: a linear cut of the global ids (slot order is
+    document order), so a gather task reads its documents' requests in ranges, in shard order."""
+    return np.minimum(gids.astype(np.int64) * runs.SLOTS // max(1, docs), runs.SLOTS - 1)
 
 
 def run_pairs(ctx, item: dict) -> dict:
@@ -61,7 +63,6 @@ def run_pairs(ctx, item: dict) -> dict:
     band_runs = ctx.band_runs()
     pairs_out = runs.RunWriter(ctx.rdir, "pairs", item["task"], item["of"], "pairs")
     requests_out = runs.RunWriter(ctx.rdir, "pairs", item["task"], item["of"], "requests")
-    starts = ctx.starts
     stats = {"candidate_edges": 0, "distinct_pairs": 0, "index_pairs": 0, "ranges": 0}
     counts = runs.slot_counts(band_runs, lo, hi)
     for r0, r1 in runs.plan_ranges(counts, lo, BYTES_PER_EDGE, ctx.budget):
@@ -82,7 +83,7 @@ def run_pairs(ctx, item: dict) -> dict:
         req_slot = np.concatenate([slot, slot[~old]])
         gid, req_slot, need = _merge_requests(gid, req_slot, need.astype(np.int8))
         requests_out.write(pa.table({"gid": gid, "slot": req_slot.astype(np.int32), "need": need},
-                                    schema=request_schema()), doc_range_of(gid, starts))
+                                    schema=request_schema()), doc_slot(gid, ctx.docs))
     return {"pairs": pairs_out.written, "requests": requests_out.written}, stats
 
 
