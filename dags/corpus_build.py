@@ -30,6 +30,7 @@ CORPUS = corpus_asset()
 @task(multiple_outputs=False)
 def chain_step(step_id: str, item=None):
     """One step of ``pipeline.tasks.steps.STEPS``: the UI label of a mapped item, then one call."""
+    from operators.skips import skip_when_nothing_new
     from pipeline.tasks.corpus import run_step
     from pipeline.tasks.steps import BY_ID, item_label
 
@@ -37,8 +38,8 @@ def chain_step(step_id: str, item=None):
     step = BY_ID[step_id]
     if step.mapped:
         ctx["shard_label"] = item_label(step, item)
-    out = run_step(step_id, item, params=dict(ctx["params"]), run_id=ctx["run_id"], config_path=config_path(),
-                   dag_id=ctx["dag"].dag_id)
+    out = skip_when_nothing_new(run_step, step_id, item, params=dict(ctx["params"]), run_id=ctx["run_id"],
+                                config_path=config_path(), dag_id=ctx["dag"].dag_id)
     if step.outlet:
         ctx["outlet_events"][CORPUS].extra = out
     return out

@@ -45,9 +45,14 @@ def _run_id(given: str | None) -> str:
 def cmd_corpus(args) -> int:
     from pipeline.io import write_json
     from pipeline.tasks.corpus import run_all
+    from pipeline.tasks.run_state import NothingToShip
 
     cfg = load_config(args.config, _overrides(args.set))
-    summary = run_all(cfg, _run_id(args.run_id))
+    try:
+        summary = run_all(cfg, _run_id(args.run_id))
+    except NothingToShip as skip:                    # an incremental refresh with nothing new: not an error
+        print(f"mindloom: skipped: {skip}")
+        return 0
     write_json(Path(cfg.data_root) / "cli" / "last_corpus.json", summary)
     print(json.dumps(summary, indent=1))
     return 0

@@ -101,3 +101,35 @@ def test_readme_dag_table_describes_pretrain_as_wired():
     assert len(stages) > 1
     for task_id in ["resolve_corpus", "report"] + [f"{k}_{s}" for s in stages for k in ("train", "eval")]:
         assert task_id in row, task_id
+
+
+def test_an_incremental_refresh_with_nothing_new_ends_skipped_without_an_asset_event(dagbag, airflow_db,
+                                                                                     tiny_config_path):
+    """#53: the same sources again with the dedup index on: every document duplicates a release already shipped
+    (this test's first run, or an earlier test's), so the tokenizer task skips with one line why, every task after
+    it skips, publish records no corpus Asset event (so no pretrain run is scheduled) and the run ends successful."""
+    from airflow.models.asset import AssetEvent
+    from airflow.utils.session import create_session
+    from airflow.utils.state import DagRunState, TaskInstanceState
+
+    def events() -> int:
+        with create_session() as s:
+            return s.query(AssetEvent).count()
+
+    dag = dagbag.get_dag("corpus_build")
+    dag.test(logical_date=None, run_conf={"run_name": "inc1", "incremental_dedup": True})
+    before = events()
+    run = dag.test(logical_date=None, run_conf={"run_name": "inc2", "incremental_dedup": True})
+    assert run.state == DagRunState.SUCCESS
+    states = {ti.task_id: ti.state for ti in run.get_task_instances()}
+    assert states["tokenize.train_tokenizer"] == TaskInstanceState.SKIPPED
+    assert states["publish"] == TaskInstanceState.SKIPPED and states["sink.plan_mixture"] == TaskInstanceState.SKIPPED
+    assert states["filter.quality_filter"] == TaskInstanceState.SUCCESS
+    assert events() == before                                  # nothing published: pretrain is not scheduled
+    from pipeline.config import load_config
+    from pipeline.io import run_dir
+    from pipeline.tasks.corpus import collect_stats
+
+    stats = collect_stats(run_dir(load_config(tiny_config_path).data_root, run.run_id))
+    assert sum(d["kept_docs"] for d in stats["quality"].values()) == 0
+    assert sum(d["removed"].get("near_duplicate_of_previous_release", 0) for d in stats["minhash"].values()) > 0

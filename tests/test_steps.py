@@ -89,3 +89,34 @@ def test_the_dag_has_one_task_per_step_wired_as_declared(dagbag):
         assert (type(task).__name__ == "DecoratedMappedOperator") == s.mapped, s.task_id
         assert task.outlets if s.outlet else not task.outlets
     assert [t.task_id for t in dagbag.get_dag("corpus_refresh").tasks] == [s.task_id for s in STEPS]
+
+
+@pytest.mark.parametrize("incremental", [True, False])
+def test_a_refresh_with_nothing_new_is_a_skip_and_a_build_an_error(tmp_path, monkeypatch, capsys, incremental):
+    """#53: a step that finds too little to fill the training files (or the tokenizer task nothing kept) ends an
+    incremental refresh as a skip, one line why; the CLI prints it and exits 0.  Without the index it stays an
+    error naming the setting."""
+    from conftest import tiny_config
+
+    from pipeline import cli
+    from pipeline.config import load_config
+    from pipeline.io import write_json
+    from pipeline.sink.shards import RowDealError
+    from pipeline.tasks import corpus
+    from pipeline.tasks.run_state import NothingToShip
+
+    path = tiny_config(tmp_path, minhash={"use_index": incremental})
+    rdir = tmp_path / "run"
+    write_json(rdir / "config.json", load_config(path).to_dict())
+
+    def too_small(_specs):
+        raise RowDealError("pack.shard_num: the corpus packs into 1 rows of 33 tokens, fewer than its 2 output files")
+    monkeypatch.setattr(corpus, "plan_mixture", too_small)
+    with pytest.raises(NothingToShip if incremental else RowDealError, match="packs into 1 rows") as got:
+        corpus.run_step("sink.plan_mixture", [{"run_dir": str(rdir)}])
+    if incremental:
+        assert str(got.value).startswith("incremental refresh run: too little new to fill the training files")
+
+    monkeypatch.setattr(corpus, "run_all", lambda cfg, run_id: (_ for _ in ()).throw(NothingToShip("nothing new")))
+    assert cli.main(["corpus", "--config", str(path)]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "mindloom: skipped: nothing new"

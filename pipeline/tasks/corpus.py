@@ -29,8 +29,9 @@ from pipeline.quality import decontaminate
 from pipeline.quality import run as quality
 from pipeline.report.html import write_report
 from pipeline.sink import mindrecord
+from pipeline.sink.shards import RowDealError
 from pipeline.tasks import batches, steps
-from pipeline.tasks.run_state import load_run_config, profiled, run_of
+from pipeline.tasks.run_state import NothingToShip, load_run_config, profiled, run_of
 from pipeline.tasks.sink_steps import (  # noqa: F401  (run_step finds each step's function by name here)
     finalize_mindrecord,
     manifest_summary,
@@ -314,10 +315,24 @@ def train_classifier(specs: list[dict]) -> dict:
     return {"enabled": True, **{k: found[k] for k in ("held_out", "cuts", "train")}}
 
 
+def nothing_new(rdir: Path, why: str) -> NothingToShip:
+    """The skip of an incremental refresh, with what its documents became (from the stages' stats)."""
+    stats = collect_stats(rdir)
+    ingested = sum(d["in_docs"] for d in stats.get("ingest", {}).values())
+    previous = sum(d["removed"].get("near_duplicate_of_previous_release", 0) for d in stats.get("minhash", {}).values())
+    return NothingToShip(f"incremental refresh {Path(rdir).name}: {why}: of {ingested:,} documents ingested, "
+                         f"{previous:,} duplicate an earlier release and the rest were removed by dedup and the "
+                         "filters; nothing is published and no training starts")
+
+
 @profiled("train_tokenizer")
 def train_tokenizer(specs: list[dict]) -> dict:
+    """The tokenizer on a sample of the filtered shards.  An incremental refresh that kept nothing ends here,
+    skipped (:class:`NothingToShip`)."""
     rdir, shards = run_of(specs)
     cfg = load_run_config(rdir)
+    if cfg.minhash.use_index and not any(d["kept_docs"] for d in collect_stats(rdir).get("quality", {}).values()):
+        raise nothing_new(rdir, "nothing new to ship")
     return tokenizer.train_tokenizer(cfg.tokenizer, rdir, shards, cfg.seed, weights=cfg.mixture.weights)
 
 
@@ -412,7 +427,17 @@ def run_step(task_id: str, item=None, **plan_args):
     """
     step = steps.BY_ID[task_id]
     fn = globals()[step.call]          # looked up at call time: a profiler may wrap the module's functions
-    with task_pools(step=task_id):
+    try:
+        return _call_step(step, fn, item, plan_args)
+    except RowDealError as exc:          # an incremental refresh too small to fill one row per file: a skip too
+        rdir = Path((item[0] if isinstance(item, list) else item)["run_dir"])
+        if load_run_config(rdir).minhash.use_index:
+            raise nothing_new(rdir, f"too little new to fill the training files ({exc})") from exc
+        raise
+
+
+def _call_step(step, fn, item, plan_args: dict):
+    with task_pools(step=step.task_id):
         if step.kind == "plan":
             return fn(**plan_args)
         if step.kind != "batch":
@@ -426,7 +451,8 @@ def run_step(task_id: str, item=None, **plan_args):
 
 def run_all(params: dict | MindloomConfig, run_id: str, config_path: str | None = None, progress: bool = True) -> dict:
     """The whole chain in this process (the CLI path): every step of :data:`pipeline.tasks.steps.STEPS` in order,
-    mapped steps once per item, exactly as the DAG's tasks run them.  Returns the publish step's summary."""
+    mapped steps once per item, exactly as the DAG's tasks run them.  Returns the publish step's summary (an
+    incremental refresh with nothing new raises :class:`NothingToShip` from the step that found it)."""
     from tqdm import tqdm
 
     out: dict = {}

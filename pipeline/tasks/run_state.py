@@ -17,6 +17,13 @@ from pipeline.tasks import batches
 _CONFIGS: dict[str, tuple[tuple[int, int], MindloomConfig]] = {}     # path -> ((mtime_ns, size), config)
 
 
+class NothingToShip(Exception):  # noqa: N818 - an outcome, not an error
+    """An incremental refresh (``minhash.use_index``) whose sources brought nothing new, or too little to fill one
+    training row: the run ends skipped with this one line, publishes no corpus and starts no training.  Raised by
+    the first task that finds it; the DAG turns it into Airflow's skip (``operators.skips``), the CLI into one line
+    and exit 0.  A build without the index that keeps nothing is an error instead."""
+
+
 def load_run_config(rdir: str | Path) -> MindloomConfig:
     """The run's frozen configuration (``config.json``), as a copy the caller may change.
 
