@@ -165,6 +165,21 @@ def test_a_scatter_task_merges_its_shards_into_one_part_and_the_rows_do_not_depe
     assert [e["samples"] for e in one] == [e["samples"] for e in two] and sum(e["samples"] for e in one) > 4
 
 
+def test_a_scatter_task_whose_shards_ship_no_copy_writes_empty_buckets(tmp_path):
+    """A part whose shards all have zero copies (sampled out, or every document overlaps a held-out one) holds
+    ``n_files`` empty buckets and counts zero copies: writers read it like any other part."""
+    from pipeline.sink import scatter
+
+    names = tokenized(tmp_path, {"b-00000": [np.arange(3, 40, dtype=np.int32)] * 4})
+    write_parquet(pa.table({"doc_id": [f"{names[0]}/{i}" for i in range(4)], "copies": [0] * 4}),
+                  tmp_path / "mixture" / f"{names[0]}.parquet")
+    for shard_list in (names, []):
+        part = scatter.run_scatter_part(tmp_path, "part-00000-of-00001", shard_list, seed=11, n_files=3,
+                                        domains=["b"])
+        assert part["copies"] == part["tokens"] == [0, 0, 0]
+        assert [scatter.open_batch(scatter.part_path(tmp_path, part["part"]), b).num_rows for b in range(3)] == [0] * 3
+
+
 def test_fewer_rows_than_files_fails_with_one_line(tmp_path):
     docs = {"web-00000": [np.arange(3, 103, dtype=np.int32), np.arange(3, 200, dtype=np.int32)]}
     with pytest.raises(shards.RowDealError) as err:               # 299 stream tokens: 4 rows of 64

@@ -115,8 +115,8 @@ def _losses(stage_dir: Path) -> dict[int, float]:
 def _env(cfg: Path) -> dict:
     """The task process's environment, with what an Airflow worker holds that no rank should see."""
     return {**os.environ, "MINDLOOM_CONFIG": str(cfg), "PYTHONPATH": str(REPO),
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": "postgresql://airflow:secret@db/airflow",
-            "RANK_TABLE_FILE": "/nonexistent/rank_table.json"}
+            "AIRFLOW_CONN_WAREHOUSE": "postgresql://airflow:secret@db/warehouse",
+            "AIRFLOW__MINDLOOM_TEST__TOKEN": "secret", "RANK_TABLE_FILE": "/nonexistent/rank_table.json"}
 
 
 def _try(tmp: Path, cfg: Path, run: str, stage: str, try_number: int, corpus: Path) -> subprocess.Popen:
@@ -180,7 +180,7 @@ def test_two_stages_on_two_slurm_nodes_equal_local_and_a_killed_task_reattaches(
                    .splitlines() if "=" in line)
         assert env["MINDLOOM_SETUP_MARK"] == "setup-ran" and env["MINDLOOM_ENV_MARK"] == "env-ran", sorted(env)
         assert env["HCCL_CONNECT_TIMEOUT"] == "1800" and env["SLURM_PROCID"] == str(rank)
-        assert not [k for k in env if k.startswith("AIRFLOW__") or k == "RANK_TABLE_FILE"], sorted(env)
+        assert not [k for k in env if k.startswith("AIRFLOW") or k == "RANK_TABLE_FILE"], sorted(env)
 
     first = _try(tmp_path, cfg, "run1", "main", 1, corpus)
     sid = _wait_for(lambda: _running_slurm_job(stages / "main"), 300, "the main stage to run on Slurm")

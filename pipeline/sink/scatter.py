@@ -177,8 +177,15 @@ def _write_run(path: Path, held: list[ShardScatter], n_files: int) -> None:
         table = pa.table({"key": np.concatenate([h.keys for h in held]), "domain": np.concatenate([h.dom for h in held]),
                           "tokens": pa.concat_arrays([h.tokens for h in held])}, schema=schema).take(pa.array(order))
     np.save(_offsets_path(path), np.searchsorted(bucket[order], np.arange(n_files + 1)).astype(np.int64))
-    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:
-        writer.write_table(table.combine_chunks(), max_chunksize=max(1, table.num_rows))
+    batch = table.combine_chunks().to_batches()
+    with pa.OSFile(str(path), "wb") as sink, pa.ipc.new_file(sink, schema) as writer:   # one batch, even if empty
+        writer.write_batch(batch[0] if table.num_rows else _empty_batch(schema))
+
+
+def _empty_batch(schema):
+    import pyarrow as pa
+
+    return pa.record_batch([pa.array([], f.type) for f in schema], schema=schema)
 
 
 def _offsets_path(run: Path) -> Path:
@@ -230,8 +237,7 @@ def _merge(runs: list[Path], out, n_files: int, bucket_tokens) -> None:
             try:
                 for k in range(b, min(stop, n_files)):
                     table = pa.Table.from_batches([r.bucket(k) for r in opened], schema).combine_chunks()
-                    writer.write_batch(table.to_batches()[0] if table.num_rows else
-                                       pa.record_batch([pa.array([], f.type) for f in schema], schema=schema))
+                    writer.write_batch(table.to_batches()[0] if table.num_rows else _empty_batch(schema))
             finally:
                 for r in opened:
                     r.close()
