@@ -164,12 +164,15 @@ def sink_layout(rdir: Path, *, seq_len: int, shard_mb: int, shard_num: int,
 
 
 def set_extra(rdir: Path, layout: dict, *, seed: int, vocab_size: int, tokenizer_sha256: str, config_sha256: str,
-              remainder: str, mixture: bool, eos_id: int, bos_id: int | None, pad_id: int, **_) -> dict:
-    """The corpus manifest's keys beyond the files: tokenizer, config, mixture report, packing settings."""
+              remainder: str, mixture: bool, eos_id: int, bos_id: int | None, pad_id: int,
+              extends_release: dict | None = None, **_) -> dict:
+    """The corpus manifest's keys beyond the files: tokenizer, config, mixture report, packing settings, and for
+    an incremental refresh the release it extends (its name and tokenizer digest)."""
     return {"remainder": remainder, "eos_id": eos_id, "bos_id": bos_id, "pad_id": pad_id, "vocab_size": vocab_size,
             "tokenizer_sha256": tokenizer_sha256, "config_sha256": config_sha256, "seed": seed,
             "shard_mb": layout["shard_mb"],
-            "mixture": read_json(rdir / "mixture" / "report.json") if mixture else None}
+            "mixture": read_json(rdir / "mixture" / "report.json") if mixture else None,
+            **({"extends_release": extends_release} if extends_release else {})}
 
 
 def write_single_copies(rdir: Path, shards: list[str]) -> None:

@@ -333,7 +333,13 @@ def train_tokenizer(specs: list[dict]) -> dict:
     cfg = load_run_config(rdir)
     if cfg.minhash.use_index and not any(d["kept_docs"] for d in collect_stats(rdir).get("quality", {}).values()):
         raise nothing_new(rdir, "nothing new to ship")
-    return tokenizer.train_tokenizer(cfg.tokenizer, rdir, shards, cfg.seed, weights=cfg.mixture.weights)
+    release = None
+    if cfg.minhash.use_index:       # an incremental refresh keeps the tokenizer of the release it extends
+        from pipeline.dedup.minhash.release import extended_release
+
+        release = extended_release(cfg.minhash, cfg.data_root, Path(rdir).name)
+    return tokenizer.train_tokenizer(cfg.tokenizer, rdir, shards, cfg.seed, weights=cfg.mixture.weights,
+                                     release=release)
 
 
 def tokenize_shard(spec: dict) -> dict:

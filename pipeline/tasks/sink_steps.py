@@ -125,8 +125,16 @@ def finalize_mindrecord(specs: list[dict]) -> dict:
         rdir, layout["n_files"], scatter_parts(rdir), seq_len=cfg.pack.seq_len, domains=layout["domains"],
         domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries, num_shards=cfg.train.workers,
         extra=mindrecord.set_extra(rdir, layout, seed=cfg.seed, vocab_size=tok["vocab_size"],
-                                   tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), mixture=True, **args))
+                                   tokenizer_sha256=tok["sha256"], config_sha256=cfg.digest(), mixture=True,
+                                   extends_release=_extends(tok), **args))
     return manifest_summary(rdir, manifest)
+
+
+def _extends(tok: dict) -> dict | None:
+    """The release an incremental refresh extends, as the manifest records it (None for any other run)."""
+    if not tok.get("extends_release"):
+        return None
+    return {"name": tok["extends_release"], "tokenizer_sha256": tok["release_tokenizer_sha256"]}
 
 
 @profiled("write_validation")

@@ -219,6 +219,29 @@ def _use_existing(tc: TokenizerConfig, out: Path) -> dict:
     return info
 
 
+def _keep_release(tc: TokenizerConfig, out: Path, release: dict) -> dict:
+    """Copy the tokenizer of the release this refresh extends; refuse a ``tokenizer.model_path`` (or a release
+    file) whose digest is not the one the release recorded, naming both."""
+    name, src, want = release["name"], release.get("tokenizer"), release.get("tokenizer_sha256")
+    if not src or not Path(src).is_file():
+        raise ConfigError(f"minhash.use_index: release {name} that this refresh extends has no tokenizer "
+                          f"({src or 'none recorded'}); an incremental refresh keeps its release's tokenizer. "
+                          "Publish a full run first, or set minhash.use_index: false")
+    got = sha256_file(Path(src))
+    if want and got != want:
+        raise ConfigError(f"minhash.use_index: release {name}'s tokenizer {src} has sha256 {got[:12]}, not the "
+                          f"{want[:12]} it was published with; the release's run folder was changed")
+    if tc.model_path and (mine := sha256_file(Path(tc.model_path))) != got:
+        raise ConfigError(f"tokenizer.model_path: {tc.model_path} (sha256 {mine[:12]}) is not the tokenizer of "
+                          f"release {name} that this incremental refresh extends ({src}, sha256 {got[:12]}); "
+                          "its token ids would not match the model trained on that release. Unset "
+                          "tokenizer.model_path, or build a new corpus with minhash.use_index: false")
+    with atomic_path(out) as tmp:
+        shutil.copyfile(src, tmp)
+    return model_info(out, source=str(Path(src).resolve()), trained=False, extends_release=name,
+                      release_tokenizer_sha256=got)
+
+
 def train_threads(tc: TokenizerConfig) -> int:
     """SentencePiece training threads: ``tc.train_threads``, or when 0 every core for BPE and 1 for unigram.
 
@@ -252,8 +275,12 @@ def _thread_free(model: bytes) -> bytes:
 
 
 def train_tokenizer(tc: TokenizerConfig, rdir: Path, shards: list[str], seed: int,
-                    weights: dict | None = None) -> dict:
-    """Write ``tokenizer/spm.model`` (trained, or copied from ``tc.model_path``); return its info.
+                    weights: dict | None = None, release: dict | None = None) -> dict:
+    """Write ``tokenizer/spm.model`` (trained, copied from ``tc.model_path``, or kept from ``release``); return
+    its info.
+
+    ``release`` is the dedup index's entry of the release an incremental refresh extends: its tokenizer is kept,
+    so the refresh's token ids are the ids the model trained on that release knows (:func:`_keep_release`).
 
     Info: model, sha256, vocab_size, unk/bos/eos/pad ids, special token ids, and for a trained model the sample
     size and characters per domain and the character coverage used.
@@ -261,9 +288,15 @@ def train_tokenizer(tc: TokenizerConfig, rdir: Path, shards: list[str], seed: in
     import sentencepiece as spm
 
     out = rdir / "tokenizer" / "spm.model"
-    digest = config_digest("tokenizer", settings(tc, "encode_workers"), seed, weights, [_input_sha(rdir, s) for s in sorted(shards)])
+    extends = {k: release.get(k) for k in ("name", "tokenizer_sha256")} if release else None
+    digest = config_digest("tokenizer", settings(tc, "encode_workers"), seed, weights,
+                           [_input_sha(rdir, s) for s in sorted(shards)], *([extends] if extends else []))
     if done := completed(out, digest):
         return done["info"]
+    if release:
+        info = _keep_release(tc, out, release)
+        write_marker(out, {"info": info}, config=digest, sha256=info["sha256"])
+        return info
     if tc.model_path:
         info = _use_existing(tc, out)
         write_marker(out, {"info": info}, config=digest, sha256=info["sha256"])

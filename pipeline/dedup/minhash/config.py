@@ -88,8 +88,9 @@ class MinhashConfig:
                                     "Documents without a score rank last on that criterion.")
     source_priority: list[str] = _f(factory=list, desc="Sources in order of preference for 'source_priority'; "
                                                        "unlisted sources rank after listed ones.")
-    use_index: bool = _f(False, desc="Also remove documents that duplicate earlier releases in the dedup index "
-                         "(for refreshes that bring new data; every published run is added to the index).")
+    use_index: bool = _f(False, desc="An incremental refresh: also remove documents that duplicate earlier "
+                         "releases in the dedup index, and keep the tokenizer of the newest one (every published "
+                         "run is added to the index).")
     index_dir: str = _f("", desc="Persistent index of shipped releases (empty: <data_root>/dedup_index).")
     engine: str = _f("auto", desc="Signature engine: numba (compiled), numpy (hashlib + numpy), auto: numba when "
                                   "installed. Both give identical signatures.", choices=ENGINES)

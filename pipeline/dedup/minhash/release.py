@@ -31,7 +31,7 @@ import numpy as np
 from pipeline.dedup.minhash.config import MinhashConfig, check_config
 from pipeline.dedup.minhash.index import index_root, locked
 from pipeline.dedup.minhash.layout import MinhashError, band_column, read_manifest, shard_entry, signature_path
-from pipeline.io import atomic_path, config_digest, read_json, write_json
+from pipeline.io import atomic_path, config_digest, read_json, read_marker, write_json
 
 log = logging.getLogger(__name__)
 
@@ -200,7 +200,8 @@ def register_release(cfg: MinhashConfig, data_root: str | Path, release: str, pa
         info = read_json(listing) if listing.exists() else {"fingerprint": cfg.fingerprint(),
                                                             "signature_fields": cfg.signature_fields(),
                                                             "releases": []}
-        entry = {"name": release, "docs": n, "run_dir": found[0]["run_dir"] if found else "", "kept_stage": kept_stage}
+        run_dir = found[0]["run_dir"] if found else ""
+        entry = {"name": release, "docs": n, "run_dir": run_dir, "kept_stage": kept_stage, **_tokenizer_of(run_dir)}
         names = [r["name"] for r in info["releases"]]
         if release in names:                       # re-adding keeps the release's place in the order
             info["releases"][names.index(release)] = entry
@@ -209,6 +210,23 @@ def register_release(cfg: MinhashConfig, data_root: str | Path, release: str, pa
         write_json(listing, info)
     log.info("dedup index %s: release %s with %d documents in %d parts", root, release, n, parts)
     return {"index": str(root), "release": release, "docs": n, "parts": parts, "releases": len(info["releases"])}
+
+
+def _tokenizer_of(run_dir: str) -> dict:
+    """The release's tokenizer (path and digest) when its run trained or copied one: a refresh keeps it."""
+    model = Path(run_dir) / "tokenizer" / "spm.model" if run_dir else None
+    marker = read_marker(model) if model else None
+    return {"tokenizer": str(model), "tokenizer_sha256": marker["sha256"]} if marker else {}
+
+
+def extended_release(cfg: MinhashConfig, data_root: str | Path, run: str) -> dict | None:
+    """The release an incremental refresh (run ``run``) extends: the newest one in the index before ``run`` (a
+    rerun of a published run extends what came before it, not itself), or None for a first release."""
+    listing = index_root(data_root, check_config(cfg)) / "releases.json"
+    releases = read_json(listing)["releases"] if listing.exists() else []
+    names = [r["name"] for r in releases]
+    before = releases[:names.index(run)] if run in names else releases
+    return before[-1] if before else None
 
 
 def add_release(rdir: Path, cfg: MinhashConfig, data_root: str | Path, release: str,
