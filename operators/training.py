@@ -89,6 +89,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
         ext = external_id or event
         self._stream_metrics(event["out_dir"], self._launch_time(event["out_dir"]), ext.get("job_id"))
         if event["state"] != "SUCCEEDED":
+            self._release_lost(ext, event["state"])
             raise AirflowException(f"training stage {self.stage} {event['state']} at step {event.get('step')}: "
                                    f"{event.get('error') or 'process ended without a status'}")
         return self._completed(context, self.get_job_result(ext, context))
@@ -173,11 +174,17 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
     def submit_job(self, context: Any) -> dict:
         from pipeline.form import config_from_params
         from pipeline.tasks.pretrain import build_job
-        from pipeline.tasks.submit import start_stage_job
+        from pipeline.tasks.submit import launched_slurm_job, start_stage_job
         from pipeline.train.lease import live_lease, new_job_id
 
         cfg = config_from_params(dict(context["params"]))
         out_dir = self._out_dir(context)
+        if cfg.train.backend == "slurm" and (ext := launched_slurm_job(out_dir)):
+            self._ext, self._job_id = ext, ext["job_id"]
+            self.log.info("reconnecting to Slurm job %s of stage %s, which try %s submitted before it could record "
+                          "the job: not submitting a second one", ext["slurm_job_id"], self.stage,
+                          ext.get("launched_by_try"))
+            return ext
         held = live_lease(out_dir)             # alive here, or its heartbeat counter moves
         if held:
             raise AirflowException(f"stage folder {out_dir} is held by job {held.get('job_id')} on host "
@@ -224,10 +231,21 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
             if status["state"] == "SUCCEEDED":
                 return self.get_job_result(external_id, context)
             if status["state"] in ("FAILED", "LOST"):
+                self._release_lost(external_id, status["state"])
                 raise AirflowException(
                     f"training stage {self.stage} {status['state']} at step {status.get('step')}: "
                     f"{status.get('error') or 'process ended without a status'} (log: {external_id.get('log')})")
             time.sleep(self.poll_interval)
+
+    def _release_lost(self, ext: dict, state: str) -> None:
+        """A LOST Slurm job (no lease, or a heartbeat that stood still) may still hold its nodes: ``scancel`` it
+        before the task fails, so a retry does not wait behind it and its allocation is not kept idle."""
+        if state != "LOST" or not ext.get("slurm_job_id"):
+            return
+        from pipeline.tasks.submit import stop_stage_job
+
+        for line in stop_stage_job(ext["out_dir"], ext, f"stage {self.stage} was LOST"):
+            self.log.info("%s", line)
 
     def get_job_result(self, external_id: Any, context: Any) -> dict:
         from pipeline.tasks.pretrain import stage_result

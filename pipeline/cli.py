@@ -119,7 +119,10 @@ def cmd_train(args) -> int:
             for msg in stop_stage_job(out_dir, ext, "mindloom train was interrupted"):
                 print(f"mindloom: {msg}", file=sys.stderr)
             raise
-        state = job_state(out_dir, job_id=ext["job_id"])
+        state = job_state(out_dir, job_id=ext["job_id"], seen=seen)
+        if state["state"] == "LOST" and ext.get("slurm_job_id"):      # it may still hold its nodes
+            for msg in stop_stage_job(out_dir, ext, f"stage {stage} was LOST"):
+                print(f"mindloom: {msg}", file=sys.stderr)
         if state["state"] != "SUCCEEDED":
             print(f"mindloom: error: training {state['state']}: {state.get('error')} (log: {log_path})",
                   file=sys.stderr)

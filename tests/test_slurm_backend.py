@@ -39,7 +39,7 @@ def test_the_batch_script_allocates_nodes_by_tasks_and_exports_the_job_id(tmp_pa
                         env={"PATH": "/venv/bin:/usr/bin", "MINDLOOM_JOB_ID": "abc", "SECRET": "x"},
                         stage="main", partition="llm", extra=["--time=72:00:00"])
     lines = text.splitlines()
-    assert lines[:3] == ["#!/bin/bash", "#SBATCH --job-name=mindloom-main", "#SBATCH --nodes=4"]
+    assert lines[:3] == ["#!/bin/bash", "#SBATCH --job-name=mindloom-main-abc", "#SBATCH --nodes=4"]
     for want in ("#SBATCH --ntasks-per-node=8", f"#SBATCH --output={tmp_path}/slurm-%j.log",
                  "#SBATCH --partition=llm", "#SBATCH --time=72:00:00", "export MINDLOOM_JOB_ID=abc",
                  "export PATH=/venv/bin:/usr/bin"):
@@ -109,3 +109,60 @@ def test_a_queued_job_waits_and_an_ended_one_without_a_status_is_lost(tmp_path, 
                                        f"status; see {tmp_path}/slurm-77.log")
     (tmp_path / "status.json").write_text(json.dumps({"state": "SUCCEEDED", "step": 4, "job_id": "j1"}))
     assert pretrain.job_state(tmp_path, job_id="j1")["state"] == "SUCCEEDED"  # the job's own final word wins
+
+
+def test_a_running_slurm_job_without_a_lease_waits_past_the_local_grace(tmp_path, monkeypatch):
+    """Ranks still sourcing CANN or meeting at the scheduler: RUNNING on Slurm without a lease is PENDING for
+    ``SLURM_STARTUP_GRACE_S`` (MS_TOPO_TIMEOUT and a margin), not the local backend's 300 s."""
+    from pipeline.tasks import pretrain
+    from pipeline.train import slurm
+
+    monkeypatch.setattr(slurm, "state", lambda sid: "RUNNING")
+    (tmp_path / "launch.json").write_text(json.dumps({"job_id": "j1", "slurm_job_id": "77", "pid": None,
+                                                      "host": "elsewhere"}))
+    seen = {"pending_since": 0.0}
+    assert pretrain.job_state(tmp_path, job_id="j1", now=pretrain.STARTUP_GRACE_S * 5, seen=seen)["state"] == "PENDING"
+    late = pretrain.job_state(tmp_path, job_id="j1", now=pretrain.SLURM_STARTUP_GRACE_S + 1, seen=seen)
+    assert late["state"] == "LOST" and late["error"] == "the job took no lease within 3900 s"
+    assert slurm.rank_env({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "5"})[0]["MS_TOPO_TIMEOUT"] \
+        == "3600"
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_a_retry_reattaches_to_the_job_an_earlier_try_submitted(tmp_path, monkeypatch, recorded):
+    """A try that died after ``sbatch`` (before Airflow stored the job's id, or even before ``launch.json`` did):
+    the retry finds the queued job by its Slurm id, or by the job id in its name, and does not submit again."""
+    from pipeline.tasks import submit
+    from pipeline.tasks.pretrain import record_launch
+    from pipeline.train import slurm
+
+    (tmp_path / "job.json").write_text(json.dumps({"stage": "main"}))
+    argv = ["sbatch", "--parsable", str(tmp_path / slurm.SCRIPT)]
+    record_launch(tmp_path, argv, None, try_number=1, job_id="j1", slurm_job_id="88" if recorded else None)
+    asked = []
+    monkeypatch.setattr(slurm, "find_job", lambda name: asked.append(name) or "88")
+    monkeypatch.setattr(slurm, "state", lambda sid: {"88": "PENDING"}.get(sid))
+    got = submit.launched_slurm_job(tmp_path)
+    assert got == {"out_dir": str(tmp_path), "slurm_job_id": "88", "job_id": "j1",
+                   "log": str(tmp_path / "slurm-88.log"), "launched_by_try": 1}
+    assert asked == ([] if recorded else ["mindloom-main-j1"])
+    assert json.loads((tmp_path / "launch.json").read_text())["slurm_job_id"] == "88"   # recorded now
+    monkeypatch.setattr(slurm, "state", lambda sid: "CANCELLED")      # over: a retry submits a new one
+    assert submit.launched_slurm_job(tmp_path) is None
+
+
+def test_a_lost_slurm_job_is_cancelled_before_the_task_fails(tmp_path, monkeypatch):
+    from airflow.exceptions import AirflowException
+
+    from operators.training import TrainingStageOperator
+    from pipeline.tasks import pretrain
+    from pipeline.train import slurm
+
+    cancelled = []
+    monkeypatch.setattr(slurm, "cancel", cancelled.append)
+    monkeypatch.setattr(pretrain, "job_state", lambda *a, **k: {"state": "LOST", "step": 3, "error": "stood still"})
+    op = TrainingStageOperator(task_id="train_main", corpus={}, stage="main", poll_interval=0.01)
+    ext = {"out_dir": str(tmp_path), "slurm_job_id": "91", "job_id": "j1", "log": "x"}
+    with pytest.raises(AirflowException, match="training stage main LOST at step 3: stood still"):
+        op.poll_until_complete(ext, {})
+    assert cancelled == ["91"]

@@ -175,6 +175,10 @@ def launch_env(job_id: str | None = None) -> dict[str, str]:
 #: How long a launched job may take to take its lease (interpreter start, imports, msrun rendezvous), measured on
 #: the observer's own clock from when it first saw the launch without a lease.
 STARTUP_GRACE_S = 300.0
+#: The same while Slurm says the job runs: its ranks may still be sourcing CANN's setup, starting a container and
+#: meeting at the scheduler (``MS_TOPO_TIMEOUT``, 3,600 s by default in ``pipeline.train.slurm``); a rank that
+#: gives up there ends the job, which Slurm then reports.
+SLURM_STARTUP_GRACE_S = 3600.0 + STARTUP_GRACE_S
 
 
 def job_state(out_dir: str | Path, launcher_pid: int | None = None, now: float | None = None,
@@ -202,7 +206,8 @@ def _read_job_state(out_dir: str | Path, launcher_pid: int | None = None, now: f
     job id are not this job's (it is PENDING until it writes its own).  A job that claims RUNNING or PENDING is
     RUNNING while its lease's heartbeat counter moves, and LOST once the counter stood still for the lease timeout
     of *this observer's* clock (``now``, default ``time.monotonic()``; the job's clock is never read).  Before it
-    has taken its lease it is PENDING for ``STARTUP_GRACE_S`` of the observer's clock.  On the host that launched
+    has taken its lease it is PENDING for ``STARTUP_GRACE_S`` of the observer's clock (``SLURM_STARTUP_GRACE_S`` while
+    Slurm says it runs).  On the host that launched
     it, a launcher and trainer that are both gone make it LOST at once; a released lease without a final status
     is LOST at once.
     """
@@ -252,9 +257,10 @@ def _read_job_state(out_dir: str | Path, launcher_pid: int | None = None, now: f
                 f"the lease heartbeat of host {lease.get('host')} stood at {lease.get('beat')} for "
                 f"{lease['stalled_s']:.0f} s (observed here)"}
     observed["pending_since"] = pending_since = float(seen.get("pending_since", now))
-    if now - pending_since > STARTUP_GRACE_S:
+    grace = SLURM_STARTUP_GRACE_S if sid else STARTUP_GRACE_S
+    if now - pending_since > grace:
         return {**status, "state": "LOST", "observed": observed, "error": status.get("error") or
-                f"the job took no lease within {STARTUP_GRACE_S:.0f} s{held}"}
+                f"the job took no lease within {grace:.0f} s{held}"}
     return {**status, "observed": observed}
 
 

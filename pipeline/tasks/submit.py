@@ -78,6 +78,32 @@ def stop_stage_job(out_dir: str | Path, ext: dict | None, reason: str) -> list[s
     return done
 
 
+def launched_slurm_job(out_dir: str | Path) -> dict | None:
+    """The Slurm job an earlier try of this stage submitted that Slurm still queues or runs, or None.
+
+    A try can die after ``sbatch`` and before Airflow's task state store keeps the job's id (or even before
+    ``launch.json`` does): the retry finds the job through ``launch.json`` (its Slurm id, else its job id in the
+    Slurm job's name) and reattaches to it instead of submitting a second one."""
+    from pipeline.train import slurm
+
+    out_dir = Path(out_dir)
+    launch = read_json(out_dir / "launch.json") if (out_dir / "launch.json").exists() else {}
+    if (launch.get("argv") or [""])[0] != "sbatch" or not launch.get("job_id"):
+        return None
+    try:
+        sid = launch.get("slurm_job_id") or slurm.find_job(
+            slurm.job_name(read_json(out_dir / "job.json").get("stage") or "train", launch["job_id"]))
+        if not sid or not slurm.is_active(slurm.state(sid)):
+            return None
+    except (slurm.SlurmError, OSError):
+        return None
+    if not launch.get("slurm_job_id"):
+        record_launch(out_dir, launch["argv"], None, try_number=launch.get("try_number"), launched=launch.get("time"),
+                      job_id=launch["job_id"], slurm_job_id=sid)
+    return {"out_dir": str(out_dir), "slurm_job_id": sid, "job_id": launch["job_id"],
+            "log": str(out_dir / f"slurm-{sid}.log"), "launched_by_try": launch.get("try_number")}
+
+
 def _launched_slurm_id(out_dir: Path) -> str | None:
     path = out_dir / "launch.json"
     return read_json(path).get("slurm_job_id") if path.exists() else None

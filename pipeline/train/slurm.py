@@ -35,6 +35,10 @@ from pathlib import Path
 
 SCRIPT = "slurm.sbatch"
 PORT_BASE, PORT_SPAN = 10000, 20000
+#: seconds the ranks wait for each other at the scheduler (``MS_TOPO_TIMEOUT``; ``train.env`` may set it): a
+#: 128-rank start on a busy file system (imports, CANN, a container) takes minutes; mindformers' launches use
+#: 3,000-7,200
+TOPO_TIMEOUT_S = 3600
 #: what the batch script exports of the submitting process's environment (then ``train.env``): nothing else
 KEEP = ("PATH", "PYTHONPATH", "MINDLOOM_JOB_ID", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED", "GLOG_v",
         "MINDLOOM_MASTER_ADDR", "MINDLOOM_FAIL_AT_STEP", "HOME", "LANG")
@@ -59,7 +63,7 @@ def batch_script(job_path: str | Path, out_dir: str | Path, *, nodes: int, tasks
 
     out_dir = Path(out_dir)
     lines = ["#!/bin/bash",
-             f"#SBATCH --job-name=mindloom-{stage}",
+             f"#SBATCH --job-name={job_name(stage, env.get('MINDLOOM_JOB_ID'))}",
              f"#SBATCH --nodes={nodes}",
              f"#SBATCH --ntasks-per-node={tasks_per_node}",
              f"#SBATCH --output={out_dir}/slurm-%j.log",
@@ -82,6 +86,18 @@ def batch_script(job_path: str | Path, out_dir: str | Path, *, nodes: int, tasks
     lines.append(f"exec {' '.join(shlex.quote(a) for a in srun)} {shlex.quote(python)} -m pipeline.train.slurm "
                  f"--job {shlex.quote(str(job_path))}")
     return "\n".join(lines) + "\n"
+
+
+def job_name(stage: str, job_id: str | None) -> str:
+    """``mindloom-<stage>-<job id>``: a try that died between ``sbatch`` and recording the Slurm id finds the job
+    by this name (:func:`find_job`)."""
+    return f"mindloom-{stage}" + (f"-{job_id}" if job_id else "")
+
+
+def find_job(name: str) -> str | None:
+    """The id of the queued or running Slurm job named ``name``, or None."""
+    ids = _run(["squeue", "-h", "-n", name, "-o", "%i"]).split()
+    return ids[0] if ids else None
 
 
 def _run(argv: list[str], timeout: float = 30.0) -> str:
@@ -137,7 +153,7 @@ def rank_env(env: dict) -> tuple[dict, bool]:
     rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
     host = env.get("MINDLOOM_MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
     common = {"MS_WORKER_NUM": str(world), "MS_SCHED_HOST": host, "MS_SCHED_PORT": str(master_port(env["SLURM_JOB_ID"])),
-              "RANK_SIZE": str(world), "MS_TOPO_TIMEOUT": env.get("MS_TOPO_TIMEOUT", "600")}
+              "RANK_SIZE": str(world), "MS_TOPO_TIMEOUT": env.get("MS_TOPO_TIMEOUT", str(TOPO_TIMEOUT_S))}
     out = {**env, **common, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(rank), "RANK_ID": str(rank),
            "DEVICE_ID": env.get("SLURM_LOCALID", "0")}
     return out, rank == 0
