@@ -335,3 +335,18 @@ def test_a_corrupt_rank_file_makes_every_rank_fall_back(tp2_runs, tmp_path):
     assert _resumed_from(out) == [2, 2]  # rank 0's step-4 file is fine, yet rank 0 also restarts at 2
     want, got = _losses(ref), _losses(out)
     assert np.abs(np.array([got[s] - want[s] for s in want])).max() < 1e-5, (got, want)
+
+
+@pytest.mark.parametrize("others_see, refused", [(0, True), (3, False), (1, True)])
+def test_a_rank_that_lists_no_marker_while_others_do_is_refused_on_every_rank(monkeypatch, others_see, refused):
+    """A stale directory listing on one rank (no markers) while the others list some: every rank raises, none
+    starts fresh while the others wait in the step agreement.  ``others_see``: how many of the other 3 ranks list
+    markers; this rank lists one."""
+    monkeypatch.setattr(commit, "world_sum", lambda values, world: [values[0] + others_see])
+    if refused:
+        with pytest.raises(commit.StepDisagreement, match=rf"{1 + others_see} of 4 ranks see committed steps and "
+                                                          rf"{3 - others_see} see none"):
+            commit.same_view([{"step": 4}], 4, "resume of /s")
+    else:
+        commit.same_view([{"step": 4}], 4, "resume of /s")
+    commit.same_view([], 1, "resume of /s")       # one rank: nothing to compare

@@ -199,6 +199,20 @@ def _same_candidate(c, world: int, what: str) -> None:
                                f"rather than resuming ranks at different steps")
 
 
+def same_view(markers: list, world: int, what: str) -> None:
+    """Every rank sees committed steps, or none does: one AllReduce before the resume branches. A rank whose
+    listing is empty while the others' is not (a stale NFS directory cache) would start fresh and never join the
+    others' step agreement, which would then wait on it for ever; here every rank refuses instead."""
+    if world <= 1:
+        return
+    n = world_sum([1 if markers else 0], world)[0]
+    if 0 < n < world:
+        raise StepDisagreement(f"{what}: {n} of {world} ranks see committed steps and {world - n} see none: their "
+                               f"views of the checkpoints folder differ (a shared filesystem that is not coherent, "
+                               f"e.g. an NFS directory cache); refused rather than some ranks resuming and others "
+                               f"starting from scratch")
+
+
 def agree(candidates: list, try_load, world: int, what: str, last_word: bool = False):
     """First candidate whose ``try_load`` succeeds on EVERY rank: ``(candidate, result)``, or None.
 

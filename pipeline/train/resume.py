@@ -67,6 +67,7 @@ def restore(job, net, opt, scaler, lay: RankLayout, rank: int, seq_len: int) -> 
     """(start_step, data position, resumed_from step or None) for this rank; loads what the policy says."""
     world = lay.tp * lay.dp
     markers = commit.committed(job.out_dir)
+    commit.same_view(markers, world, f"resume of {job.out_dir}")
     if markers:
         for m in markers:
             check_marker_layout(m, lay, job.zero, "checkpoint", "resume this stage with its own layout (workers, "
