@@ -14,6 +14,12 @@ import sys
 import typing
 
 from .config import MindloomConfig
+from .switches import markdown_table
+
+SWITCHES_INTRO = """Where and how a deployment, a training image or the test harness runs, never what a run does (that is the
+config above). Declared once in `pipeline/switches.py`; a test fails on any `MINDLOOM_*` name the code reads that
+is not declared there.
+"""
 
 HEADER = """# Configuration reference
 
@@ -84,6 +90,7 @@ def render() -> str:
     for top, rows in sections.items():
         lines += ["", f"## `{top}`" if top else "## Top level", "",
                   "| field | type | default | allowed | what it does |", "|---|---|---|---|---|", *rows]
+    lines += ["", "## Environment variables", "", SWITCHES_INTRO, markdown_table().rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 

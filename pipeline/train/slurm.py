@@ -41,7 +41,7 @@ PORT_BASE, PORT_SPAN = 10000, 20000
 TOPO_TIMEOUT_S = 3600
 #: what the batch script exports of the submitting process's environment (then ``train.env``): nothing else
 KEEP = ("PATH", "PYTHONPATH", "MINDLOOM_JOB_ID", "MALLOC_ARENA_MAX", "PYTHONUNBUFFERED", "GLOG_v",
-        "MINDLOOM_MASTER_ADDR", "MINDLOOM_FAIL_AT_STEP", "HOME", "LANG")
+        "MINDLOOM_MASTER_ADDR", "HOME", "LANG")
 ACTIVE = ("PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "REQUEUED", "RESIZING")
 
 
