@@ -150,3 +150,21 @@ def test_the_dag_lists_the_clustering_steps_in_order():
         s = BY_ID[f"near_dedup.{step}"]
         assert s.kind == ("run" if step in clusters.SINGLE else "map")
         assert before == "cluster_tasks" or s.after == (f"near_dedup.{before}",)
+
+
+def test_the_task_functions_take_the_config_as_the_run_stored_it(graph):
+    """The shipped config names ``preset: fineweb``: the run stores that, the plan records the digest of the
+    effective config (the preset's values, ``preset`` cleared), and every later task (the finish task reads the
+    task count through ``planned_tasks``) must compare like with like.  bench-scale's DAG run failed here."""
+    raw = MinhashConfig(preset="fineweb", jaccard_check=False)
+    assert raw.digest() != CFG.digest() and check_config(raw).digest() == CFG.digest()
+    rdir = graph("preset")
+    items = clusters.plan_tasks(rdir, raw, 3)
+    assert clusters.planned_tasks(rdir, raw) == len(items) == 3
+    for step in clusters.STEPS:
+        for item in items[:1] if step in clusters.SINGLE else items:
+            clusters.run_step(step, {**item, "of": clusters.planned_tasks(rdir, raw)} if step in clusters.SINGLE
+                              else item, raw)
+    other = graph("effective")
+    run_all(other)
+    assert decisions(rdir) == decisions(other)

@@ -72,11 +72,12 @@ def runs(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("par")
     write_mindrecord(pack_bytes(stdlib_text("argparse"), SEQ), str(root / "data"), shards=2)
+    write_mindrecord(pack_bytes(stdlib_text("json.decoder"), SEQ)[:11], str(root / "val"), shards=1)  # 11 rows:
 
     def job(name, **kw):
         base = dict(stage=name, data_dir=str(root / "data"), out_dir=str(root / name), model=TINY, steps=STEPS,
                     micro_batch=8, lr=3e-3, min_lr=3e-4, warmup_steps=3, checkpoint_every=5, log_every=5, seed=7,
-                    metrics_every=4)
+                    metrics_every=4, eval_data={"json": str(root / "val")}, eval_tokens=11 * SEQ)  # a padded batch
         base.update(kw)
         return TrainJob(**base)
 
@@ -118,6 +119,18 @@ def test_parallel_runs_match_one_process_for_10_steps(runs, name):
     single, other = _losses(runs["single"][1]), _losses(runs[name][1])
     assert np.abs(single - other).max() < 1e-5, np.abs(single - other)
     assert single[-1] < single[0] - 1.0  # it trained
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["tp2", "tp2dp2"])
+def test_tensor_parallel_stages_evaluate_like_one_process(runs, name):
+    """#50: a stage at TP > 1 scores its held-out set with every rank (the TP forward is collective) and rank 0
+    reports it: the same rows, the same loss as the one-process run's to 1e-5."""
+    want, got = runs["single"][0]["eval"], runs[name][0]["eval"]
+    assert "skipped" not in got and got["tensor_parallel"] == 2 and want["tensor_parallel"] == 1
+    assert got["per_domain"]["json"]["rows"] == want["per_domain"]["json"]["rows"] == 11
+    assert got["per_domain"]["json"]["tokens"] == want["per_domain"]["json"]["tokens"] > 10 * SEQ
+    assert abs(got["per_domain"]["json"]["loss"] - want["per_domain"]["json"]["loss"]) < 1e-5, (got, want)
 
 
 @pytest.mark.slow

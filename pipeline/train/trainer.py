@@ -206,12 +206,15 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     if lay.tp * lay.dp > 1:
         _fence(lease)
         _write_rank_digest(job, net, rank, step, opt, resumed_from)
+    ev = None
+    if lay.tp > 1:      # the TP forward is collective: every rank scores the same rows, rank 0 keeps the result
+        ev = _evaluation(job, net, cfg, seq_len, last_ckpt, lease, keep=rank == 0, collective=True)
     if rank != 0:
         return {"stage": job.stage, "state": "SUCCEEDED", "rank": rank, "steps": step}
 
     _fence(lease)
-    ev = _evaluation(job, net, cfg, seq_len, last_ckpt, lease) if lay.tp == 1 else {
-        "per_domain": {}, "skipped": "tensor_parallel > 1: evaluate the merged checkpoint (pipeline.train.tp_merge)"}
+    if ev is None:
+        ev = _evaluation(job, net, cfg, seq_len, last_ckpt, lease)
     rows = commit.valid_rows(job.out_dir, read_jsonl(logger.path)) if os.path.exists(logger.path) else []
     losses = [r["loss"] for r in rows]
     steady = times[1:] or times  # the first step of a process includes the GRAPH compile
@@ -258,23 +261,32 @@ def _check_finite(out: dict, step: int, scaler) -> None:
         raise FloatingPointError(f"loss {out['loss']}, grad norm {out['grad_norm']} at step {step}")
 
 
-def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None, lease: Lease | None = None) -> dict:
-    """Evaluate the final weights on ``job.eval_data`` (reused from eval.json when it scored the same checkpoint)."""
+def _evaluation(job: TrainJob, net, cfg, seq_len: int, checkpoint: str | None, lease: Lease | None = None,
+                keep: bool = True, collective: bool = False) -> dict:
+    """Evaluate the final weights on ``job.eval_data`` (reused from eval.json when it scored the same checkpoint).
+
+    ``collective`` (tensor parallel): every rank runs this with its shard of the model, in step (the forward's
+    all-reduces and the vocab-parallel loss span the TP group), so no rank may take the reuse shortcut alone and
+    none resets the parallel context; only the rank with ``keep`` writes eval.json."""
     path = os.path.join(job.out_dir, "eval.json")
     if not job.eval_data or job.eval_tokens == 0:
         return {"per_domain": {}, "skipped": "no validation sets (TrainJob.eval_data) or eval_tokens=0"}
-    if os.path.exists(path):
+    if os.path.exists(path) and not collective:
         with open(path, encoding="utf-8") as f:
             old = json.load(f)
         if old.get("checkpoint") == checkpoint and old.get("eval_data") == job.eval_data:
             return old
     t0 = time.time()
-    ms.reset_auto_parallel_context()  # rank 0 alone scores: a plain forward graph, no collectives
+    if not collective:
+        ms.reset_auto_parallel_context()  # rank 0 alone scores: a plain forward graph, no collectives
     score = make_scorer(CausalLMLoss(net, reduction="sum"), jit=job.mode == "graph")
     ev = evaluate(score, job.eval_data, seq_len=seq_len, batch_size=job.micro_batch, max_tokens=job.eval_tokens,
                   pad_id=cfg.pad_id)
     ev.update(checkpoint=checkpoint, eval_data=job.eval_data, seconds=round(time.time() - t0, 3),
-              job_id=lease.job_id if lease else None, generation=lease.generation if lease else None)
+              job_id=lease.job_id if lease else None, generation=lease.generation if lease else None,
+              tensor_parallel=net.tp.size if collective else 1)
+    if not keep:
+        return ev
     fenced.write_json(path, ev, lease.fence if lease else fenced.no_fence)  # after a long evaluation: fenced
     log.info("eval %s: %s", job.stage, {d: round(v["loss"], 4) if v["loss"] is not None else None
                                         for d, v in ev["per_domain"].items()})

@@ -105,7 +105,7 @@ def _plan(rdir: Path, cfg: MinhashConfig) -> dict:
 
 
 def planned_tasks(rdir: Path, cfg: MinhashConfig) -> int:
-    return int(_plan(rdir, cfg)["tasks"])
+    return int(_plan(rdir, check_config(cfg))["tasks"])
 
 
 class Context:
@@ -156,7 +156,8 @@ class Context:
         return SignatureEngine(self.cfg)
 
     def bytes_per_set(self) -> float:
-        """Memory per shingle set a check task holds: 16 bytes per hash (the set and its copy) plus 64 per set."""
+        """Memory per shingle set a check task holds: 12 bytes per hash (the one copy of :func:`runs.read_lists`,
+        and the pages of the run being copied) plus 64 per set (its gid, bounds and sort)."""
         found = self.markers("gather")
         engines = {m["stats"].get("engine") for m in found if m["stats"].get("texts")}
         if len(engines) > 1:
@@ -164,7 +165,7 @@ class Context:
                                "(numba is missing on some workers); they cannot be compared")
         values = sum(m["stats"]["set_values"] for m in found)
         sets = sum(m["stats"]["texts"] for m in found)
-        return 64.0 + 16.0 * values / max(1, sets)
+        return 64.0 + 12.0 * values / max(1, sets)
 
     def residual_limit(self) -> int:
         from pipeline.dedup.minhash.clusters import components

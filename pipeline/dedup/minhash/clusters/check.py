@@ -30,7 +30,6 @@ import numpy as np
 
 from pipeline.dedup.minhash.clusters import runs
 from pipeline.dedup.minhash.clusters.components import star_edges, union_stars
-from pipeline.dedup.minhash.clusters.gather import sets_schema
 from pipeline.dedup.minhash.clusters.pairs import band_edges, pair_counts, read_pairs
 from pipeline.dedup.minhash.layout import split_index_node
 from pipeline.dedup.minhash.verify import intersections, is_index
@@ -54,17 +53,21 @@ def sims_schema():
 
 
 class _Store:
-    """The shingle sets (or signatures) a slot range received, by gid."""
+    """The shingle sets (or signatures) a slot range received, by gid.
 
-    def __init__(self, table):
-        gids = table.column("gid").to_numpy()
+    The lists are copied once, straight from the mapped runs into one array (:func:`runs.read_lists`), and left
+    in the order read: only the small per-document arrays are sorted by gid (``bounds`` holds each document's
+    start and end, interleaved, so ``bounds[2k]:bounds[2k + 1]`` are the values of ``gids[k]``).  The store
+    holds each hash once, 8 bytes; a document sent to the range twice is kept twice, looked up once."""
+
+    def __init__(self, paths: list, lo: int, hi: int):
+        gids, starts, self.values = runs.read_lists(paths, lo, hi, "values")
         order = np.argsort(gids, kind="stable")
         first = np.r_[True, gids[order][1:] != gids[order][:-1]] if len(gids) else np.zeros(0, bool)
-        col = table.column("values").combine_chunks().take(order[first])
-        self.gids = gids[order][first]
-        offsets = col.offsets.to_numpy().astype(np.int64)
-        self.offsets = offsets - offsets[0]
-        self.values = col.flatten().to_numpy().astype(np.uint64)
+        keep = order[first]
+        self.gids = gids[keep]
+        self.bounds = np.empty(2 * len(keep), np.int64)
+        self.bounds[0::2], self.bounds[1::2] = starts[keep], starts[keep + 1]
 
     def positions(self, gids: np.ndarray, what: str) -> np.ndarray:
         pos = np.searchsorted(self.gids, gids)
@@ -78,8 +81,8 @@ class _Store:
 
     def jaccard(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         ia, ib = self.positions(a, "shingle set"), self.positions(b, "shingle set")
-        sizes = np.diff(self.offsets)
-        inter = intersections(self.values, self.offsets, ia, ib)
+        sizes = self.bounds[1::2] - self.bounds[0::2]
+        inter = intersections(self.values, self.bounds, 2 * ia, 2 * ib)
         union = sizes[ia] + sizes[ib] - inter
         return np.where(union > 0, inter / np.maximum(union, 1), 1.0)
 
@@ -106,12 +109,12 @@ def run_check(ctx, item: dict) -> tuple[dict, dict]:
         ok = np.ones(len(a), bool)
         extra = (np.zeros(0, np.uint64),) * 2 + (np.zeros(0),)
         if ctx.cfg.jaccard_check:
-            store = _Store(runs.read_range(set_runs, r0, r1, sets_schema()))
+            store = _Store(set_runs, r0, r1)
             stats["set_bytes_max"] = max(stats["set_bytes_max"], int(store.values.nbytes))
             cur = ~old
             sim[cur] = store.jaccard(a[cur], b[cur])
             if old.any():
-                sim[old] = _estimated(ctx, runs.read_range(sig_runs, r0, r1, sets_schema()), a[old], b[old])
+                sim[old] = _estimated(ctx, sig_runs, r0, r1, a[old], b[old])
             method = np.where(old, "estimate", "exact").astype(object)
             ok = sim >= ctx.cfg.threshold
             failed = ~ok & cur
@@ -155,12 +158,13 @@ def _max_by_node(nodes: np.ndarray, sim: np.ndarray) -> tuple[np.ndarray, np.nda
     return nodes[starts], np.fmax.reduceat(sim, starts).astype(np.float32)
 
 
-def _estimated(ctx, sig_table, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _estimated(ctx, sig_runs: list, lo: int, hi: int, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Share of equal signature values between current documents ``a`` and index nodes ``b``."""
-    store = _Store(sig_table)
+    store = _Store(sig_runs, lo, hi)
     pos = store.positions(a, "signature")
     n = ctx.cfg.num_perm
-    cur = store.values.reshape(-1, n)[pos] if len(store.values) else np.zeros((0, n), np.uint64)
+    cur = store.values.reshape(-1, n)[store.bounds[0::2][pos] // n] if len(store.values) else np.zeros((0, n),
+                                                                                                    np.uint64)
     rel, ords = split_index_node(b)
     old = np.zeros_like(cur)
     for r in np.unique(rel):

@@ -15,7 +15,7 @@ nothing is read at random.  Most documents are asked for by one slot (their buck
 
 Memory: the requests of one range of the task's documents (``BYTES_PER_REQUEST`` each, within half of
 ``memory_mb``), one shard's requested texts and their sets, plus what was gathered since the last run was written
-(a run is written whenever that passes half of ``memory_mb``).
+(a run is written whenever that passes an eighth of ``memory_mb``; writing it holds it about three times).
 """
 
 from __future__ import annotations
@@ -28,6 +28,10 @@ from pipeline.dedup.minhash.layout import MinhashError, input_path, read_rows, s
 
 FIELDS = ("doc_id", "keep", "score", "n_chars", "source")
 BYTES_PER_REQUEST = 64       # a request held while its range is sorted and gathered (ids, slots, flags, the sort)
+#: gathered rows are written as a run once they pass ``memory_mb / OUTBOX_SHARE``: writing one holds it about
+#: three times at its peak (combined, in slot order, and the allocator's pages in between), so the outbox stays
+#: within half of ``memory_mb`` and the requests the other half
+OUTBOX_SHARE = 8
 
 
 def fields_schema():
@@ -58,9 +62,13 @@ class _Outbox:
     def flush(self) -> None:
         import pyarrow as pa
 
-        if self.parts:
-            self.writer.write(pa.concat_tables(self.parts).combine_chunks(), np.concatenate(self.slots))
-        self.parts, self.slots, self.bytes = [], [], 0
+        if not self.parts:
+            return
+        table, slots = pa.concat_tables(self.parts).combine_chunks(), np.concatenate(self.slots)
+        self.parts, self.slots, self.bytes = [], [], 0          # the parts go before the run is sorted: 2x, not 3x
+        self.writer.write(table, slots)
+        del table
+        pa.default_memory_pool().release_unused()     # the run's two copies, not kept by the allocator
 
 
 def run_gather(ctx, item: dict) -> tuple[dict, dict]:
@@ -142,7 +150,7 @@ def _gather_range(ctx, item: dict, engine, gid, slot, need, outs: dict, stats: d
             stats["signatures"] += len(sig_docs)
             outs["sigs"].add(pa.table({"gid": g[wants_sig], "values": sigs.take(pa.array(pick))},
                                       schema=sets_schema()), sl[wants_sig].astype(np.int64))
-        if sum(o.bytes for o in outs.values()) > ctx.budget // 2:
+        if sum(o.bytes for o in outs.values()) > ctx.budget // OUTBOX_SHARE:
             for o in outs.values():
                 o.flush()
 

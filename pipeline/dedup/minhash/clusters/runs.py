@@ -111,7 +111,42 @@ def read_range(runs: list[Path], lo: int, hi: int, schema):
             del batch
     if not pieces:
         return schema.empty_table()
-    return pa.concat_tables(pieces).combine_chunks()
+    if len(pieces) == 1:
+        return pieces[0]
+    table = pa.concat_tables(pieces).combine_chunks()
+    del pieces
+    pa.default_memory_pool().release_unused()
+    return table
+
+
+def read_lists(runs: list[Path], lo: int, hi: int, column: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The rows of slots ``[lo, hi)`` of runs with a ``gid`` and a list<uint64> ``column``, in run order, as
+    ``(gids, starts, values)``: ``values[starts[k]:starts[k + 1]]`` is row ``k``'s list.  The values are copied
+    once, from each mapped run into one array sized first (a first pass reads the runs' list offsets only), so
+    the rows are never held twice."""
+    import pyarrow as pa
+
+    spans = []
+    for run in runs:
+        r0, r1 = (int(x) for x in _offsets(run, lo, hi)[[0, -1]])
+        if r1 > r0:
+            with pa.memory_map(str(run), "r") as src:
+                offs = pa.ipc.open_file(src).get_batch(0).column(column).offsets.to_numpy()
+                spans.append((run, r0, r1, int(offs[r1] - offs[r0])))
+                del offs
+    values = np.empty(sum(n for *_, n in spans), np.uint64)
+    gids, starts, at = [], [np.zeros(1, np.int64)], 0
+    for run, r0, r1, n in spans:
+        with pa.memory_map(str(run), "r") as src:
+            batch = pa.ipc.open_file(src).get_batch(0)
+            col = batch.column(column)
+            offs = col.offsets.to_numpy()[r0:r1 + 1].astype(np.int64)
+            values[at:at + n] = col.values.to_numpy()[offs[0]:offs[-1]]
+            gids.append(batch.column("gid").to_numpy()[r0:r1].copy())
+            starts.append(offs[1:] - offs[0] + at)
+            del batch, col
+        at += n
+    return (np.concatenate(gids) if gids else np.zeros(0, np.uint64)), np.concatenate(starts), values
 
 
 def plan_ranges(counts: np.ndarray, lo: int, bytes_per_row: float, budget: int) -> list[tuple[int, int]]:
