@@ -28,7 +28,7 @@ from itertools import combinations
 
 import numpy as np
 
-from pipeline.dedup.minhash.clusters import runs
+import pipeline.dedup.minhash.clusters.runs as runs
 from pipeline.dedup.minhash.clusters.components import star_edges, union_stars
 from pipeline.dedup.minhash.clusters.pairs import band_edges, pair_counts, read_pairs
 from pipeline.dedup.minhash.layout import split_index_node

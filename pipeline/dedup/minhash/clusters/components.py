@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dedup.minhash.clusters import runs
+import pipeline.dedup.minhash.clusters.runs as runs
 
 ROUNDS = 3
 BYTES_PER_EDGE = 160         # peak per edge record of a round (measured 140 in large-star)

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dedup.minhash.clusters import runs
+import pipeline.dedup.minhash.clusters.runs as runs
 from pipeline.dedup.minhash.clusters.check import sims_schema
 from pipeline.dedup.minhash.clusters.components import finish_round, labels_of, load_roots, node_schema
 from pipeline.dedup.minhash.clusters.gather import fields_schema

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.dedup.minhash.clusters import runs
+import pipeline.dedup.minhash.clusters.runs as runs
 from pipeline.dedup.minhash.clusters.pairs import NEED_SET, NEED_SIGNATURE, doc_slot, request_schema
 from pipeline.dedup.minhash.layout import MinhashError, input_path, read_rows, signature_path
 

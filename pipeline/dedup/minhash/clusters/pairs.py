@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.dedup.minhash.clusters import runs
+import pipeline.dedup.minhash.clusters.runs as runs
 from pipeline.dedup.minhash.verify import is_index
 
 BYTES_PER_EDGE = 128         # peak per candidate edge read: the edges, the sort, the requests (measured 112)
