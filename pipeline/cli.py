@@ -135,7 +135,7 @@ def cmd_train(args) -> int:
         if result is None:
             return 1
         results[name] = result
-    print(json.dumps(results if len(results) > 1 else results[args.stage], indent=1))
+    print(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     return 0
 
 

@@ -46,6 +46,7 @@ PARAM_FIELDS: dict[str, str] = {
     "train_recompute": "train.recompute",
     "train_tensor_parallel": "train.tensor_parallel",
     "train_zero": "train.zero",
+    "train_from_release": "train.from_release",
 }
 
 #: Form fields whose upper bound is a deployment setting (not the field's own metadata): a run cannot ask for more
@@ -66,7 +67,7 @@ FORMS: dict[str, dict[str, tuple[str, ...]]] = {
     "train": {
         "Run": ("run_name", "seed"),
         "Model and optimisation": ("model_preset", "train_steps", "batch_size", "learning_rate",
-                                   "train_grad_accum"),
+                                   "train_grad_accum", "train_from_release"),
         "Execution": ("train_mode", "train_precision", "train_recompute"),
         "Parallelism and memory": ("train_workers", "train_tensor_parallel", "train_zero"),
     },

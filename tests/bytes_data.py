@@ -44,3 +44,8 @@ def stdlib_text(*modules: str) -> list[str]:
     import inspect
 
     return [inspect.getsource(importlib.import_module(m)) for m in modules]
+
+
+def stdlib_paragraphs(*modules: str) -> list[str]:
+    """The same source cut at blank lines: many short documents, so packed rows hold several (document masks)."""
+    return [p for src in stdlib_text(*modules) for p in src.split("\n\n") if p.strip()]

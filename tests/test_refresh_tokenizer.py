@@ -53,6 +53,8 @@ def test_an_incremental_refresh_keeps_the_release_tokenizer_and_refuses_another(
     removed = json.loads((r2 / "corpus_summary.json").read_text())["stats"]["minhash"]["code"]["removed"]
     assert removed["near_duplicate_of_previous_release"] == 12
 
+    _training_continues_the_release(tmp_path, path, r1, r2)
+
     other = tmp_path / "other.model"                    # r2's rerun extends r1 still; another tokenizer is refused
     other.write_bytes((r1 / "tokenizer" / "spm.model").read_bytes() + b"\n")
     cfg["tokenizer"]["model_path"] = str(other)
@@ -60,3 +62,31 @@ def test_an_incremental_refresh_keeps_the_release_tokenizer_and_refuses_another(
     with pytest.raises(ConfigError, match=r"tokenizer.model_path: .*other.model \(sha256 [0-9a-f]{12}\) is not the "
                                           r"tokenizer of release r1 .*sha256 " + r1_sha[:12]):
         _run(path, "r2")
+
+
+def _training_continues_the_release(tmp_path, path, r1, r2) -> None:
+    """#53: with ``train.from_release: weights`` the first stage on r2 starts from the final committed checkpoint of
+    the training run on r1 (found by its job's corpus), weights only; before r1 is trained that is a clear error."""
+    from pipeline.config import load_config
+    from pipeline.tasks.pretrain import build_job, stage_dir
+    from pipeline.train.commit import commit_file
+    from pipeline.train.job import TrainJob
+    from pipeline.train.trainer import run_training
+
+    cfg = yaml.safe_load(path.read_text())
+    cfg["train"].update(from_release="weights", steps=4, checkpoint_every=2, eval_tokens=0)
+    path.write_text(yaml.safe_dump(cfg))
+    cfg = load_config(path)
+    s1, s2 = (json.loads((r / "corpus_summary.json").read_text()) for r in (r1, r2))
+    assert s2["extends_release"]["name"] == "r1" and s1["extends_release"] is None
+    with pytest.raises(FileNotFoundError, match=r"train.from_release: weights: no training run on release 'r1' "
+                                                r"finished stage 'main'"):
+        build_job(cfg, s2, stage_dir(cfg.data_root, "t2", "main"))
+    first = run_training(TrainJob.from_json(build_job(cfg, s1, stage_dir(cfg.data_root, "t1", "main"))))
+    assert first["init_from"] is None  # r1 extends no release: fresh weights
+    job = TrainJob.from_json(build_job(cfg, s2, stage_dir(cfg.data_root, "t2", "main")))
+    assert job.init_from == commit_file(str(stage_dir(cfg.data_root, "t1", "main")), 4) and job.init_mode == "weights"
+    assert job.data_dir == s2["mindrecord_dir"]
+    second = run_training(job)
+    assert second["init_from"] == job.init_from
+    assert second["first_loss"] < first["first_loss"] - 0.1  # it continued the trained model (6.19 against 6.39)

@@ -145,3 +145,20 @@ def test_training_job_refuses_a_plan_over_the_declared_memory_before_building_an
     with pytest.raises(ValueError, match=r"^TrainJob\.device_memory_gb=0\.01: plan needs 0\.28 GiB per device of "
                                          r"0\.01 usable .*; enable model\.recompute"):
         run_training(job)
+
+
+def test_the_plan_counts_the_attention_mask():
+    """#50: flash attention needs no [S, S] mask unless attention is masked by document (uint8 [B, S, S], 1 GiB
+    per row at 32k); the math path keeps its fp32 causal constant, plus the fp32 document mask."""
+    layout = replace(PRESET_LAYOUTS["7b"], seq_len=32768)
+    causal, by_doc = ModelConfig.from_preset("7b", max_seq_len=32768), ModelConfig.from_preset("7b", max_seq_len=32768,
+                                                                                                  eod_id=2)
+    s = 32768
+    assert plan(by_doc, layout).activations - plan(causal, layout).activations == s * s == GiB
+    cpu = replace(layout, device="CPU")
+    assert plan(by_doc, cpu).activations - plan(causal, cpu).activations == 4 * s * s
+    from pipeline.train.memory_plan import mask_bytes
+
+    debug = ModelConfig.from_preset("debug")
+    assert mask_bytes(debug, replace(PRESET_LAYOUTS["debug"], device="CPU")) == 4 * debug.max_seq_len ** 2
+    assert mask_bytes(debug, PRESET_LAYOUTS["debug"]) == 0  # flash, causal: its compressed 2048 x 2048 mask only

@@ -110,6 +110,45 @@ def test_model_is_causal_and_attention_is_math_on_cpu():
     assert np.abs(a[:, 8:] - b[:, 8:]).max() > 1e-4
 
 
+@pytest.mark.parametrize("mode", ["pynative", "graph"])
+def test_a_document_packed_after_another_gets_its_logits_alone(mode):
+    """#50: with ``eod_id`` a token attends only within its document (ended by eod): the second document of a packed
+    row scores as it does alone, to 1e-5; with the causal mask only it does not (so the test can fail)."""
+    import mindspore as ms
+    from mindspore import Tensor
+
+    from pipeline.train.config import document_segments
+    from pipeline.train.model import Transformer
+
+    eod = 49
+    rng = np.random.RandomState(3)
+    first = np.append(rng.randint(0, eod, 6), eod)
+    second = np.append(rng.randint(0, eod, 8), eod)
+    row = np.concatenate([first, second])[None].astype(np.int32)  # [1, 16]
+    assert document_segments(row, eod).tolist() == [[0] * 7 + [1] * 9]
+    cfg, net = _tiny_net(eod_id=eod)
+    if mode == "graph":
+        ms.set_context(mode=ms.GRAPH_MODE)
+    try:
+        packed = net(Tensor(row)).asnumpy()[0]
+        alone = net(Tensor(second[None].astype(np.int32))).asnumpy()[0]
+        first_alone = net(Tensor(first[None].astype(np.int32))).asnumpy()[0]
+    finally:
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+    np.testing.assert_allclose(packed[7:], alone, atol=1e-5)
+    np.testing.assert_allclose(packed[:7], first_alone, atol=1e-5)
+    causal = Transformer(ModelConfig(**{**cfg.to_dict(), "eod_id": -1}))
+    ms.load_param_into_net(causal, {p.name: p for p in net.get_parameters()})
+    crossing = causal(Tensor(row)).asnumpy()[0]
+    np.testing.assert_allclose(crossing[:7], packed[:7], atol=1e-5)  # same weights, same first document
+    assert np.abs(crossing[7:] - alone).max() > 1e-3  # causal only: the second document sees the first
+
+
+def test_eod_id_is_checked():
+    with pytest.raises(ValueError, match=r"ModelConfig\.eod_id="):
+        ModelConfig.from_preset("debug", vocab_size=50, eod_id=50)
+
+
 def test_loss_shifts_and_ignores_pad():
     from mindspore import Tensor
 

@@ -1,7 +1,8 @@
 """Tensor parallel, ZeRO-1 and the TP -> TP=1 merge, verified against one process on CPU (msrun, mccl).
 
 The msrun runs use the tiny model of test_train_trainer (dim 64, 2 layers, 4 heads / 2 KV heads, seq 32; vocab
-260 = the 258 byte ids rounded up so the vocabulary splits 4 ways), 10 steps at lr 3e-3 with warmup and clipping, so every part of the step (norm, clip, AdamW) is exercised.
+260 = the 258 byte ids rounded up so the vocabulary splits 4 ways; attention masked by document at EOS 257, the
+source cut at blank lines into short documents), 10 steps at lr 3e-3 with warmup and clipping, so every part of the step (norm, clip, AdamW) is exercised.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pipeline.train.job import TrainJob
 from pipeline.train.parallel import merge_tp, rank_layout, split_axis, take_shard
 
 SEQ, STEPS = 32, 10
-TINY = {"preset": "debug", "vocab_size": 260, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
+TINY = {"preset": "debug", "vocab_size": 260, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "eod_id": 257,
         "max_seq_len": SEQ}
 
 
@@ -65,14 +66,14 @@ def runs(tmp_path_factory):
     """One process (batch 8), TP=2 (2 ranks, batch 8 each = same rows), DP=2 + ZeRO-1 (2 ranks x batch 4),
     TP=2 x DP=2 + ZeRO-1 (4 ranks x batch 4)."""
     pytest.importorskip("mindspore")
-    from bytes_data import pack_bytes, stdlib_text, write_mindrecord
+    from bytes_data import pack_bytes, stdlib_paragraphs, write_mindrecord
 
     from pipeline.train.launch import env_with_venv, train_command
     from pipeline.train.trainer import run_training
 
     root = tmp_path_factory.mktemp("par")
-    write_mindrecord(pack_bytes(stdlib_text("argparse"), SEQ), str(root / "data"), shards=2)
-    write_mindrecord(pack_bytes(stdlib_text("json.decoder"), SEQ)[:11], str(root / "val"), shards=1)  # 11 rows:
+    write_mindrecord(pack_bytes(stdlib_paragraphs("argparse"), SEQ), str(root / "data"), shards=2)
+    write_mindrecord(pack_bytes(stdlib_paragraphs("json.decoder"), SEQ)[:11], str(root / "val"), shards=1)  # 11 rows:
 
     def job(name, **kw):
         base = dict(stage=name, data_dir=str(root / "data"), out_dir=str(root / name), model=TINY, steps=STEPS,
@@ -155,7 +156,7 @@ def test_tp_halves_parameter_bytes_and_zero_halves_optimizer_bytes(runs):
 @pytest.mark.slow
 def test_tp2_checkpoint_merges_into_tp1_and_reproduces_the_loss(runs, tmp_path):
     import mindspore as ms
-    from bytes_data import pack_bytes, stdlib_text
+    from bytes_data import pack_bytes, stdlib_paragraphs
 
     from pipeline.train.checkpoint import load_weights
     from pipeline.train.config import ModelConfig
@@ -165,7 +166,7 @@ def test_tp2_checkpoint_merges_into_tp1_and_reproduces_the_loss(runs, tmp_path):
     info = merge_checkpoints(str(runs["tp2"][1]), str(tmp_path / "merged.ckpt"))
     assert info == {"step": STEPS, "tensor_parallel": 2, "tensors": 21, "dest": str(tmp_path / "merged.ckpt")}
     cfg = ModelConfig.from_preset(TINY["preset"], **{k: v for k, v in TINY.items() if k != "preset"})
-    batch = ms.Tensor(pack_bytes(stdlib_text("argparse"), SEQ)[-8:])
+    batch = ms.Tensor(pack_bytes(stdlib_paragraphs("argparse"), SEQ)[-8:])
 
     def loss_of(path):
         net = Transformer(cfg)

@@ -69,11 +69,14 @@ def losses(out_dir) -> list[float]:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     pytest.importorskip("mindspore")
-    from bytes_data import BYTE_VOCAB, pack_bytes, stdlib_text, write_mindrecord
+    from bytes_data import BYTE_VOCAB, EOS, pack_bytes, stdlib_paragraphs, write_mindrecord
 
     run = tmp_path_factory.mktemp("corpus_run")
-    write_mindrecord(pack_bytes(stdlib_text("argparse"), SEQ)[:400], str(run / "mindrecord"), shards=2)
-    return {"run_dir": str(run), "mindrecord_dir": str(run / "mindrecord"), "seq_len": SEQ, "vocab_size": BYTE_VOCAB}
+    rows = pack_bytes(stdlib_paragraphs("argparse"), SEQ)[:400]
+    assert (rows == EOS).sum() > 50  # rows that hold several documents: attention is masked by document (#50)
+    write_mindrecord(rows, str(run / "mindrecord"), shards=2)
+    return {"run_dir": str(run), "mindrecord_dir": str(run / "mindrecord"), "seq_len": SEQ, "vocab_size": BYTE_VOCAB,
+            "eos_id": EOS}
 
 
 @pytest.fixture(scope="module")
@@ -136,3 +139,22 @@ def test_staged_runs_record_one_commit_per_checkpoint_with_every_rank(staged):
         marker = commit.committed(str(d))[0]
         assert marker["ranks"] == files and len(marker["files"]) == files
         assert marker["layout"]["tensor_parallel"] == LAYOUTS[name].get("tensor_parallel", 1)
+
+
+@pytest.mark.slow
+def test_every_stage_masks_attention_by_document(staged):
+    """#50: the corpus names its end-of-document token, so every stage's model masks by document, the re-packed
+    long-context stage too (the mask follows the tokens, which the re-pack keeps); ``document_attention: false``
+    turns it off."""
+    from bytes_data import EOS
+
+    from pipeline.tasks.pretrain import build_job
+
+    root, _ = staged
+    for stage in STAGES:
+        job = json.loads((root / "data" / "train" / "tp2" / stage / "job.json").read_text())
+        assert job["model"]["eod_id"] == EOS, stage
+    cfg = _cfg(root, document_attention=False)
+    corpus = {"mindrecord_dir": str(root), "seq_len": SEQ, "vocab_size": 258, "eos_id": EOS}
+    path = build_job(cfg, corpus, root / "off", stage="warmup")
+    assert "eod_id" not in json.loads(open(path).read())["model"]

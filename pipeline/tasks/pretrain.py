@@ -90,6 +90,46 @@ def previous_checkpoint(out_dir: str | Path, previous: str) -> str:
     return commit_file(str(prev_dir), final)
 
 
+def release_checkpoint(data_root: str | Path, corpus: dict, last_stage: str) -> str | None:
+    """Commit marker of the model an incremental release continues: the final checkpoint of stage ``last_stage`` of
+    the newest training run (by its commit's time) whose corpus is the release this one extends; None when the
+    corpus extends no release. A run's corpus is the ``data_dir`` of its stage's ``job.json``: one scan of the
+    training runs' folders, no index to keep."""
+    from pipeline.train.commit import commit_file, committed_steps
+
+    release = (corpus.get("extends_release") or {}).get("name")
+    if not release:
+        return None
+    previous = Path(corpus_summary_of_run(data_root, release)["mindrecord_dir"]).resolve()
+    found = []
+    for job_path in sorted((Path(data_root) / "train").glob(f"*/{last_stage}/job.json")):
+        stage = job_path.parent
+        if Path(read_json(job_path)["data_dir"]).resolve() != previous or not (stage / "summary.json").exists():
+            continue
+        steps, final = committed_steps(str(stage)), read_json(stage / "summary.json").get("steps")
+        if steps and steps[0] == final:
+            marker = commit_file(str(stage), final)
+            found.append((os.stat(marker).st_mtime_ns, marker))
+    if not found:
+        raise FileNotFoundError(f"train.from_release: weights: no training run on release {release!r} finished "
+                                f"stage {last_stage!r} with a committed final checkpoint (looked for job.json with "
+                                f"data_dir {previous} under {Path(data_root) / 'train'}); train that release first, "
+                                f"or set train.from_release: scratch")
+    return max(found)[1]
+
+
+def corpus_eos_id(corpus: dict) -> int | None:
+    """The end-of-document token of a published corpus: its summary's ``eos_id``, else its manifest's (corpora
+    published before the summary carried it); None when neither says (rows then train with causal attention)."""
+    if corpus.get("eos_id") is not None:
+        return int(corpus["eos_id"])
+    path = Path(corpus.get("mindrecord_dir") or "") / "manifest.json"
+    if corpus.get("mindrecord_dir") and path.is_file():
+        eos = read_json(path).get("eos_id")
+        return None if eos is None else int(eos)
+    return None
+
+
 def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str = "main",
               init_from: str | None = None, fail_at_step: int | None = None) -> Path:
     """Write ``<out_dir>/job.json`` for ``stage`` over the corpus summary returned by ``publish``.
@@ -116,6 +156,9 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
         model["recompute"] = True
     if corpus.get("pad_id") is not None:
         model.setdefault("pad_id", int(corpus["pad_id"]))
+    eos = corpus_eos_id(corpus)
+    if st["document_attention"] and eos is not None:
+        model.setdefault("eod_id", eos)
     if st["workers"] % st["tensor_parallel"]:
         raise ValueError(f"train.tensor_parallel: {st['tensor_parallel']} (stage {stage}) does not divide "
                          f"train.workers = {st['workers']}")
@@ -125,7 +168,11 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
         raise ValueError(f"train.batch_size: {st['batch_size']} (stage {stage}) is not divisible by data-parallel "
                          f"ranks x grad_accum = {dp} x {st['grad_accum']}")
     init_mode = "continue" if st["init"] == "continue" else "weights"
-    if init_from is None and st["previous"] and st["init"] != "scratch":
+    if init_from is None and not st["previous"] and cfg.train.from_release == "weights" \
+            and not any((Path(out_dir) / "checkpoints").glob("step_*.commit.json")):
+        init_from = release_checkpoint(cfg.data_root, corpus, stage_names(cfg)[-1])  # weights only: a new corpus
+        init_mode = "weights"
+    elif init_from is None and st["previous"] and st["init"] != "scratch":
         try:
             init_from = previous_checkpoint(out_dir, st["previous"])
         except FileNotFoundError:

@@ -170,5 +170,6 @@ def manifest_summary(rdir: Path, manifest: dict) -> dict:
             "vocab_size": manifest["vocab_size"], "tokenizer": str(rdir / "tokenizer" / "spm.model"),
             "tokens_per_domain": manifest["tokens_per_domain"], "tokenizer_sha256": manifest["tokenizer_sha256"],
             "config_sha256": manifest["config_sha256"], "pad_id": manifest.get("pad_id"),
+            "eos_id": manifest.get("eos_id"), "extends_release": manifest.get("extends_release"),
             "val_mindrecord_dir": str(rdir / validation.VAL_DIR),
             "mixture_report": str(rdir / "mixture" / "report.json")}

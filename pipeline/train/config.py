@@ -54,6 +54,7 @@ class ModelConfig:
     recompute: bool = False
     init_std: float = 0.02
     pad_id: int = -100  # label id excluded from the loss; -100 (never a real token) disables padding
+    eod_id: int = -1  # >= 0: a token attends only within its document, which ends at this id; -1: causal only
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -89,6 +90,8 @@ class ModelConfig:
             raise bad("init_std", "must be > 0")
         if not isinstance(self.pad_id, int) or self.pad_id >= self.vocab_size:
             raise bad("pad_id", f"must be an int < vocab_size={self.vocab_size} (negative = no padding)")
+        if not isinstance(self.eod_id, int) or isinstance(self.eod_id, bool) or not -1 <= self.eod_id < self.vocab_size:
+            raise bad("eod_id", f"must be -1 (causal mask only) or a token id < vocab_size={self.vocab_size}")
 
     @property
     def head_dim(self) -> int:
@@ -166,6 +169,16 @@ def causal_mask(n: int) -> np.ndarray:
     return np.triu(np.full((n, n), -1e9, dtype=np.float32), k=1)
 
 
+def document_segments(tokens: np.ndarray, eod_id: int) -> np.ndarray:
+    """Document index of every position of ``[B, S]`` rows: the number of ``eod_id`` tokens strictly before it (an
+    end-of-document token belongs to the document it ends). The numpy twin of ``Transformer``'s mask, for tests and
+    the memory plan's reasoning."""
+    import numpy as np
+
+    eod = (np.asarray(tokens) == eod_id).astype(np.int32)
+    return np.cumsum(eod, axis=1) - eod
+
+
 # --------------------------------------------------------------------------------------------------------------
 # The training recipe of the composite config (``train:`` in the YAML); pipeline/tasks/pretrain.py derives each
 # stage's TrainJob from it.
@@ -206,6 +219,9 @@ class TrainConfig:
     loss_scale: float = _f(65536.0, desc="Initial dynamic loss scale (fp16 only).", ge=1)
     loss_scale_window: int = _f(1000, desc="Overflow-free steps before the loss scale doubles (fp16 only).", ge=1)
     recompute: bool = _f(False, desc="Recompute each decoder block in the backward pass (less activation memory).")
+    document_attention: bool = _f(True, desc="A token attends only within its own document of a packed row (the "
+                                  "corpus' end-of-document token ends it; it survives re-packing). false: causal "
+                                  "attention across the whole row.")
     mode: str = _f("graph", desc="MindSpore execution mode.", choices=("graph", "pynative"))
     threads: int = _f(2, desc="CPU threads per worker.", ge=1)
     workers: int = _f(1, desc="Ranks launched in all, over every node (msrun or srun tasks when > 1): "
@@ -253,6 +269,10 @@ class TrainConfig:
     peak_tflops: float = _f(0.0, desc="Peak TFLOP/s of one device at this precision, for MFU (0: no MFU).", ge=0)
     eval_tokens: int = _f(65536, desc="Validation tokens per domain scored after each stage (0: no evaluation).",
                           ge=0)
+    from_release: str = _f("scratch", desc="On a corpus that extends an earlier release (an incremental refresh): "
+                           "weights: the first stage starts from the final committed checkpoint of the newest "
+                           "training run on that release (its last stage), the model continues on the delta; "
+                           "scratch: fresh weights.", choices=("scratch", "weights"))
     stages: list[StageConfig] = _f(factory=list, desc="Named stages run in order (empty: one stage 'main').")
 
     def __post_init__(self) -> None:
@@ -372,7 +392,7 @@ class TrainConfig:
         return eff
 
 
-_NOT_PER_STAGE = ("preset", "model_overrides", "stages", "backend", "nodes", "slurm_partition", "slurm_args",
+_NOT_PER_STAGE = ("preset", "model_overrides", "stages", "from_release", "backend", "nodes", "slurm_partition", "slurm_args",
                   "slurm_setup", "slurm_container", "slurm_cpus_per_task", "python", "env")
 
 

@@ -17,7 +17,9 @@ per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a t
   optimizer, 16 bit; CPU sub-groups emulate it with a zero-padded all-reduce: twice that);
 * ``activations``: per layer, the tensors this model keeps for its backward (no dropout; RMSNorm keeps an fp32 copy;
   softmax in fp32; GQA K/V repeated to all heads), with ``recompute`` only each block's input plus one layer's
-  tensors, plus one layer's transient attention scores and their gradient (fp32);
+  tensors, plus one layer's transient attention scores and their gradient (fp32); plus the attention mask: the
+  math path's fp32 causal ``[S, S]`` constant, and with document masking (``eod_id``) the per-row mask every layer
+  reads (fp32 ``[B, S, S]`` on the math path, uint8 for flash attention, which otherwise needs no ``[S, S]`` mask);
 * ``logits``: fp32 logits, their log-softmax and gradient (and the 16-bit copy under mixed precision) of this rank's
   vocabulary block;
 * ``host_init`` (host memory, reported apart from the device total): each rank builds its model without weights
@@ -126,9 +128,18 @@ def activation_bytes(cfg: ModelConfig, layout: Layout) -> tuple[int, int]:
         act = cfg.n_layers * c * sbh + per_layer + transient
     else:
         act = cfg.n_layers * per_layer + transient
+    act += mask_bytes(cfg, layout)
     v = cfg.vocab_size // t
     logits = s * b * v * (12 + (c if c != 4 else 0))
     return act, logits
+
+
+def mask_bytes(cfg: ModelConfig, layout: Layout) -> int:
+    """The attention mask of one micro-batch (``model.Transformer._attention_mask``)."""
+    s, b = layout.seq_len, layout.micro_batch
+    if layout.device == "Ascend":
+        return b * s * s if cfg.eod_id >= 0 else 0
+    return 4 * cfg.max_seq_len ** 2 + (4 * b * s * s if cfg.eod_id >= 0 else 0)
 
 
 @dataclass(frozen=True)

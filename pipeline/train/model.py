@@ -7,8 +7,12 @@ So every block here uses classic ``ops``/``nn`` that work on CPU in both GRAPH a
 * RMSNorm is computed manually in fp32;
 * RoPE cos/sin tables are precomputed in numpy (NTK / linear scaling applied there), applied as
   ``x*cos + rotate_half(x)*sin``;
-* attention is the math path ``softmax(QK^T*scale + causal_mask) V`` with GQA by repeating K/V heads; on Ascend
-  ``attention_impl()`` switches to ``ops.flash_attention_score``;
+* attention is the math path ``softmax(QK^T*scale + mask) V`` with GQA by repeating K/V heads; on Ascend
+  ``attention_impl()`` switches to ``ops.flash_attention_score``, which takes GQA as it is (no repeat);
+* the mask is causal, or with ``eod_id >= 0`` also block-diagonal by document: a document ends at its ``eod_id``
+  token, so the mask follows the tokens through any re-pack (Megatron's ``reset_attention_mask``, mindformers'
+  ``use_eod_attn_mask_compression``). RoPE scores depend on the distance only, so a document packed after another
+  gets its logits alone;
 * SwiGLU is ``w2(silu(w1 x) * w3 x)``.
 
 The model takes ``[B, S]`` int32 token ids and returns fp32 logits ``[B, S, vocab]``. ``CausalLMLoss`` takes rows of
@@ -73,7 +77,8 @@ class Attention(nn.Cell):
         self.wv = nn.Dense(cfg.dim, self.n_kv * self.hd, has_bias=False, weight_init=Normal(std))
         self.wo = nn.Dense(self.n_heads * self.hd, cfg.dim, has_bias=False, weight_init=Normal(out_std))
         self.use_flash = attention_impl() == "flash"
-        if self.use_flash:
+        self.by_document = cfg.eod_id >= 0
+        if self.use_flash and not self.by_document:
             self.fa_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
 
     def _repeat_kv(self, x):
@@ -92,12 +97,16 @@ class Attention(nn.Cell):
         v = self.wv(x).reshape(b, s, self.n_kv, self.hd).transpose(0, 2, 1, 3)
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
-        k, v = self._repeat_kv(k), self._repeat_kv(v)
-        if self.use_flash:
+        if self.use_flash and self.by_document:
+            # Ascend only: the whole uint8 [B, 1, S, S] mask (1 = masked), sparse_mode=0; K/V keep their n_kv heads.
+            out = ops.flash_attention_score(q, k, v, self.n_heads, attn_mask=mask, scalar_value=self.scale,
+                                            input_layout="BNSD", sparse_mode=0)
+        elif self.use_flash:
             # Ascend only: sparse_mode=2 (leftUpCausal) takes the fixed compressed 2048x2048 mask, 1 = masked.
             out = ops.flash_attention_score(q, k, v, self.n_heads, attn_mask=self.fa_mask, scalar_value=self.scale,
                                             input_layout="BNSD", sparse_mode=2)
         else:
+            k, v = self._repeat_kv(k), self._repeat_kv(v)
             scores = ops.matmul(q, k.swapaxes(-1, -2)).astype(ms.float32) * self.scale + mask
             probs = ops.softmax(scores, -1).astype(v.dtype)
             out = ops.matmul(probs, v)
@@ -160,12 +169,28 @@ class Transformer(nn.Cell):
         cos, sin = rope_tables(cfg)
         # Constants, not Parameters: they never enter checkpoints or the optimizer.
         self.cos, self.sin = Tensor(cos), Tensor(sin)
-        self.mask = Tensor(causal_mask(cfg.max_seq_len))
+        self.flash, self.eod_id = attention_impl() == "flash", cfg.eod_id
+        # the math path's additive causal mask (flash attention takes its own, Attention.fa_mask)
+        self.mask = None if self.flash else Tensor(causal_mask(cfg.max_seq_len))
+
+    def _attention_mask(self, tokens, s):
+        """Causal mask ``[S, S]`` (math path; None for flash), or with ``eod_id`` the per-row document mask:
+        additive fp32 ``[B, 1, S, S]`` (math) or uint8 ``[B, 1, S, S]``, 1 = masked (flash)."""
+        if self.eod_id < 0:
+            return None if self.flash else self.mask[:s, :s]
+        eod = (tokens == self.eod_id).astype(ms.float32)
+        seg = ops.cumsum(eod, 1) - eod  # documents begun before each position (pipeline.train.config.document_segments)
+        other = ops.expand_dims(seg, 2) != ops.expand_dims(seg, 1)  # [B, S, S]: key in another document
+        if self.flash:
+            pos = ops.arange(s)
+            later = ops.expand_dims(pos, 1) < ops.expand_dims(pos, 0)  # [S, S]: key after the query
+            return ops.expand_dims(ops.logical_or(other, later), 1).astype(ms.uint8)
+        return ops.expand_dims(other.astype(ms.float32) * -1e9 + self.mask[:s, :s], 1)
 
     def construct(self, tokens):
         s = tokens.shape[1]
         h = self.tok_embeddings(tokens)
-        cos, sin, mask = self.cos[:s], self.sin[:s], self.mask[:s, :s]
+        cos, sin, mask = self.cos[:s], self.sin[:s], self._attention_mask(tokens, s)
         for blk in self.layers:
             h = blk(h, cos, sin, mask)
         h = self.norm(h)
