@@ -35,7 +35,7 @@ def test_shipped_layout_fits_64gb_devices(name):
 
 def test_70b_fits_with_the_distributed_optimizer_and_not_without():
     """16-bit weights and gradients split by TP 8 (8 KV heads: TP cannot go higher), fp32 master weights and moments
-    split by TP 8 x DP 16: 46.95 GiB of the 57.60 usable. With fp32 weights (ZeRO-1 only) it needs 106 GiB, and the
+    split by TP 8 x DP 16, the gradients reduced in fp32: 49.96 GiB of the 57.60 usable. With fp32 weights (ZeRO-1 only) it needs 106 GiB, and the
     refusal names the distributed optimizer."""
     cfg, layout = ModelConfig.from_preset("70b"), PRESET_LAYOUTS["70b"]
     assert (layout.tp, layout.dp, layout.zero, layout.distributed_optimizer) == (8, 16, True, True)
@@ -45,7 +45,7 @@ def test_70b_fits_with_the_distributed_optimizer_and_not_without():
     assert p.weights == 2 * n_rank
     assert p.gradients == 2 * n_rank + 4 * n_rank // 16  # + this rank's fp32 accumulation blocks
     assert p.master * 2 == p.optimizer == 8 * n_rank // 16  # every row count of the 70b shards divides by 16
-    assert f"{p.total / GiB:.2f}" == "48.96" and p.total < 0.9 * 64 * GiB
+    assert f"{p.total / GiB:.2f}" == "49.96" and p.total < 0.9 * 64 * GiB
     whole = plan(cfg, replace(layout, distributed_optimizer=False, precision="bf16"), 64)  # ZeRO-1: whole buffers
     assert whole.gradients == 4 * n_rank + 4 * n_rank and not whole.fits
     largest = max(math.prod(s) for _, s, _ in param_shapes(cfg, 8))  # the LM head's or embedding's shard

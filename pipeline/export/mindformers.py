@@ -114,8 +114,9 @@ def megatron_pretrain_config(src: StageSource, model: dict, folder: Path, blend:
 
     Why these values: mindformers refuses the Megatron loader with a legacy model unless ``input_sliced_sig`` is
     true (the dataset gives ``input_ids``/``labels`` already shifted); ``create_attention_mask: false`` leaves the
-    causal mask to the model (mindloom does not reset attention at document ends either) and gives mindformers'
-    four default columns for this loader; ``eod``/``pad`` are the corpus' EOS and pad, so ``loss_mask`` drops
+    causal mask to the model and gives mindformers' four default columns for this loader (so a continued run in
+    mindformers attends across documents, where mindloom's ``train.document_attention`` masks by document; that
+    loader's ``reset_attention_mask`` is not tried here); ``eod``/``pad`` are the corpus' EOS and pad, so ``loss_mask`` drops
     positions whose *label* is pad, as mindloom does. ``sizes[0]`` is the stage's sample count (steps x batch).
     """
     cfg = dict(model["model_config"], input_sliced_sig=True)

@@ -176,9 +176,14 @@ class GradReduceScatter(nn.Cell):
     """16-bit gradients -> this rank's row block of their mean over the DP ranks, in fp32 (full tensor where the
     rows do not divide).
 
-    mccl has no ReduceScatter on CPU, so the CPU path all-reduces the whole 16-bit gradient and keeps its block: the
+    Each gradient is cast to fp32 and divided by DP *before* the reduction: a 16-bit sum of DP partial gradients
+    loses bf16's low bits and overflows fp16 about DP times sooner than one process would, so the loss scale would
+    not follow one process's. The price is twice the bytes of a 16-bit reduction (Megatron's
+    ``accumulate_allreduce_grads_in_fp32``).
+
+    mccl has no ReduceScatter on CPU, so the CPU path all-reduces the whole gradient and keeps its block: the
     same numbers as a reduce-scatter, but each rank receives every block, i.e. ``(DP - 1) / DP`` of the gradient
-    bytes more traffic and a transient full-size 16-bit result instead of a ``1/DP`` one (counted by the memory plan
+    bytes more traffic and a transient full-size fp32 result instead of a ``1/DP`` one (counted by the memory plan
     as ``step_buffers``). Other devices use ``ops.ReduceScatter`` on dim 0 (not run on this CPU). One small cell per
     parameter, chosen here, keeps the compiled step free of per-parameter branches."""
 
@@ -198,7 +203,8 @@ class GradReduceScatter(nn.Cell):
 
 
 class _BlockMean(nn.Cell):
-    """One gradient -> fp32 DP mean of its block (``block`` None: of the whole tensor; ``size`` 1: a cast)."""
+    """One gradient -> fp32 DP mean of its block (``block`` None: of the whole tensor; ``size`` 1: a cast), reduced
+    in fp32 after dividing by DP."""
 
     def __init__(self, block, size: int, kw: dict, native: bool):
         super().__init__()
@@ -208,11 +214,12 @@ class _BlockMean(nn.Cell):
         self.reduce = (ops.ReduceScatter(**kw) if self.scatter else ops.AllReduce(**kw)) if size > 1 else None
 
     def construct(self, g):
+        g = g.astype(ms.float32) * self.inv
         if self.size > 1:
             g = self.reduce(g)
             if not self.whole and not self.scatter:
                 g = g[self.lo:self.hi]
-        return g.astype(ms.float32) * self.inv
+        return g
 
 
 def make_shard_norm(params, blocks, split, tp: int, dp: int, world: int):

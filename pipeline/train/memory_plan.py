@@ -11,7 +11,7 @@ per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a t
 * ``optimizer``: AdamW's two fp32 moments; with ZeRO-1 a parameter whose rows divide by DP keeps only its row block;
 * ``master``: fp32 master weights of the distributed optimizer (same blocks as the moments), else 0;
 * ``step_buffers``: one fp32 working copy of the gradients (all-reduce output -> unscaled -> clipped, each step
-  freeing its input); under the distributed optimizer instead the 16-bit reduction output (the whole gradient on
+  freeing its input); under the distributed optimizer instead the fp32 reduction output (the whole gradient on
   CPU, where the reduce-scatter is an all-reduce, see ``adamw.GradReduceScatter``; blocks elsewhere) and the fp32
   blocks handed to AdamW; plus the all-gather output of the largest sharded parameter (ZeRO, fp32; distributed
   optimizer, 16 bit; CPU sub-groups emulate it with a zero-padded all-reduce: twice that);
@@ -195,11 +195,11 @@ def plan(cfg: ModelConfig, layout: Layout, device_memory_gb: float = 0.0) -> Mem
     optimizer = 8 * state
     master = 4 * state if dist else 0
     # step buffers: one working copy of the gradients (DP all-reduce output -> unscaled -> clipped, each freeing its
-    # input), plus under the distributed optimizer the 16-bit reduction output (whole tensors on CPU, blocks with a
+    # input), plus under the distributed optimizer the fp32 reduction output (whole tensors on CPU, blocks with a
     # native reduce-scatter) next to the fp32 blocks handed to AdamW; plus the largest all-gather output
     cpu = layout.device == "CPU"
     if dist:
-        working = (wbytes * (n_rank if cpu else state) if layout.dp > 1 else 0) + 4 * state
+        working = (4 * (n_rank if cpu else state) if layout.dp > 1 else 0) + 4 * state  # fp32 reduction output
     else:
         working = 4 * n_rank
     gathered = [_numel(s) for s in shapes if layout.zero and layout.dp > 1 and s[0] % layout.dp == 0]
