@@ -88,3 +88,45 @@ def test_changed_global_batch_is_refused_naming_the_field():
         check_same_layout(job, meta, dp=2, seq_len=64, what="ckpt")
     with pytest.raises(ValueError, match="no global data position"):
         check_same_layout(job, {"step": 3, "global_batch": 8}, dp=2, seq_len=32, what="ckpt")
+
+
+def _bytes_read() -> int:
+    """Bytes this process read through read(2) and friends, page cache or not (``rchar``, Linux)."""
+    with open("/proc/self/io") as f:
+        return int(next(ln for ln in f if ln.startswith("rchar")).split()[1])
+
+
+@pytest.mark.skipif(not __import__("os").path.exists("/proc/self/io"), reason="needs Linux /proc/self/io")
+def test_a_resume_at_row_100000_reads_no_consumed_rows(tmp_path):
+    """#50: resuming at row 10^5 of an epoch reads what a fresh start reads (the sampler moves past the consumed
+    positions), where ``skip()`` read them all; and it yields the rows the uninterrupted stream yields there."""
+    n, micro = 120_000, 8
+    rows = np.repeat(np.arange(n, dtype=np.int32)[:, None], WIDTH, axis=1)
+    write_mindrecord(rows, str(tmp_path), shards=2)
+    at = DataPosition(0, 100_000, 100_000)
+
+    def first_batch(start):
+        before = _bytes_read()
+        tb = TokenBatches(str(tmp_path), micro, SEED, start=start)
+        (micro_batches, pos), = list(tb.steps(1))
+        return [int(r[0]) for r in micro_batches[0]], pos, _bytes_read() - before
+
+    _, _, fresh = first_batch(None)
+    got, pos, resumed = first_batch(at)
+    assert pos == DataPosition(0, 100_000 + micro, 100_000 + micro)
+    stream = TokenBatches(str(tmp_path), micro, SEED)._epoch_dataset(0, 0).create_tuple_iterator(
+        num_epochs=1, output_numpy=True)
+    for _ in range(100_000 // micro):
+        next(stream)
+    assert got == [int(r[0]) for r in next(stream)[0]]  # the same rows as the uninterrupted stream
+    import mindspore.dataset as ds
+
+    ds.config.set_seed(0)
+    before = _bytes_read()
+    skipped = ds.MindDataset(TokenBatches(str(tmp_path), micro, SEED).files, columns_list=["input_ids"],
+                             shuffle=True).skip(100_000).batch(micro)
+    next(skipped.create_tuple_iterator(num_epochs=1, output_numpy=True))
+    by_skip = _bytes_read() - before
+    print(f"\nbytes read to the first batch: fresh {fresh}, resumed at row 1e5 {resumed}, skip() {by_skip}")
+    assert resumed < 1.1 * fresh
+    assert by_skip > resumed + 100_000 * WIDTH * 4  # skip() reads at least the consumed rows' tokens
