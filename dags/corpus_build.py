@@ -10,7 +10,8 @@ the task count per stage is fixed whatever the corpus size.  The sink is a shuff
 shard's training copies are scattered to output files by their order key, then the writer tasks (mapped over
 batches of output files) pack and write one MindRecord file each, and ``write_mindrecord`` assembles the set.
 Outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs have no logical date).  The last task publishes the MindRecord set as the ``mindloom_corpus`` Asset, which
-schedules the ``pretrain`` DAG.
+schedules the ``pretrain`` DAG.  Before it, ``approve`` waits for a person (``approval`` in the config: by default
+``corpus_refresh`` runs wait and ``corpus_build`` runs pass through; ``operators/approval.py``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import os
 import pendulum
 from airflow.sdk import TaskGroup, dag, get_current_context, task
 
+from operators.approval import CorpusApproval
 from operators.params import build_params, config_path, corpus_asset
 from operators.routing import data_task_kwargs
 from pipeline.tasks.steps import STEPS, Step
@@ -71,6 +73,9 @@ def corpus_chain():
             made[step.task_id] = _task(step, made)
         for dep in step.after:
             made[dep] >> made[step.task_id]
+        if step.outlet:             # a person approves the corpus before it is published (operators/approval.py)
+            approve = CorpusApproval(task_id="approve")
+            [made[dep] for dep in step.after] >> approve >> made[step.task_id]
 
 
 def _corpus_dag(dag_id: str, schedule: str | None, tags: list[str]):

@@ -48,6 +48,10 @@ class MindloomConfig:
                                    "process (exact dedup, MinHash signatures and removal); 0: every "
                                    "core of the worker. Memory of such a task is this many times one shard's.",
                            ge=0, le=256)
+    approval: str = _f("refresh", desc="Who must approve a corpus before it is published (and pretrain starts): "
+                       "refresh: a person approves each corpus_refresh run in the UI or over REST, corpus_build "
+                       "publishes at once; always: both DAGs wait; never: neither. mindloom corpus never waits.",
+                       choices=("refresh", "always", "never"))
     domains: list[str] = _f(factory=list, desc="Domains to include (empty: every configured source).")
     sources: list[SourceConfig] = _f(factory=list, desc="Inputs per domain.")
     ingest: IngestConfig = _f(factory=IngestConfig)

@@ -21,6 +21,7 @@ PARAM_FIELDS: dict[str, str] = {
     "run_name": "run_name",
     "domains": "domains",
     "seed": "seed",
+    "approval": "approval",
     "docs_per_shard": "ingest.docs_per_shard",
     "strict_ingest": "ingest.strict",
     "exact_dedup": "dedup.exact",
@@ -58,7 +59,7 @@ DEPLOYMENT_MAXIMUM = {"train_workers": lambda cfg: cfg.train.max_workers * cfg.t
 #: it uses: the corpus DAGs never offer training knobs and ``pretrain`` never offers corpus ones.
 FORMS: dict[str, dict[str, tuple[str, ...]]] = {
     "corpus": {
-        "Run": ("run_name", "domains", "seed"),
+        "Run": ("run_name", "domains", "seed", "approval"),
         "Ingest": ("docs_per_shard", "strict_ingest"),
         "Deduplication": ("exact_dedup", "near_dedup", "near_dedup_threshold", "incremental_dedup"),
         "Quality": ("quality_filter", "min_words", "quality_classifier", "classifier_keep_top_percent"),

@@ -88,6 +88,81 @@ def test_backfill_of_corpus_refresh_over_past_dates(deployment):
         time.sleep(3)
     assert r.status_code == 200, r.text
     run_id = "backfill__2026-11-01T03:00:00+00:00"
+    _respond(dep, "corpus_refresh", run_id, "Approve", "backfilled week looks right")  # a refresh waits (#53)
     assert dep.wait_run("corpus_refresh", run_id)["state"] == "success", dep.logs_tail()
     run = dep.api("GET", f"/dags/corpus_refresh/dagRuns/{q(run_id)}").json()
     assert run["run_type"] == "backfill" and run["conf"]["run_name"] == "backfill"
+
+
+def _wait_awaiting_input(dep, dag_id: str, run_id: str, timeout: float = 600) -> dict:
+    """The ``approve`` task instance once it waits for a person (``awaiting_input``)."""
+    deadline = time.time() + timeout
+    ti: dict = {}
+    while time.time() < deadline:
+        dep.assert_no_failed_task(dag_id, run_id)
+        ti = dep.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/approve").json()
+        if ti.get("state") == "awaiting_input":
+            return ti
+        time.sleep(3)
+    raise TimeoutError(f"{dag_id}/{run_id}: approve still {ti.get('state')} after {timeout} s\n{dep.logs_tail()}")
+
+
+def _respond(dep, dag_id: str, run_id: str, option: str, reason: str) -> dict:
+    """Answer the run's ``approve`` question over REST; returns the question as it was asked."""
+    _wait_awaiting_input(dep, dag_id, run_id)
+    # Airflow 3.3.2 races an answer given within seconds of the pause: the scheduler then handles the paused
+    # attempt's exit after the resume and retries the task, which asks again. A person never answers that fast.
+    time.sleep(20)
+    detail = dep.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/approve/-1/hitlDetails").json()
+    r = dep.api("PATCH", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/approve/-1/hitlDetails",
+                json={"chosen_options": [option], "params_input": {"reason": reason}})
+    assert r.status_code == 200, r.text
+    return detail
+
+
+def _states(dep, dag_id: str, run_id: str) -> dict:
+    r = dep.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances", params={"limit": 1000})
+    return {ti["task_id"]: ti["state"] for ti in r.json()["task_instances"] if ti.get("map_index", -1) < 1}
+
+
+def _events(dep) -> int:
+    return dep.api("GET", "/assets/events", params={"limit": 1}).json()["total_entries"]
+
+
+def test_a_refresh_waits_for_approval_and_a_rejection_publishes_nothing(deployment):
+    """#53: a corpus_refresh run stops before ``publish`` until a person answers over REST. The question shows
+    the run's headline and report link. *Reject* skips publish (no Asset event, so no pretrain run) with the
+    reason in the task log; *Approve* publishes. The run the scheduler made when the DAG was unpaused is the one
+    rejected; a manual run is approved (runs of one DAG go one at a time)."""
+    dep = deployment
+    dep.api("PATCH", "/dags/pretrain", json={"is_paused": True})
+    _unpause(dep, "corpus_refresh")
+    deadline = time.time() + 120
+    scheduled = []
+    while not scheduled and time.time() < deadline:
+        runs = dep.api("GET", "/dags/corpus_refresh/dagRuns", params={"run_type": "scheduled"}).json()["dag_runs"]
+        scheduled = [r["dag_run_id"] for r in runs]
+        time.sleep(2)
+    assert scheduled, "unpausing corpus_refresh made no scheduled run"
+    events = _events(dep)
+    manual = "refresh_approved"
+    for run_id, option, reason in ((scheduled[0], "Reject", "too few new encyclopedia pages"),
+                                   (manual, "Approve", "delta checked")):
+        if run_id == manual:
+            r = dep.api("POST", "/dags/corpus_refresh/dagRuns",
+                        json={"dag_run_id": manual, "logical_date": None, "conf": {"run_name": manual}})
+            assert r.status_code == 200, r.text
+        detail = _respond(dep, "corpus_refresh", run_id, option, reason)
+        assert detail["subject"] == f"Publish corpus run {run_id} for training?", detail
+        assert "| domain | documents in | kept |" in detail["body"], detail["body"]
+        assert "/mindloom/reports/corpus_refresh/" in detail["body"], detail["body"]
+        assert dep.wait_run("corpus_refresh", run_id)["state"] == "success", dep.logs_tail()
+        log = dep.task_log("corpus_refresh", run_id, "approve", 1, lines=300)
+        if option == "Reject":
+            assert _states(dep, "corpus_refresh", run_id)["publish"] == "skipped"
+            assert f"rejected by admin: {reason}; publish and pretrain are skipped" in log, log
+            assert _events(dep) == events  # nothing published: pretrain has nothing to start on
+        else:
+            assert _states(dep, "corpus_refresh", run_id)["publish"] == "success"
+            assert f"approved by admin: {reason}" in log, log
+            assert _events(dep) == events + 1

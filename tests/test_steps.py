@@ -81,14 +81,19 @@ def test_a_batch_without_its_plan_file_fails_with_its_name(tmp_path):
 @pytest.mark.slow
 def test_the_dag_has_one_task_per_step_wired_as_declared(dagbag):
     dag = dagbag.get_dag("corpus_build")
-    assert [t.task_id for t in dag.tasks] == [s.task_id for s in STEPS]
+    publish = next(s for s in STEPS if s.outlet)
+    ids = [s.task_id for s in STEPS]
+    with_approval = ids + ["approve"]  # made right after publish, wired before it
+    assert [t.task_id for t in dag.tasks] == with_approval
     for s in STEPS:
         task = dag.get_task(s.task_id)
         data = [] if s.kind == "plan" else [s.over if s.kind == "map" else "plan"]
-        assert task.upstream_task_ids == {*s.after, *data}, s.task_id
+        assert task.upstream_task_ids == {*s.after, *data, *(["approve"] if s.outlet else [])}, s.task_id
         assert (type(task).__name__ == "DecoratedMappedOperator") == s.mapped, s.task_id
         assert task.outlets if s.outlet else not task.outlets
-    assert [t.task_id for t in dagbag.get_dag("corpus_refresh").tasks] == [s.task_id for s in STEPS]
+    assert dag.get_task("approve").upstream_task_ids == set(publish.after)  # a person approves what the chain made
+    assert type(dag.get_task("approve")).__name__ == "CorpusApproval"
+    assert [t.task_id for t in dagbag.get_dag("corpus_refresh").tasks] == with_approval
 
 
 @pytest.mark.parametrize("incremental", [True, False])
