@@ -17,7 +17,7 @@ simply reads its block). Parameters whose rows do not divide keep full, replicat
 
 Distributed optimizer (``master=True``, Megatron-LM's ``--use-distributed-optimizer``): the model's parameters and
 gradients are 16-bit; this rank owns the fp32 master weights and both moments of its row block only (÷ DP on top of
-TP). ``GradReduceScatter`` hands it the DP mean of its block of the 16-bit gradients, in fp32; the updated block is
+TP). ``GradReduceScatter`` hands it the DP mean of its block of the gradients, summed in fp32; the updated block is
 cast to 16 bit and all-gathered back into the parameter (16-bit gather: half the bytes of ZeRO-1's fp32 one). The
 master weights start as the 16-bit weights (as in Megatron) on the first step, and whenever a load left them unset
 (``master_synced`` = 0: a weights-only ``init_from``), so they can never be stale.
