@@ -68,13 +68,13 @@ def _training_continues_the_release(tmp_path, path, r1, r2) -> None:
     """#53: with ``train.from_release: weights`` the first stage on r2 starts from the final committed checkpoint of
     the training run on r1 (found by its job's corpus), weights only; before r1 is trained that is a clear error."""
     from pipeline.config import load_config
-    from pipeline.tasks.pretrain import build_job, stage_dir
+    from pipeline.tasks.pretrain import build_job, find_eval_sets, stage_dir
     from pipeline.train.commit import commit_file
     from pipeline.train.job import TrainJob
     from pipeline.train.trainer import run_training
 
     cfg = yaml.safe_load(path.read_text())
-    cfg["train"].update(from_release="weights", steps=4, checkpoint_every=2, eval_tokens=0)
+    cfg["train"].update(from_release="weights", steps=4, checkpoint_every=2, eval_tokens=2048)
     path.write_text(yaml.safe_dump(cfg))
     cfg = load_config(path)
     s1, s2 = (json.loads((r / "corpus_summary.json").read_text()) for r in (r1, r2))
@@ -90,3 +90,9 @@ def _training_continues_the_release(tmp_path, path, r1, r2) -> None:
     second = run_training(job)
     assert second["init_from"] == job.init_from
     assert second["first_loss"] < first["first_loss"] - 0.1  # it continued the trained model (6.19 against 6.39)
+    # r1's held-out sets, before (r1's run) and after continuing on r2's delta: the same rows, both reported
+    before, after = first["eval"]["per_domain"], second["eval"]["per_domain"]
+    assert set(after) == set(find_eval_sets(s2)) | {f"{d}@r1" for d in before} and len(before) == 2  # r2: code only
+    for d in before:
+        assert after[f"{d}@r1"]["tokens"] == before[d]["tokens"] > 0
+        print(f"\nheld-out {d} of r1: {before[d]['loss']:.4f} before, {after[d + '@r1']['loss']:.4f} after r2")

@@ -118,6 +118,17 @@ def release_checkpoint(data_root: str | Path, corpus: dict, last_stage: str) -> 
     return max(found)[1]
 
 
+def release_eval_sets(cfg: MindloomConfig, corpus: dict) -> dict[str, str]:
+    """With ``train.from_release: weights`` on a corpus that extends a release, that release's validation sets,
+    named ``<domain>@<release>``: every stage also scores them, so the held-out loss on the earlier release is
+    reported before (the earlier run's own evaluation) and after continuing on the delta."""
+    release = (corpus.get("extends_release") or {}).get("name")
+    if cfg.train.from_release != "weights" or not release:
+        return {}
+    sets = find_eval_sets(corpus_summary_of_run(cfg.data_root, release))
+    return {f"{domain}@{release}": path for domain, path in sets.items()}
+
+
 def corpus_eos_id(corpus: dict) -> int | None:
     """The end-of-document token of a published corpus: its summary's ``eos_id``, else its manifest's (corpora
     published before the summary carried it); None when neither says (rows then train with causal attention)."""
@@ -187,7 +198,7 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
                    seed=cfg.seed, mode=st["mode"], device=st["device"], threads=st["threads"],
                    checkpoint_every=st["checkpoint_every"], keep_checkpoints=st["keep_checkpoints"], log_every=1,
                    stall_timeout_min=st["stall_timeout_min"],
-                   peak_flops=st["peak_tflops"] * 1e12, eval_data=find_eval_sets(corpus),
+                   peak_flops=st["peak_tflops"] * 1e12, eval_data={**find_eval_sets(corpus), **release_eval_sets(cfg, corpus)},
                    eval_tokens=st["eval_tokens"], fail_at_step=fail_at_step,
                    tensor_parallel=st["tensor_parallel"], zero=st["zero"], device_memory_gb=st["device_memory_gb"],
                    distributed_optimizer=st["distributed_optimizer"],
