@@ -221,7 +221,7 @@ def evaluate_reference(summary: dict, items: Path, log: Path) -> dict:
 def long_context(cfg, corpus: dict, main_dir: Path, args, log: Path) -> dict:
     """The long-context stage and its control from (b)'s first-seed checkpoint, scored at 128 and 512 tokens."""
     from pipeline.io import read_json
-    from pipeline.tasks.pretrain import find_eval_sets
+    from pipeline.tasks.corpus_choice import find_eval_sets
 
     main_b = read_json(main_dir / "summary.json")
     base = main_dir.parent / "long"

@@ -59,7 +59,7 @@ else:
 def pretrain():
     @task(multiple_outputs=False)
     def resolve_corpus(params=None, triggering_asset_events=None) -> dict:
-        from pipeline.tasks.pretrain import resolve_corpus as run
+        from pipeline.tasks.corpus_choice import resolve_corpus as run
 
         events = [e.extra for evs in (triggering_asset_events or {}).values() for e in evs]
         return run(dict(params), events)

@@ -63,12 +63,12 @@ def cmd_train(args) -> int:
     stages of one run share ``--run-id`` (a later stage starts from the previous stage's final checkpoint)."""
     from tqdm import tqdm
 
+    from pipeline.tasks.corpus_choice import resolve_corpus
     from pipeline.tasks.pretrain import (
         TERMINAL,
         build_job,
         job_state,
         read_metrics,
-        resolve_corpus,
         stage_dir,
         stage_names,
         stage_result,

@@ -199,7 +199,7 @@ def test_training_start_checks_the_published_manifest_digest_and_sizes_only(tmp_
     import json
 
     from pipeline.sink import verify
-    from pipeline.tasks.pretrain import check_manifest_digest
+    from pipeline.tasks.corpus_choice import check_manifest_digest
 
     mr = tmp_path / "mindrecord"
     mr.mkdir()

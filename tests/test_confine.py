@@ -78,7 +78,7 @@ def test_uris_must_lie_under_an_allowed_bucket_prefix(monkeypatch):
 
 
 def test_a_corpus_summary_pointing_out_of_the_data_root_is_refused(tmp_path, monkeypatch):
-    from pipeline.tasks.pretrain import resolve_corpus
+    from pipeline.tasks.corpus_choice import resolve_corpus
 
     monkeypatch.delenv(ENV, raising=False)
     cfg = load_config(_config(tmp_path, [str(tmp_path / "deploy" / "in" / "a.jsonl")]))

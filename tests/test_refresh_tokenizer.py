@@ -68,7 +68,8 @@ def _training_continues_the_release(tmp_path, path, r1, r2) -> None:
     """#53: with ``train.from_release: weights`` the first stage on r2 starts from the final committed checkpoint of
     the training run on r1 (found by its job's corpus), weights only; before r1 is trained that is a clear error."""
     from pipeline.config import load_config
-    from pipeline.tasks.pretrain import build_job, find_eval_sets, stage_dir
+    from pipeline.tasks.corpus_choice import find_eval_sets
+    from pipeline.tasks.pretrain import build_job, stage_dir
     from pipeline.train.commit import commit_file
     from pipeline.train.job import TrainJob
     from pipeline.train.trainer import run_training

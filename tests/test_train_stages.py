@@ -104,7 +104,7 @@ def test_stream_order_and_repack_are_contiguous_and_reused(tmp_path):
 
 
 def test_find_eval_sets(tmp_path):
-    from pipeline.tasks.pretrain import find_eval_sets
+    from pipeline.tasks.corpus_choice import find_eval_sets
 
     run = tmp_path / "run"
     for dom in ("code", "zh"):

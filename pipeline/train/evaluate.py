@@ -2,7 +2,7 @@
 
 Interface (deliberately small, so the validation sets can come from anywhere): ``eval_data`` maps a domain name to a
 folder of MindRecord files whose ``input_ids`` rows are int32 ``[stored_seq_len + 1]`` (e.g. the corpus DAG's
-``<run_dir>/mindrecord_val/<domain>/``; how the bridge finds them: ``pipeline.tasks.pretrain.find_eval_sets``).
+``<run_dir>/mindrecord_val/<domain>/``; how the bridge finds them: ``pipeline.tasks.corpus_choice.find_eval_sets``).
 
 What is measured, and why:
 
