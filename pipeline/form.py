@@ -48,6 +48,7 @@ PARAM_FIELDS: dict[str, str] = {
     "train_tensor_parallel": "train.tensor_parallel",
     "train_zero": "train.zero",
     "train_from_release": "train.from_release",
+    "train_replay_share": "train.replay_share",
 }
 
 #: Form fields whose upper bound is a deployment setting (not the field's own metadata): a run cannot ask for more
@@ -68,7 +69,8 @@ FORMS: dict[str, dict[str, tuple[str, ...]]] = {
     "train": {
         "Run": ("run_name", "seed"),
         "Model and optimisation": ("model_preset", "train_steps", "batch_size", "learning_rate",
-                                   "train_grad_accum", "train_from_release"),
+                                   "train_grad_accum", "train_from_release",
+                                   "train_replay_share"),
         "Execution": ("train_mode", "train_precision", "train_recompute"),
         "Parallelism and memory": ("train_workers", "train_tensor_parallel", "train_zero"),
     },

@@ -65,17 +65,13 @@ def test_an_incremental_refresh_keeps_the_release_tokenizer_and_refuses_another(
 
 
 def _training_continues_the_release(tmp_path, path, r1, r2) -> None:
-    """#53: with ``train.from_release: weights`` the first stage on r2 starts from the final committed checkpoint of
-    the training run on r1 (found by its job's corpus), weights only; before r1 is trained that is a clear error."""
+    """#53: with ``train.from_release: weights``, a stage on r2 before any training run on r1 finished is a clear
+    error (the continued training itself runs through Airflow in ``test_refresh_airflow.py``)."""
     from pipeline.config import load_config
-    from pipeline.tasks.corpus_choice import find_eval_sets
     from pipeline.tasks.pretrain import build_job, stage_dir
-    from pipeline.train.commit import commit_file
-    from pipeline.train.job import TrainJob
-    from pipeline.train.trainer import run_training
 
     cfg = yaml.safe_load(path.read_text())
-    cfg["train"].update(from_release="weights", steps=4, checkpoint_every=2, eval_tokens=2048)
+    cfg["train"].update(from_release="weights")
     path.write_text(yaml.safe_dump(cfg))
     cfg = load_config(path)
     s1, s2 = (json.loads((r / "corpus_summary.json").read_text()) for r in (r1, r2))
@@ -83,17 +79,3 @@ def _training_continues_the_release(tmp_path, path, r1, r2) -> None:
     with pytest.raises(FileNotFoundError, match=r"train.from_release: weights: no training run on release 'r1' "
                                                 r"finished stage 'main'"):
         build_job(cfg, s2, stage_dir(cfg.data_root, "t2", "main"))
-    first = run_training(TrainJob.from_json(build_job(cfg, s1, stage_dir(cfg.data_root, "t1", "main"))))
-    assert first["init_from"] is None  # r1 extends no release: fresh weights
-    job = TrainJob.from_json(build_job(cfg, s2, stage_dir(cfg.data_root, "t2", "main")))
-    assert job.init_from == commit_file(str(stage_dir(cfg.data_root, "t1", "main")), 4) and job.init_mode == "weights"
-    assert job.data_dir == s2["mindrecord_dir"]
-    second = run_training(job)
-    assert second["init_from"] == job.init_from
-    assert second["first_loss"] < first["first_loss"] - 0.1  # it continued the trained model (6.19 against 6.39)
-    # r1's held-out sets, before (r1's run) and after continuing on r2's delta: the same rows, both reported
-    before, after = first["eval"]["per_domain"], second["eval"]["per_domain"]
-    assert set(after) == set(find_eval_sets(s2)) | {f"{d}@r1" for d in before} and len(before) == 2  # r2: code only
-    for d in before:
-        assert after[f"{d}@r1"]["tokens"] == before[d]["tokens"] > 0
-        print(f"\nheld-out {d} of r1: {before[d]['loss']:.4f} before, {after[d + '@r1']['loss']:.4f} after r2")

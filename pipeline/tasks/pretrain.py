@@ -23,7 +23,7 @@ from pathlib import Path
 from pipeline.config import MindloomConfig
 from pipeline.io import read_json, safe_run_id, write_json
 from pipeline.tasks.corpus_choice import corpus_eos_id, find_eval_sets
-from pipeline.tasks.release_training import release_checkpoint, release_eval_sets
+from pipeline.tasks.release_training import release_checkpoint, release_eval_sets, replay_files
 
 TERMINAL = ("SUCCEEDED", "FAILED", "LOST")
 
@@ -123,6 +123,7 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
             if not any((Path(out_dir) / "checkpoints").glob("step_*.commit.json")):
                 raise  # nothing of its own to resume either
     job = TrainJob(stage=stage, data_dir=corpus["mindrecord_dir"], out_dir=str(out_dir), model=model,
+                   replay_files=replay_files(cfg, corpus) if seq_len == corpus_seq else [],
                    init_from=init_from, init_mode=init_mode if init_from else "weights", steps=st["steps"],
                    micro_batch=st["batch_size"] // per_rank, grad_accum=st["grad_accum"], world_size=st["workers"],
                    seq_len=seq_len if seq_len != corpus_seq else 0, lr=st["lr"], min_lr=st["min_lr"],

@@ -48,3 +48,48 @@ def release_eval_sets(cfg: MindloomConfig, corpus: dict) -> dict[str, str]:
         return {}
     sets = find_eval_sets(corpus_summary_of_run(cfg.data_root, release))
     return {f"{domain}@{release}": path for domain, path in sets.items()}
+
+
+def earlier_releases(data_root: str | Path, corpus: dict) -> list[dict]:
+    """The corpus summaries of the releases ``corpus`` extends, newest first (each release names the one before)."""
+    chain, seen = [], set()
+    release = (corpus.get("extends_release") or {}).get("name")
+    while release and release not in seen:
+        seen.add(release)
+        summary = corpus_summary_of_run(data_root, release)
+        chain.append(summary)
+        release = (summary.get("extends_release") or {}).get("name")
+    return chain
+
+
+def replay_files(cfg: MindloomConfig, corpus: dict) -> list[str]:
+    """MindRecord files of earlier releases to train on beside the delta, ``train.replay_share`` of the rows.
+
+    Whole files, drawn in a seeded order from every earlier release, until the replay rows are nearest
+    ``share / (1 - share)`` times the delta's rows (file row counts from the manifests, nothing is read); the
+    trainer reports the share it got. A release must have the delta's row length, else the error names both.
+    """
+    import random
+
+    from pipeline.sink.mindrecord import MANIFEST
+
+    share = cfg.train.replay_share
+    if share <= 0 or not corpus.get("extends_release"):
+        return []
+    own = read_json(Path(corpus["mindrecord_dir"]) / MANIFEST)
+    pool = []
+    for summary in earlier_releases(cfg.data_root, corpus):
+        folder = Path(summary["mindrecord_dir"])
+        manifest = read_json(folder / MANIFEST)
+        if manifest["seq_len"] != own["seq_len"]:
+            raise ValueError(f"train.replay_share: release {Path(summary['run_dir']).name!r} has rows of seq_len "
+                             f"{manifest['seq_len']}, this corpus {own['seq_len']}; set train.replay_share: 0")
+        pool += [(str(folder / s["file"]), int(s["samples"])) for s in manifest["shards"]]
+    random.Random(cfg.seed).shuffle(pool)
+    want, got, chosen = share / (1.0 - share) * int(own["samples"]), 0, []
+    for path, rows in pool:
+        if got >= want or abs(got + rows - want) > abs(got - want) and chosen:
+            break
+        chosen.append(path)
+        got += rows
+    return sorted(chosen)

@@ -273,6 +273,10 @@ class TrainConfig:
                            "weights: the first stage starts from the final committed checkpoint of the newest "
                            "training run on that release (its last stage), the model continues on the delta; "
                            "scratch: fresh weights.", choices=("scratch", "weights"))
+    replay_share: float = _f(0.0, desc="On a corpus that extends an earlier release: the share of training rows "
+                             "drawn from the releases before it (whole MindRecord files, chosen by seed; the "
+                             "achieved share is reported), mixed with the delta against forgetting. Stages that "
+                             "re-pack to another seq_len read the delta alone. 0: the delta alone.", ge=0.0, le=0.9)
     stages: list[StageConfig] = _f(factory=list, desc="Named stages run in order (empty: one stage 'main').")
 
     def __post_init__(self) -> None:
@@ -392,8 +396,8 @@ class TrainConfig:
         return eff
 
 
-_NOT_PER_STAGE = ("preset", "model_overrides", "stages", "from_release", "backend", "nodes", "slurm_partition", "slurm_args",
-                  "slurm_setup", "slurm_container", "slurm_cpus_per_task", "python", "env")
+_NOT_PER_STAGE = ("preset", "model_overrides", "stages", "from_release", "replay_share", "backend", "nodes",
+                  "slurm_partition", "slurm_args", "slurm_setup", "slurm_container", "slurm_cpus_per_task", "python", "env")
 
 
 def check_layout(cfg: ModelConfig, tp: int, where: str = "TrainJob.tensor_parallel") -> None:

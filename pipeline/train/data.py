@@ -78,8 +78,14 @@ class TokenBatches:
     """Per-rank micro-batches ``[micro_batch, seq_len + 1]`` int32, grouped ``grad_accum`` per global step."""
 
     def __init__(self, data_dir: str, micro_batch: int, seed: int, *, rank: int = 0, world: int = 1,
-                 grad_accum: int = 1, start: DataPosition | None = None, workers: int = 1):
-        self.files = find_mindrecord_files(data_dir)
+                 grad_accum: int = 1, start: DataPosition | None = None, workers: int = 1,
+                 extra_files: list[str] | tuple[str, ...] = ()):
+        missing = [f for f in extra_files if not (os.path.isfile(f) and os.path.isfile(f + ".db"))]
+        if missing:
+            raise FileNotFoundError(f"replay file {missing[0]} (or its .db) is missing; was an earlier release "
+                                    f"deleted? Set train.replay_share: 0 to train on the delta alone")
+        self.own_files, self.extra_files = find_mindrecord_files(data_dir), list(extra_files)
+        self.files = self.own_files + self.extra_files  # one shuffled stream over both
         self.micro_batch, self.seed, self.rank, self.world = micro_batch, seed, rank, world
         self.grad_accum, self.workers = grad_accum, workers
         self.global_batch = micro_batch * world * grad_accum
@@ -92,6 +98,12 @@ class TokenBatches:
         self.position = start or DataPosition()
         if self.position.sample % world:
             raise ValueError(f"data position {self.position} is not a multiple of the {world} ranks")
+
+    def replay_info(self) -> dict:
+        """Rows of the earlier releases mixed in (``extra_files``) and the share of the stream they make."""
+        replay = count_rows(self.extra_files) if self.extra_files else 0
+        return {"files": len(self.extra_files), "rows": replay, "own_rows": self.rows - replay,
+                "share": round(replay / self.rows, 4)}
 
     def _epoch_dataset(self, epoch: int, skip_rows: int):
         import mindspore.dataset as ds

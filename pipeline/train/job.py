@@ -63,6 +63,7 @@ class TrainJob:
     stall_timeout_min: float = _recipe("stall_timeout_min")  # no step for this long: the job fails (0: never)
     log_every: int = 10  # log line period; status.json refreshes at each metrics fetch (metrics.jsonl: every step)
     peak_flops: float = 0.0  # peak FLOP/s of ONE device at this precision, for MFU; 0: MFU not reported
+    replay_files: list = field(default_factory=list)  # MindRecord files of earlier releases read with data_dir
     eval_data: dict = field(default_factory=dict)  # {domain: MindRecord dir} evaluated at the end of the stage
     eval_tokens: int = _recipe("eval_tokens")  # tokens per domain evaluated (first rows in corpus order); 0: none
     tensor_parallel: int = _recipe("tensor_parallel")  # ranks per tensor-parallel group (inside a node)
@@ -86,6 +87,10 @@ class TrainJob:
         for name in ("init_mode", "precision", "mode", "device", "fail_mode"):
             if not isinstance(getattr(self, name), str):
                 raise bad(name, "must be a string")
+        if not isinstance(self.replay_files, list) or not all(isinstance(f, str) and f for f in self.replay_files):
+            raise bad("replay_files", "must be a list of MindRecord file paths")
+        if self.replay_files and self.seq_len:
+            raise bad("replay_files", "a stage that re-packs to another seq_len reads its corpus alone")
         if not isinstance(self.model, dict):
             raise bad("model", "must be a dict like {'preset': 'debug', 'vocab_size': 32000}")
         for name in ("steps", "micro_batch", "grad_accum", "threads", "checkpoint_every", "keep_checkpoints",

@@ -160,7 +160,9 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
                             scaler=scaler, jit=job.mode == "graph", group=lay.dp_group, norm_fn=norm_fn,
                             devices=lay.tp * lay.dp)
         batches = TokenBatches(data_dir, job.micro_batch, job.seed, rank=lay.dp_rank, world=world,
-                               grad_accum=job.grad_accum, start=position)
+                               grad_accum=job.grad_accum, start=position, extra_files=job.replay_files)
+        if job.replay_files:
+            data_info["replay"] = batches.replay_info()
         window, last_sync = PendingSteps(), start_step
         t_data = time.time()
         if lease is not None:
