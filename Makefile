@@ -133,7 +133,7 @@ test-docker: $(STAMP)
 	tests/docker_stack/run.sh
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check pipeline operators dags tests
+	$(VENV)/bin/ruff check pipeline operators dags tests benchmarks
 	$(VENV)/bin/ruff check --select AIR dags operators
 
 # Benchmarks against the peers (datatrove, rensa, datasketch, PyTorch CPU, each installed in its own venv under

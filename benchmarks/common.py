@@ -365,6 +365,53 @@ def tiny_corpus(out: Path, src: Path, per_domain_bytes: int = 150_000, warc_reco
 
 
 # ------------------------------------------------------------------------------------------------------------
+# results.json on disk: each topic names its results files; their content lives once, in results/<file>
+
+#: Keys of a topic record whose value is ``{file: content}`` of files under ``results/``; on disk only the names.
+FILE_KEYS = ("results", "reference")
+
+
+def read_results(path: Path) -> dict:
+    """``results.json`` with every topic's results files read back in (``rec["results"] = {file: content}``)."""
+    results = json.loads(path.read_text(encoding="utf-8"))
+    folder = path.parent / "results"
+    for name, rec in results.get("topics", {}).items():
+        for key in FILE_KEYS:
+            files = rec.pop(f"{key}_files", None)
+            if files is None:
+                continue
+            missing = [f for f in files if not (folder / f).is_file()]
+            if missing:
+                raise FileNotFoundError(f"{path}: topic {name!r} names {key} file {folder / missing[0]}, which is "
+                                        f"missing (re-run the topic, or restore the file)")
+            rec[key] = {f: json.loads((folder / f).read_text(encoding="utf-8")) for f in files}
+    return results
+
+
+def results_on_disk(results: dict, path: Path) -> dict:
+    """What ``results.json`` at ``path`` holds: each topic's results files by name only. A file not yet under
+    ``<path's folder>/results`` (a quick run's own folder), or different there, is written there first, so the
+    names always resolve to the content the record was made from."""
+    folder = path.parent / "results"
+    out = {k: v for k, v in results.items() if k != "topics"}
+    out["topics"] = {}
+    for name, rec in results.get("topics", {}).items():
+        rec = dict(rec)
+        for key in FILE_KEYS:
+            if key not in rec:
+                continue
+            files = rec.pop(key) or {}
+            for f, content in files.items():
+                if not (folder / f).is_file() or json.loads((folder / f).read_text(encoding="utf-8")) != content:
+                    folder.mkdir(parents=True, exist_ok=True)
+                    (folder / f).write_text(json.dumps(content, indent=1, ensure_ascii=False) + "\n",
+                                            encoding="utf-8")
+            rec[f"{key}_files"] = sorted(files)
+        out["topics"][name] = rec
+    return out
+
+
+# ------------------------------------------------------------------------------------------------------------
 # results.json entries and Markdown tables (used by topics, scaling, ablation and report alike)
 
 ISSUE = {"ingest": 3, "filters": 4, "minhash": 5, "datasketch": 5, "tokenize": 6, "mindrecord": 6, "train": 7,

@@ -11,7 +11,8 @@ runs them one after the other — never two at once, they share the cores — ea
 of its whole process tree; scripts that keep no per-repeat figures are run ``--repeats`` times.  It then turns the
 results files into metrics (one entry per figure, with min / median / max over repeats, the peer it is compared
 with, the target of the issue that set it, and whether the median meets it) and renders BENCHMARKS.md from them:
-no figure is typed by hand.  Topic notes (the prose the topic authors wrote) live in ``topics.py``.
+no figure is typed by hand.  results.json names each topic's results files; their content lives once, under
+``results/`` (``common.read_results``).  Topic notes (the prose the topic authors wrote) live in ``report.NOTES``.
 
 ``--quick`` runs every script on a tiny slice of the corpus (``common.tiny_corpus``) inside a staged copy of the
 repository (``common.stage_tree``) and writes results.json/BENCHMARKS.md to ``--out`` (default: a temp folder).
@@ -101,8 +102,9 @@ def _shown_python(python: Path) -> str:
 
 
 def load_results(path: Path) -> dict:
+    """results.json with each topic's results files read in from ``results/`` (their one copy)."""
     if path.exists():
-        return json.loads(path.read_text(encoding="utf-8"))
+        return common.read_results(path)
     return {"generated_by": "benchmarks/run_all.py", "topics": {}, "metrics": []}
 
 
@@ -157,7 +159,8 @@ def refresh_topic(results: dict, name: str) -> dict:
 def save_results(results: dict, path: Path, md_path: Path) -> None:
     results["metrics"].sort(key=lambda m: (_order(m["topic"]), m["name"]))
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(results, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(common.results_on_disk(results, path), indent=1, ensure_ascii=False) + "\n",
+                   encoding="utf-8")
     os.replace(tmp, path)
     md = report.render(results)
     tmp = md_path.with_suffix(".md.tmp")

@@ -37,7 +37,14 @@ def test_run_all_quick_writes_results_and_renders_markdown_from_them(tmp_path):
                         "--topics", ",".join(topics), "--out", str(tmp_path)], capture_output=True, text=True,
                        timeout=300, cwd=REPO, env={**os.environ, "PYTHONHASHSEED": "0"})
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    res = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    on_disk = json.loads((tmp_path / "results.json").read_text(encoding="utf-8"))
+    for name in topics:              # one copy of every figure: results.json names the files under results/
+        assert "results" not in on_disk["topics"][name]
+        assert on_disk["topics"][name]["results_files"] and all(
+            (tmp_path / "results" / f).is_file() for f in on_disk["topics"][name]["results_files"])
+    res = common.read_results(tmp_path / "results.json")
+    assert res["topics"]["tokenize"]["results"]["tokenize.json"] == json.loads(
+        (tmp_path / "results" / "tokenize.json").read_text(encoding="utf-8"))
     assert res["mode"] == "quick" and res["repeats"] == 1
     assert {"cpu", "cores", "ram_gb", "load_avg_start"} <= set(res["machine"])
     assert set(res["topics"]) == set(topics)

@@ -3,7 +3,6 @@ benchmarks/readme_block.py renders from it, and every number in the block is a n
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 
@@ -11,6 +10,7 @@ from conftest import REPO
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 
+import common  # noqa: E402
 import readme_block  # noqa: E402
 
 NUMBER = re.compile(r"(?<![\w.])[-+]?\d[\d,]*(?:\.\d+)?")
@@ -41,12 +41,12 @@ def _numbers_of(obj, out: list[float]) -> list[float]:
 
 
 def test_readme_block_is_generated_from_results_json():
-    results = json.loads((REPO / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    results = common.read_results(REPO / "benchmarks" / "results.json")
     assert _block() == readme_block.render_block(results), "run benchmarks/run_all.py --report-only"
 
 
 def test_every_number_in_the_readme_block_is_in_results_json():
-    results = json.loads((REPO / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    results = common.read_results(REPO / "benchmarks" / "results.json")
     # what the block shows: the metrics (values, targets, labels), the extractor comparison and the run's start;
     # not every number of the raw results, so a stale figure cannot match some unrelated value by chance
     extractors = results["topics"]["ingest"]["results"]["html_extractors.json"]
@@ -66,7 +66,7 @@ def test_every_number_in_the_readme_block_is_in_results_json():
 
 
 def test_readme_ablation_table_is_generated_from_results_json():
-    results = json.loads((REPO / "benchmarks" / "results.json").read_text(encoding="utf-8"))
+    results = common.read_results(REPO / "benchmarks" / "results.json")
     text = (REPO / "README.md").read_text(encoding="utf-8")
     start, end = readme_block.ABL_START, readme_block.ABL_END
     assert text.count(start) == 1 and text.count(end) == 1
