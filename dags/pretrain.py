@@ -3,7 +3,8 @@
 One ``train_<stage>`` task per entry of ``train.stages`` (warmup → main → long_context by default), each followed
 by ``eval_<stage>`` (held-out loss and perplexity per domain), then ``report``, then, when ``export.formats`` is set,
 ``export``: the last stage's final checkpoint for mindformers and/or Hugging Face, published as the
-``mindloom_model`` Asset.
+``mindloom_model`` Asset. A stage with its own ``seq_len`` (long_context) gets a ``repack_<stage>`` data task that
+re-packs the corpus rows to that length while the earlier stages train, so no device waits for it.
 
 Scheduled on the ``mindloom_corpus`` Asset (a finished ``corpus_build`` run triggers it) and triggerable by hand.
 The DAG is created unpaused (``is_paused_upon_creation=False``): it only ever runs when a corpus is published or
@@ -26,11 +27,12 @@ from operators.params import config_path, corpus_asset, fail_step_template, mode
 from operators.routing import data_task_kwargs, train_task_kwargs
 from operators.training import TrainingStageOperator
 from pipeline.config import load_config
-from pipeline.tasks.pretrain import stage_names, stage_timeout
+from pipeline.tasks.pretrain import repack_stages, stage_names, stage_timeout
 
 CORPUS = corpus_asset()
 CFG = load_config(config_path())
 STAGES = stage_names(CFG)                             # train.stages of the deployment's config, in order
+REPACKED = set(repack_stages(CFG))                    # stages with their own seq_len: a repack_<stage> data task
 RETRIES = int(os.environ.get("MINDLOOM_TRAIN_RETRIES", "1"))
 # Optional cron next to the Asset (MINDLOOM_PRETRAIN_CRON, e.g. "0 4 * * 0") makes the DAG backfillable.
 _CRON = os.environ.get("MINDLOOM_PRETRAIN_CRON", "")
@@ -72,6 +74,13 @@ def pretrain():
         return stage_eval_for_run(dict(params), run_id, stage)
 
     @task(multiple_outputs=False)
+    def repack(stage: str, corpus: dict, params=None, run_id=None) -> dict:
+        """The corpus rows at the stage's seq_len, written while earlier stages train (pipeline/train/repack.py)."""
+        from pipeline.tasks.pretrain import prepare_stage_data_for_run
+
+        return prepare_stage_data_for_run(dict(params), run_id, stage, corpus)
+
+    @task(multiple_outputs=False)
     def report(stages: dict, corpus: dict, params=None, run_id=None) -> dict:
         from pipeline.tasks.pretrain import write_report
 
@@ -86,6 +95,8 @@ def pretrain():
             execution_timeout=stage_timeout(CFG, name), **train_task_kwargs())
         evaluated = evaluate.override(task_id=f"eval_{name}")(name)
         previous >> train >> evaluated
+        if name in REPACKED:
+            repack.override(task_id=f"repack_{name}")(name, corpus) >> train
         previous, summaries[name] = evaluated, train.output
     reported = report(summaries, corpus)
     previous >> reported

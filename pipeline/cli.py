@@ -68,6 +68,7 @@ def cmd_train(args) -> int:
         TERMINAL,
         build_job,
         job_state,
+        prepare_stage_data,
         read_metrics,
         stage_dir,
         stage_names,
@@ -87,6 +88,7 @@ def cmd_train(args) -> int:
     def one_stage(stage: str) -> dict | None:
         out_dir = stage_dir(cfg.data_root, run_id, stage)
         try:
+            prepare_stage_data(cfg, corpus, out_dir, stage)       # the DAG's repack_<stage> task
             job = build_job(cfg, corpus, out_dir, stage=stage)
         except (ValueError, FileNotFoundError) as exc:
             print(f"mindloom: error: stage {stage}: {exc}", file=sys.stderr)

@@ -83,23 +83,28 @@ def test_dag_files_parse_quickly(dagbag, tmp_path):
 def test_pretrain_has_a_task_and_an_evaluation_per_stage(dagbag):
     from operators.params import config_path
     from pipeline.config import load_config
-    from pipeline.tasks.pretrain import stage_names
+    from pipeline.tasks.pretrain import repack_stages, stage_names
 
-    stages = stage_names(load_config(config_path()))
+    cfg = load_config(config_path())
+    stages = stage_names(cfg)
     ids = set(dagbag.get_dag("pretrain").task_ids)
-    assert {f"train_{s}" for s in stages} | {f"eval_{s}" for s in stages} | {"resolve_corpus", "report"} == ids
+    assert {f"train_{s}" for s in stages} | {f"eval_{s}" for s in stages} | {f"repack_{s}" for s in
+                                                                             repack_stages(cfg)} \
+        | {"resolve_corpus", "report"} == ids
 
 
 def test_readme_dag_table_describes_pretrain_as_wired():
     """The DAG table (docs/operations.md) names every task the default config gives pretrain."""
     from pipeline.config import DEFAULT_CONFIG, load_config
-    from pipeline.tasks.pretrain import stage_names
+    from pipeline.tasks.pretrain import repack_stages, stage_names
 
     readme = (Path(__file__).resolve().parents[1] / "docs" / "operations.md").read_text(encoding="utf-8")
     row = next(line for line in readme.splitlines() if line.startswith("| `pretrain` |"))
-    stages = stage_names(load_config(DEFAULT_CONFIG))
-    assert len(stages) > 1
-    for task_id in ["resolve_corpus", "report"] + [f"{k}_{s}" for s in stages for k in ("train", "eval")]:
+    cfg = load_config(DEFAULT_CONFIG)
+    stages = stage_names(cfg)
+    assert len(stages) > 1 and repack_stages(cfg)
+    for task_id in ["resolve_corpus", "report"] + [f"{k}_{s}" for s in stages for k in ("train", "eval")] + \
+            [f"repack_{s}" for s in repack_stages(cfg)]:
         assert task_id in row, task_id
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -180,7 +181,7 @@ def corpus(tmp_path_factory):
 
 
 def test_stage_chain_warmup_main_long_context(tmp_path, corpus):
-    from pipeline.tasks.pretrain import build_job, stage_dir
+    from pipeline.tasks.pretrain import build_job, prepare_stage_data, repack_stages, stage_dir
     from pipeline.train.checkpoint import load_file
     from pipeline.train.job import TrainJob
     from pipeline.train.trainer import run_training
@@ -189,10 +190,19 @@ def test_stage_chain_warmup_main_long_context(tmp_path, corpus):
     out = {s: stage_dir(cfg.data_root, "run1", s) for s in ("warmup", "main", "long_context")}
     with pytest.raises(FileNotFoundError, match="run stage 'warmup' of the same run first"):
         build_job(cfg, corpus, out["main"], stage="main")
+    # the DAG's repack_<stage> tasks: only long_context has its own seq_len; its rows are ready before its job
+    assert repack_stages(cfg) == ["long_context"]
+    assert prepare_stage_data(cfg, corpus, out["main"], "main") == {"stage": "main", "repacked": False,
+                                                                     "seq_len": SEQ}
+    ready = prepare_stage_data(cfg, corpus, out["long_context"], "long_context")
+    assert ready["repacked"] and ready["seq_len"] == 4 * SEQ and ready["contiguous_verified"]
+    manifest = Path(ready["dir"]) / "manifest.json"
+    written = manifest.stat().st_mtime_ns
     summaries = {}
     for name in ("warmup", "main", "long_context"):
         job = TrainJob.from_json(build_job(cfg, corpus, out[name], stage=name))
         summaries[name] = run_training(job)
+    assert manifest.stat().st_mtime_ns == written       # the job trained on the task's rows, not its own re-pack
     w, m, lc = summaries["warmup"], summaries["main"], summaries["long_context"]
     assert w["init_from"] is None and w["steps"] == 4
     with open(out["warmup"] / "metrics.jsonl") as f:
@@ -203,6 +213,7 @@ def test_stage_chain_warmup_main_long_context(tmp_path, corpus):
     assert meta["data_consumed"] == 8 * 8 and meta["step"] == 4  # main continued warmup's data stream
     assert lc["init_from"] == m["commit"] and lc["init_mode"] == "weights"
     assert lc["seq_len"] == 4 * SEQ and lc["data"]["repacked"] and lc["data"]["contiguous_verified"]
+    assert lc["data"]["dir"] == ready["dir"] and lc["data"]["rows"] == ready["rows"]
     assert lc["model"]["rope_scaling_type"] == "ntk" and lc["model"]["max_seq_len"] == 4 * SEQ
     assert lc["tokens"] == 2 * 2 * 4 * SEQ
     for s, seq in ((w, SEQ), (m, SEQ), (lc, 4 * SEQ)):
@@ -213,3 +224,17 @@ def test_stage_chain_warmup_main_long_context(tmp_path, corpus):
             assert d["tokens"] == 4 * SEQ  # eval_tokens per domain, at every context length
     assert m["eval"]["all"]["loss"] < w["eval"]["all"]["loss"]  # more training, lower held-out loss
     assert json.loads((out["main"] / "eval.json").read_text())["per_domain"] == m["eval"]["per_domain"]
+
+
+def test_a_cleared_stage_keeps_its_repacked_rows(tmp_path):
+    """Clearing a succeeded stage archives its folder; the re-packed rows (derived from the corpus alone) stay."""
+    from pipeline.tasks.pretrain import archive_stage
+
+    stage = tmp_path / "train" / "run1" / "long_context"
+    (stage / "data" / "seq64").mkdir(parents=True)
+    (stage / "data" / "seq64" / "manifest.json").write_text("{}")
+    (stage / "summary.json").write_text("{}")
+    kept = archive_stage(stage)
+    assert kept.name == "long_context.cleared-1" and (kept / "summary.json").exists()
+    assert sorted(p.name for p in stage.iterdir()) == ["data"] and (stage / "data" / "seq64" / "manifest.json").exists()
+    assert not (kept / "data").exists()

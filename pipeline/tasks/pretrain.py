@@ -345,13 +345,47 @@ def resume_point(out_dir: str | Path) -> dict:
 
 def archive_stage(out_dir: str | Path) -> Path:
     """Move a finished stage folder aside (``<stage>.cleared-<n>``) so the stage can be trained again from its
-    start; returns where the old output now is."""
+    start; returns where the old output now is. Its re-packed rows (``data/``, derived from the corpus alone) move
+    back into the new stage folder, so a re-trained stage does not re-pack."""
     out_dir = Path(out_dir)
     n = 1
     while (kept := out_dir.with_name(f"{out_dir.name}.cleared-{n}")).exists():
         n += 1
     os.replace(out_dir, kept)
+    if (kept / "data").is_dir():
+        out_dir.mkdir(parents=True)
+        os.replace(kept / "data", out_dir / "data")
     return kept
+
+
+def repack_stages(cfg: MindloomConfig) -> list[str]:
+    """Stages with their own ``seq_len``: the ``pretrain`` DAG gives each a ``repack_<stage>`` data task."""
+    return [name for name in stage_names(cfg) if cfg.train.stage_settings(name)["seq_len"]]
+
+
+def prepare_stage_data(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str) -> dict:
+    """Re-pack the corpus rows to the stage's ``seq_len`` before its job starts (``repack.stage_data``), on a data
+    worker while earlier stages train, instead of on rank 0 while every device of the job waits. Idempotent: a copy
+    with the source's fingerprint is kept. Nothing to do when the stage reads the corpus rows as stored."""
+    from pipeline.train.repack import repack, repacked_dir
+
+    seq_len = int(cfg.train.stage_settings(stage)["seq_len"] or 0)
+    if not seq_len or seq_len == int(corpus["seq_len"]):
+        return {"stage": stage, "repacked": False, "seq_len": int(corpus["seq_len"])}
+    t0 = time.time()
+    dst = repacked_dir(str(out_dir), seq_len)
+    m = repack(corpus["mindrecord_dir"], dst, seq_len)
+    return {"stage": stage, "repacked": True, "dir": dst, "seq_len": seq_len, "rows": m["samples"],
+            "source_rows": m.get("source_rows"), "seconds": round(time.time() - t0, 3),
+            "contiguous_verified": m.get("contiguous_verified")}
+
+
+def prepare_stage_data_for_run(params: dict, run_id: str, stage: str, corpus: dict) -> dict:
+    """The ``repack_<stage>`` task of the ``pretrain`` DAG: :func:`prepare_stage_data` in the stage's folder."""
+    from pipeline.form import config_from_params
+
+    cfg = config_from_params(params)
+    return prepare_stage_data(cfg, corpus, stage_dir(cfg.data_root, run_id, stage), stage)
 
 
 

@@ -18,7 +18,8 @@ undoes that interleave and checks the manifest's ``rows_sha256``. A folder witho
 order (``contiguous_verified: false``).
 
 The re-packed set is written once per stage (``<out_dir>/data/seq<N>/``, temp folder + rename, idempotent by a
-fingerprint of the source) by rank 0; other ranks wait for its manifest. It is written by the corpus' own writer
+fingerprint of the source), by the ``repack_<stage>`` task of the ``pretrain`` DAG before the job starts, else by
+rank 0 while the other ranks wait for its manifest. It is written by the corpus' own writer
 (:func:`pipeline.sink.writer.write_rows`: same round-robin layout and manifest), so it can itself be re-packed,
 verified or read in stream order.
 """
@@ -201,12 +202,21 @@ def repack(src: str, dst: str, seq_len: int) -> dict:
     return m
 
 
+def repacked_dir(out_dir: str, seq_len: int) -> str:
+    """Where a stage's re-packed rows live: ``<out_dir>/data/seq<N>`` (kept when a cleared stage is archived)."""
+    return os.path.join(out_dir, "data", f"seq{seq_len}")
+
+
 def stage_data(src: str, seq_len: int, out_dir: str, rank: int, wait_s: float = 3600.0) -> tuple[str, dict]:
-    """The data folder a stage trains on: ``src`` itself, or its re-packed copy under ``out_dir/data``."""
+    """The data folder a stage trains on: ``src`` itself, or its re-packed copy under ``out_dir/data``.
+
+    The ``pretrain`` DAG (and ``mindloom train``) re-pack before the job starts (``pipeline.tasks.pretrain.
+    prepare_stage_data``, on a data worker, while earlier stages train); then rank 0 finds the copy by its
+    fingerprint and nothing is rewritten. A job started some other way re-packs here, on rank 0."""
     stored = stored_seq_len(src)
     if not seq_len or seq_len == stored:
         return src, {"dir": src, "seq_len": stored, "repacked": False}
-    dst = os.path.join(out_dir, "data", f"seq{seq_len}")
+    dst = repacked_dir(out_dir, seq_len)
     if rank == 0:
         m = repack(src, dst, seq_len)
     else:  # rank 0 writes; the manifest appears last (atomic folder rename)
