@@ -56,6 +56,18 @@ def test_budget_meets_every_weight_within_the_cap():
     assert three == {"a": 780.0, "b": 200.0, "c": 20.0}      # b and c at their caps
 
 
+def test_a_matched_mixture_gives_every_domain_its_weight_or_fails_naming_it():
+    """#51: ablation arms train on the same tokens per domain; a domain over the cap is an error, not a shift."""
+    avail = {"a": 1000, "b": 100}
+    assert mixture.domain_targets(avail, {"a": 3, "b": 1}, 4.0, 1600, matched=True) == {"a": 1200.0, "b": 400.0}
+    with pytest.raises(ConfigError, match=r"mixture.matched: domain 'b' needs 500 of its 100 training tokens, "
+                                          r"5.00 epochs, over mixture.max_epochs 4"):
+        mixture.domain_targets(avail, {"a": 1, "b": 1}, 4.0, 1000, matched=True)
+    assert mixture.domain_targets(avail, {"a": 1, "b": 1}, 4.0, 1000) == {"a": 600.0, "b": 400.0}  # unmatched: shift
+    with pytest.raises(ConfigError, match=r"mixture.matched: needs mixture.weights and mixture.total_tokens > 0"):
+        MixtureConfig(matched=True, weights={"a": 1})
+
+
 def test_weights_are_checked_against_the_domains_with_documents():
     with pytest.raises(ConfigError, match=r"mixture.weights: domain 'b' has no weight"):
         mixture.domain_targets({"a": 1, "b": 1}, {"a": 1}, 4.0, 0)

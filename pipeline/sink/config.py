@@ -49,6 +49,9 @@ class MixtureConfig:
     max_epochs: float = _f(4.0, desc="Upsampling cap: no domain is repeated more often than this.", ge=1, le=100)
     total_tokens: int = _f(0, desc="Training budget in `unit`; 0: the largest budget <= the corpus that meets "
                            "every weight within max_epochs.", ge=0)
+    matched: bool = _f(False, desc="Every domain gets exactly its weight of total_tokens, or the run fails naming "
+                       "the domain that would exceed max_epochs (no deficit passed to the others): the same tokens "
+                       "per domain in every arm of an ablation. Needs weights and total_tokens.")
     val_fraction: float = _f(0.01, desc="Share of each domain's documents held out for validation.", ge=0, le=0.5)
     val_min_docs: int = _f(2, desc="At least this many held-out documents per domain (never over half of it).",
                            ge=0)
@@ -68,5 +71,8 @@ class MixtureConfig:
                 raise ConfigError(f"mixture.weights.{name}: expected a number >= 0, got {w!r}")
         if self.weights and not any(self.weights.values()):
             raise ConfigError("mixture.weights: at least one weight must be > 0")
+        if self.matched and not (self.weights and self.total_tokens):
+            raise ConfigError("mixture.matched: needs mixture.weights and mixture.total_tokens > 0 (a matched "
+                              "mixture fixes the tokens of every domain)")
         if self.val_min_docs > self.val_max_docs:
             raise ConfigError(f"mixture.val_min_docs: must be <= mixture.val_max_docs ({self.val_max_docs})")

@@ -66,8 +66,10 @@ def _shard_rows(rdir: Path, shard: str):
     return t, zip(*(t.column(c).to_pylist() for c in COLUMNS), strict=True)
 
 
-def domain_targets(avail: dict[str, int], weights: dict, max_epochs: float, total: int) -> dict[str, float]:
-    """Target size per domain (see the module docstring); ``avail`` is the training size per domain."""
+def domain_targets(avail: dict[str, int], weights: dict, max_epochs: float, total: int,
+                   matched: bool = False) -> dict[str, float]:
+    """Target size per domain (see the module docstring); ``avail`` is the training size per domain.
+    ``matched``: each domain's weight of ``total`` exactly, or a ConfigError naming the domain over the cap."""
     domains = sorted(avail)
     if weights:
         missing = [d for d in domains if d not in weights]
@@ -87,6 +89,14 @@ def domain_targets(avail: dict[str, int], weights: dict, max_epochs: float, tota
     norm = sum(w.values()) or 1.0
     w = {d: v / norm for d, v in w.items()}
     cap = {d: avail[d] * max_epochs for d in domains}
+    if matched:
+        over = [d for d in domains if w[d] * total > cap[d] + 1e-9]
+        if over:
+            d = over[0]
+            raise ConfigError(f"mixture.matched: domain {d!r} needs {w[d] * total:,.0f} of its {avail[d]:,} training "
+                              f"tokens, {w[d] * total / max(avail[d], 1):.2f} epochs, over mixture.max_epochs "
+                              f"{max_epochs:g}; lower mixture.total_tokens or this domain's weight")
+        return {d: w[d] * total for d in domains}
     if not total:
         feasible = [cap[d] / w[d] for d in domains if w[d] > 0]
         total = min([sum(avail.values())] + feasible)
@@ -155,7 +165,7 @@ def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) ->
             if did not in held_ids and did not in dropped_ids:
                 hist[dom][_bucket(seed, dom, did)] += heap_size[did]
     avail = {d: int(h.sum()) for d, h in hist.items()}
-    targets = domain_targets(avail, mc.weights, mc.max_epochs, mc.total_tokens)
+    targets = domain_targets(avail, mc.weights, mc.max_epochs, mc.total_tokens, mc.matched)
     rules = {}
     for d, target in targets.items():
         epochs = target / avail[d] if avail[d] else 0.0
