@@ -13,7 +13,8 @@ that interface and computes exactly ``torch.optim.AdamW``::
 ZeRO-1 (``zero=ZeroShard``): every data-parallel rank keeps the moments of one row block (dim 0) of each parameter
 whose first dimension divides by the DP size, updates only that block, and all-gathers the blocks back into the full
 parameter. Gradients arrive already averaged over DP ranks (all-reduce = reduce-scatter + all-gather, so each rank
-simply reads its block). Parameters whose rows do not divide keep full, replicated moments.
+simply reads its block; on every device, since stage 1 keeps whole gradients for the norm and the clip).
+Parameters whose rows do not divide keep full, replicated moments.
 
 Distributed optimizer (``master=True``, Megatron-LM's ``--use-distributed-optimizer``): the model's parameters and
 gradients are 16-bit; this rank owns the fp32 master weights and both moments of its row block only (÷ DP on top of
@@ -46,6 +47,7 @@ class ZeroShard:
     rank: int
     size: int
     group: str | None = None  # communication group of the DP ranks; None = the world group
+    native: bool = False  # sub-group AllGather / ReduceScatter exist (Ascend, GPU: tp_layers.native_collectives)
 
     def rows(self, n_rows: int) -> tuple[int, int] | None:
         """(lo, hi) row block of a parameter with ``n_rows`` rows, or None when it is not sharded."""
@@ -91,7 +93,7 @@ class AdamW(nn.Optimizer):
                                                                                         strict=True)])
             self.master_synced = Parameter(Tensor(np.zeros((1,), np.int32)), name="master_synced",
                                            requires_grad=False)
-        self._gather = GatherRows(zero.size, zero.rank, zero.group) if self._sharded else None
+        self._gather = GatherRows(zero.size, zero.rank, zero.group, zero.native) if self._sharded else None
         self._n = len(params)
         self._split = tuple(i for i, b in enumerate(self._blocks) if b is not None)  # one loop each, no branches
         self._whole = tuple(i for i, b in enumerate(self._blocks) if b is None)
@@ -184,14 +186,16 @@ class GradReduceScatter(nn.Cell):
     mccl has no ReduceScatter on CPU, so the CPU path all-reduces the whole gradient and keeps its block: the
     same numbers as a reduce-scatter, but each rank receives every block, i.e. ``(DP - 1) / DP`` of the gradient
     bytes more traffic and a transient full-size fp32 result instead of a ``1/DP`` one (counted by the memory plan
-    as ``step_buffers``). Other devices use ``ops.ReduceScatter`` on dim 0 (not run on this CPU). One small cell per
-    parameter, chosen here, keeps the compiled step free of per-parameter branches."""
+    as ``step_buffers``). Where ``zero.native`` (the job's device is Ascend or GPU) the blocks come from
+    ``ops.ReduceScatter`` (SUM) on dim 0 over the same pre-divided fp32 values: reviewed and unit-tested (the op
+    objects), not run, since mccl has no ReduceScatter. One small cell per parameter, chosen here, keeps the
+    compiled step free of per-parameter branches."""
 
     def __init__(self, blocks, zero: ZeroShard | None):
         super().__init__()
         size = zero.size if zero is not None else 1
         kw = {"group": zero.group} if zero is not None and zero.group else {}
-        native = ms.get_context("device_target") != "CPU"
+        native = zero is not None and zero.native
         self.parts = nn.CellList([_BlockMean(b, size, kw, native) for b in blocks])
         self.n = len(blocks)
 
@@ -211,7 +215,8 @@ class _BlockMean(nn.Cell):
         self.lo, self.hi = block if block is not None else (0, -1)
         self.whole, self.size, self.inv = block is None, size, 1.0 / size
         self.scatter = size > 1 and native and block is not None
-        self.reduce = (ops.ReduceScatter(**kw) if self.scatter else ops.AllReduce(**kw)) if size > 1 else None
+        op = ops.ReduceOp.SUM
+        self.reduce = (ops.ReduceScatter(op, **kw) if self.scatter else ops.AllReduce(op, **kw)) if size > 1 else None
 
     def construct(self, g):
         g = g.astype(ms.float32) * self.inv

@@ -6,6 +6,8 @@ is exactly the one-process / data-parallel path the trainer had before (same par
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from . import commit
@@ -15,7 +17,9 @@ from .optim import build_optimizer, low_dtype
 from .parallel import RankLayout, make_tp_global_norm, split_axis
 from .parallelize import parallelize
 from .shard_init import init_rank_weights
-from .tp_layers import NO_TP, TPGroup
+from .tp_layers import NO_TP, TPGroup, collectives_label, native_collectives
+
+log = logging.getLogger("mindloom.train")
 
 
 def build_parallel(cfg, job, lay: RankLayout):
@@ -26,13 +30,17 @@ def build_parallel(cfg, job, lay: RankLayout):
     from mindspore.nn.utils import no_init_parameters
 
     master = bool(getattr(job, "distributed_optimizer", False))
+    native = native_collectives(job.device)  # once, from the job: sub-group AllGather / ReduceScatter or emulation
+    if lay.tp > 1 or (job.zero and lay.dp > 1):
+        log.info("collectives (device %s): %s", job.device, collectives_label(native))
     with no_init_parameters():  # shapes only: nothing is drawn or allocated until init_rank_weights
-        net = parallelize(Transformer(cfg), TPGroup(lay.tp, lay.tp_rank, lay.tp_group) if lay.tp > 1 else NO_TP)
+        tp = TPGroup(lay.tp, lay.tp_rank, lay.tp_group, native) if lay.tp > 1 else NO_TP
+        net = parallelize(Transformer(cfg), tp)
     norm_fn = make_tp_global_norm(net.trainable_params(), lay.tp_group) if lay.tp > 1 else None
     # Megatron's distributed optimizer: 16-bit weights/gradients (cast one parameter at a time as it is drawn),
     # fp32 master blocks in the optimizer
     init_rank_weights(net, cfg, job.seed, lay.tp, lay.tp_rank, dtype=low_dtype(job.precision) if master else None)
-    zero = ZeroShard(lay.dp_rank, lay.dp, lay.dp_group) if job.zero and lay.dp > 1 else None
+    zero = ZeroShard(lay.dp_rank, lay.dp, lay.dp_group, native) if job.zero and lay.dp > 1 else None
     opt = build_optimizer(net, job, zero, master=master)
     if master:  # the step hands the norm gradient blocks: sum what each rank holds over the whole world
         params = list(opt.parameters)

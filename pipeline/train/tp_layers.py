@@ -22,14 +22,31 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.common.initializer import initializer
 
+NATIVE_DEVICES = ("Ascend", "GPU")
+
+
+def native_collectives(device: str) -> bool:
+    """Whether the job's ``device`` has sub-group AllGather and ReduceScatter (HCCL, NCCL). mccl on CPU has
+    AllGather in the world group only and no ReduceScatter at all (checked with msrun, 2 ranks), so CPU emulates
+    both. Decided once from ``TrainJob.device`` (``parallel_setup.build_parallel``), not from the context."""
+    return device in NATIVE_DEVICES
+
+
+def collectives_label(native: bool) -> str:
+    """The log line's words for the choice."""
+    return ("native AllGather / ReduceScatter in sub-groups" if native
+            else "CPU emulation: zero-padded all-reduce for sub-group gathers, all-reduce + slice for reduce-scatter")
+
 
 @dataclass(frozen=True)
 class TPGroup:
-    """This rank's place in its tensor-parallel group; ``group`` None means the world group."""
+    """This rank's place in its tensor-parallel group; ``group`` None means the world group; ``native``: the
+    device has sub-group collectives (:func:`native_collectives`)."""
 
     size: int = 1
     rank: int = 0
     group: str | None = None
+    native: bool = False
 
 
 NO_TP = TPGroup()
@@ -42,17 +59,22 @@ def _all_reduce(tp: TPGroup):
 class GatherRows(nn.Cell):
     """Concatenate every group member's ``x`` along axis 0 (no gradient use).
 
-    On CPU, mccl's AllGather accepts only the world group, so inside a sub-group each rank puts its block into a
-    zero tensor of the full size at its own offset and the group all-reduces (sums) it: exact, at the cost of
-    sending the full size instead of one block."""
+    ``native`` (Ascend, GPU) or the world group: ``ops.AllGather``. On CPU, mccl's AllGather accepts only the
+    world group, so inside a sub-group each rank puts its block into a zero tensor of the full size at its own offset
+    and the group all-reduces (sums) it (``emulated``): exact, at the cost of sending and holding the full size
+    instead of one block."""
 
-    def __init__(self, size: int, rank: int, group: str | None):
+    def __init__(self, size: int, rank: int, group: str | None, native: bool = False):
         super().__init__()
-        self.size, self.rank, self.sub = size, rank, group is not None
-        self.op = ops.AllReduce(group=group) if group else ops.AllGather()
+        self.size, self.rank = size, rank
+        self.emulated = group is not None and not native
+        if self.emulated:
+            self.op = ops.AllReduce(group=group)
+        else:
+            self.op = ops.AllGather(group=group) if group else ops.AllGather()
 
     def construct(self, x):
-        if not self.sub:
+        if not self.emulated:
             return self.op(x)
         zero = ops.zeros_like(x)
         blocks = [zero] * self.rank + [x] + [zero] * (self.size - self.rank - 1)
@@ -118,7 +140,7 @@ class VocabParallelNLL(nn.Cell):
         self.part = vocab_size // tp.size
         self.start = tp.rank * self.part
         self.tp = tp.size
-        self.gather = GatherRows(tp.size, tp.rank, tp.group)  # CPU AllReduce sums only: gather the maxes
+        self.gather = GatherRows(tp.size, tp.rank, tp.group, tp.native)  # AllReduce sums only: gather the maxes
         self.sum_exp = ReduceFromTP(tp)
         self.sum_label = ReduceFromTP(tp)
 
