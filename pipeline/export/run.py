@@ -56,7 +56,7 @@ def export_stage(stage_dir: str | Path, fmt: str, out: str | Path | None = None,
         for p in tmp.iterdir():
             os.chmod(p, 0o644)            # mindspore writes checkpoints read-only for the owner alone
         manifest = {"format": fmt, "stage": src.stage, "step": src.step, "checkpoint": src.checkpoint,
-                    "checkpoint_sha256": sha256_file(src.checkpoint), "tensor_parallel": len(src.shards),
+                    "checkpoint_sha256": src.sha256[0], "tensor_parallel": len(src.shards),
                     "device": device if fmt == "mindformers" else None, "dir": str(final),
                     "tokenizer": str(src.tokenizer) if src.tokenizer else None,
                     "data_dir": src.data_dir, "tensors": len(weights),

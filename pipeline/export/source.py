@@ -25,8 +25,9 @@ class StageSource:
     stage_dir: Path
     stage: str
     step: int
-    checkpoint: str                  # rank 0's file of the final step
-    shards: list[str]                # one file per tensor-parallel rank (rank 0 first)
+    checkpoint: str                  # rank 0's weights file of the final step
+    shards: list[str]                # one weights file per tensor-parallel rank (rank 0 first)
+    sha256: list[str]                # the digests the commit marker recorded for ``shards``
     model: ModelConfig
     device: str                      # the device the stage trained on
     data_dir: str                    # the MindRecord folder the stage trained on (re-packed for another seq_len)
@@ -36,12 +37,13 @@ class StageSource:
 
 
 def final_checkpoint(stage_dir: str | Path) -> dict:
-    """The final committed checkpoint of a finished stage: ``{"step", "path", "shards", "tensor_parallel"}``.
+    """The final committed checkpoint of a finished stage: ``{"step", "path", "shards", "sha256",
+    "tensor_parallel"}``.
 
     The one lookup every export goes through: the stage finished (``summary.json``, written after its last save)
     and its final step has a commit marker (``pipeline.train.commit``: every rank wrote and verified its file);
-    ``shards`` are the files of tensor-parallel ranks ``0..t-1`` of the first data-parallel replica, as the marker
-    lists them (each verified again against its sidecar when loaded).
+    ``shards`` are the weights files of tensor-parallel ranks ``0..t-1`` (an older marker: their one file each), as
+    the marker lists them with their digests (each verified again when loaded); no optimizer state is read.
     """
     from pipeline.train import commit
 
@@ -58,12 +60,12 @@ def final_checkpoint(stage_dir: str | Path) -> dict:
                                 f"marker (not every rank wrote its checkpoint)")
     marker = commit.read_marker(marker_file)
     tp = int(marker["layout"].get("tensor_parallel") or 1)
-    shards = [commit.file_of(marker, r)[0] for r in range(tp)]
+    shards, digests = zip(*(commit.weights_of(marker, r) for r in range(tp)), strict=True)
     for path in shards:
         if not Path(path).is_file() or not Path(path + ".sha256").is_file():
             raise FileNotFoundError(f"{path}: tensor-parallel shard of the final checkpoint (or its .sha256) is "
                                     f"missing")
-    return {"step": step, "path": shards[0], "shards": shards, "tensor_parallel": tp}
+    return {"step": step, "path": shards[0], "shards": list(shards), "sha256": list(digests), "tensor_parallel": tp}
 
 
 def stage_source(stage_dir: str | Path) -> StageSource:
@@ -78,7 +80,7 @@ def stage_source(stage_dir: str | Path) -> StageSource:
     run_dir = Path(corpus_dir).parent if corpus_dir else None
     tok = run_dir / "tokenizer" / "spm.model" if run_dir else None
     return StageSource(stage_dir=stage_dir, stage=summary.get("stage") or stage_dir.name, step=final["step"],
-                       checkpoint=final["path"], shards=final["shards"], model=model,
+                       checkpoint=final["path"], shards=final["shards"], sha256=final["sha256"], model=model,
                        device=summary.get("device") or "CPU", data_dir=data_dir, corpus_dir=corpus_dir or "",
                        corpus_run_dir=run_dir if run_dir and run_dir.is_dir() else None,
                        tokenizer=tok if tok and tok.is_file() else None)
@@ -87,15 +89,15 @@ def stage_source(stage_dir: str | Path) -> StageSource:
 def load_weights(src: StageSource) -> dict[str, np.ndarray]:
     """The model's weights at the final step, tensor-parallel shards merged, exactly the model's parameters.
 
-    Each shard is verified against its sidecar; optimizer moments and training-state scalars are not read out.
+    Each shard is verified against the digest its commit marker recorded; only weights files are read.
     """
     from pipeline.train import checkpoint as ckpt
     from pipeline.train.parallel import merge_tp
 
     want = model_params(src.model)
     shards = []
-    for path in src.shards:
-        raw, _meta = ckpt.load_file(path)
+    for path, digest in zip(src.shards, src.sha256, strict=True):
+        raw, _meta = ckpt.load_verified(path, digest)
         missing = [n for n in want if n not in raw]
         if missing:
             raise ValueError(f"{path}: lacks {len(missing)} model parameters, e.g. {missing[:3]}")

@@ -1,25 +1,36 @@
-"""Crash-safe training checkpoints: one file per step with weights, optimizer state, data position, RNG state.
+"""Crash-safe training checkpoints: per step, a weights file and a state file, each with its sha256 sidecar.
 
-Why one file from the optimizer: ``save_checkpoint(opt)`` holds the weights (the optimizer references the same
-Parameters), Adam moments ``adam_m.*``/``adam_v.*`` and ``global_step``, so a step's state is one atomic unit with one
-checksum. Restoring the moments matters: a weights-only resume diverges after a few steps, a full one is bit-exact.
+Why two files: under ZeRO every data-parallel rank saves its own optimizer blocks, but the weights of a TP shard
+are the same on every replica and are saved once, by data-parallel rank 0. When they shared rank 0's file, every
+other rank read that whole file (weights *and* rank 0's moment blocks) to take the weights; now a rank reads the
+weights file of its TP rank plus its own state file, nothing else. Restoring the moments matters: a weights-only
+resume diverges after a few steps, a full one is bit-exact.
 
-Layout under ``out_dir/checkpoints``::
+Layout under ``out_dir/checkpoints`` (rank r > 0 of a sharded layout: ``out_dir/ranks/rank_<r>/checkpoints``)::
 
-    step_00000020.ckpt          written as .step_00000020.tmp.ckpt, then os.replace'd (readers never see partial)
-    step_00000020.ckpt.sha256   "<hex>  step_00000020.ckpt" (sha256sum -c format), written *before* the rename
+    step_00000020.weights.ckpt   the model weights (this TP shard), plus step and layout; written by the ranks
+                                 that hold a copy nobody else saves (data-parallel rank 0)
+    step_00000020.ckpt           this rank's state: Adam moments / fp32 master blocks, global_step, adam_step,
+                                 data position, loss scaler, RNG state, layout (every writing rank)
+    <each>.sha256                "<hex>  <name>" (sha256sum -c format), hashed while the file was written
+                                 (``ckpt_write``), never by reading it back; published before the file
 
-A step counts only once ``commit.py`` has written its commit marker (every rank's file written, digests recorded);
-resume and stage chaining read the markers, check each rank's file against the marker's digest, and fall back to the
-previous committed step on every rank when one file is torn, truncated or rotten. Each file also records the layout
-that wrote it (``tensor_parallel``, ``tp_rank``, ``data_parallel``, ``dp_rank``, ``zero_shards``), and a load by a
-rank of another layout is refused (:func:`check_file_layout`), never silently taken.
+Each file is written as ``.<name>.tmp.ckpt`` and renamed into place by ``fenced.publish`` (readers never see a
+partial file; a fenced-off job leaves only temp files, which the next start removes). A step counts only once
+``commit.py`` has written its commit marker listing every file with its digest; resume and stage chaining check
+each file they read against the marker and fall back to the previous committed step on every rank when one is
+torn, truncated or rotten. Each file records the layout that wrote it (``tensor_parallel``, ``tp_rank``,
+``data_parallel``, ``dp_rank``, ``zero_shards``), and a load by a rank of another layout is refused
+(:func:`check_file_layout`), never silently taken.
 
-Besides the tensors, each file holds scalar metadata (``META_INT``/``META_FLOAT``: step, global batch split, data
-position, loss-scaler state) and the RNG state: MindSpore's default generator (``ms.get_rng_state``, used by
-generator-based random ops) and NumPy's global Mersenne-Twister. Classic ops such as ``ops.randn`` or ``nn.Dropout``
-draw from per-op counters that MindSpore does not expose, which is one reason the model has no dropout (LLaMA-style
-pretraining uses none); the data order needs no RNG state at all (a pure function of seed and position, data.py).
+Older checkpoints (one ``step_X.ckpt`` per rank, the weights inside data-parallel rank 0's) still load: a marker
+entry without ``weights`` means the weights are in that entry's own file, and a plain path without a
+``.weights.ckpt`` beside it is read whole, as before.
+
+RNG state: MindSpore's default generator (``ms.get_rng_state``, used by generator-based random ops) and NumPy's
+global Mersenne-Twister. Classic ops such as ``ops.randn`` or ``nn.Dropout`` draw from per-op counters that
+MindSpore does not expose, which is one reason the model has no dropout (LLaMA-style pretraining uses none); the
+data order needs no RNG state at all (a pure function of seed and position, data.py).
 """
 
 from __future__ import annotations
@@ -33,7 +44,7 @@ import mindspore as ms
 
 from pipeline.io import sha256_file
 
-from . import fenced
+from . import ckpt_write, fenced
 
 log = logging.getLogger("mindloom.train")
 
@@ -54,30 +65,44 @@ def ckpt_path(out_dir: str, step: int) -> str:
     return os.path.join(ckpt_dir(out_dir), f"step_{step:08d}.ckpt")
 
 
+def weights_path(state_path: str) -> str:
+    """The weights file beside a state file: ``step_X.ckpt`` -> ``step_X.weights.ckpt``."""
+    return state_path.removesuffix(".ckpt") + ".weights.ckpt"
+
+
 def save(opt, out_dir: str, step: int, meta: dict, fence=None, weights: bool = True) -> str:
-    """Save ``opt`` (weights + moments + global_step) plus ``meta``; pruning waits for the commit (commit.prune).
-    ``fence()`` (raises when the job lost its lease) runs before anything is renamed into place: a fenced-off job
-    leaves only a temp file, which the next job's start removes."""
-    d = ckpt_dir(out_dir)
-    os.makedirs(d, exist_ok=True)
+    """Save this rank's state file (moments, optimizer scalars, ``meta``, RNG) and, with ``weights``, the weights
+    file beside it; returns the state file. Pruning waits for the commit (commit.prune). ``fence()`` (raises when
+    the job lost its lease) runs before anything is renamed into place (``fenced.publish``)."""
+    os.makedirs(ckpt_dir(out_dir), exist_ok=True)
     final = ckpt_path(out_dir, step)
-    tmp = os.path.join(d, f".step_{step:08d}.tmp.ckpt")
-    keep = None if weights else (lambda name: not is_weight(name))  # optimizer state only (the weights: dp rank 0)
-    ms.save_checkpoint(opt, tmp, append_dict={**_encode_meta(meta), **rng_state()}, choice_func=keep)
-    digest = sha256_file(tmp)
-    side_tmp = final + ".sha256.tmp"
-    with open(side_tmp, "w", encoding="utf-8") as f:
-        f.write(f"{digest}  {os.path.basename(final)}\n")
-    os.chmod(tmp, 0o644)
-    fence = fence or fenced.no_fence
+    extra = {**_encode_meta(meta), **rng_state()}
+    files = [(final, [*ckpt_write.cell_entries(opt, lambda name: not is_weight(name)), *extra.items()])]
+    if weights:
+        ident = {k: v for k, v in extra.items() if k == "step" or k in LAYOUT_META}
+        files.insert(0, (weights_path(final), [*ckpt_write.cell_entries(opt, is_weight), *ident.items()]))
+    for dest, entries in files:
+        _write_published(dest, entries, fence or fenced.no_fence)
+    return final
+
+
+def _write_published(dest: str, entries: list, fence) -> str:
+    """Write ``entries`` to a temp name while hashing them, write the sidecar, publish sidecar then file."""
+    d, name = os.path.split(dest)
+    tmp = os.path.join(d, "." + name.removesuffix(".ckpt") + ".tmp.ckpt")
+    side_tmp = dest + ".sha256.tmp"
     try:
-        fenced.publish(side_tmp, final + ".sha256", fence)
-        fenced.publish(tmp, final, fence)
+        digest, _ = ckpt_write.write(tmp, entries)
+        with open(side_tmp, "w", encoding="utf-8") as f:
+            f.write(f"{digest}  {name}\n")
+        os.chmod(tmp, 0o644)
+        fenced.publish(side_tmp, dest + ".sha256", fence)
+        fenced.publish(tmp, dest, fence)
     finally:
         for p in (tmp, side_tmp):
             if os.path.exists(p):
                 os.remove(p)
-    return final
+    return digest
 
 
 def list_checkpoints(out_dir: str) -> list[tuple[int, str]]:
@@ -149,7 +174,15 @@ def _split_meta(pd: dict) -> tuple[dict, dict]:
 
 def load_file(path: str, need_sidecar: bool = True) -> tuple[dict, dict]:
     """``(param_dict, meta)`` of one checkpoint file given by path (``init_from``); it must match its sidecar
-    (without ``need_sidecar`` a file that has none, e.g. a ``tp_merge`` output, is taken as it is)."""
+    (without ``need_sidecar`` a file that has none, e.g. a ``tp_merge`` output, is taken as it is). A state file
+    (``step_X.ckpt``) comes with the weights of the ``step_X.weights.ckpt`` beside it, checked the same way."""
+    pd, meta = _checked_file(path, need_sidecar)
+    if os.path.isfile(wpath := weights_path(path)) and not weights_only(pd):  # a state file: its weights beside it
+        pd.update(weights_only(_checked_file(wpath, need_sidecar)[0]))
+    return pd, meta
+
+
+def _checked_file(path: str, need_sidecar: bool) -> tuple[dict, dict]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"init_from checkpoint {path!r} not found")
     why = verify(path)
@@ -246,7 +279,10 @@ def assign_weights(net, raw: dict, what: str) -> int:
 
 
 def load_weights(net, path: str) -> int:
-    """Weights only of one whole-model file (a TP=1 checkpoint or a ``tp_merge`` output) into ``net``."""
+    """Weights only of one whole-model file (a TP=1 checkpoint or a ``tp_merge`` output) into ``net``; given a
+    state file, only the weights file beside it is read."""
+    if os.path.isfile(weights_path(path)):
+        path = weights_path(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"init_from checkpoint {path!r} not found")
     if os.path.exists(path + ".sha256") and (why := verify(path)):

@@ -3,10 +3,12 @@
 Why: with sharded state (TP weights, ZeRO moments) every rank writes its own file, and a crash between two ranks'
 saves, or one corrupt file, must not resume rank 0 at step N and rank 1 at step N-k. Protocol of one save::
 
-    every writing rank: save its file + .sha256 sidecar (digest computed once, from the written bytes)
-    barrier 1 (world AllReduce-sum of "my file is written" flags): all ranks or none go on
+    every writing rank: save its state file (+ the weights file, on data-parallel rank 0) with .sha256
+                        sidecars (digests computed while the bytes were written, checkpoint.py)
+    barrier 1 (world AllReduce-sum of "my files are written" flags): all ranks or none go on
     rank 0: reads the digests from the sidecars (tiny files, no re-hash) and writes ONE marker
-            out_dir/checkpoints/step_XXXXXXXX.commit.json {step, ranks, layout, files: [{rank, path, sha256}]}
+            out_dir/checkpoints/step_XXXXXXXX.commit.json {step, ranks, layout,
+            files: [{rank, path, sha256, weights: {path, sha256} on the ranks that saved weights}]}
     barrier 2 (AllReduce-sum of "committed"): every rank sees the marker before it prunes its own files
 
 Only AllReduce-sum in the world group is used (CPU mccl lacks Send/Recv and sub-group gathers). Resume and stage
@@ -50,6 +52,10 @@ def rank_file(out_dir: str, rank: int, step: int) -> str:
     return os.path.join(rank_dir(out_dir, rank), "checkpoints", f"step_{step:08d}.ckpt")
 
 
+def weights_file(out_dir: str, rank: int, step: int) -> str:
+    return os.path.join(rank_dir(out_dir, rank), "checkpoints", f"step_{step:08d}.weights.ckpt")
+
+
 def committed_steps(out_dir: str) -> list[int]:
     """Steps with a commit marker, newest first (names only: cheap, no MindSpore; markers are not validated)."""
     out = []
@@ -70,6 +76,11 @@ def read_marker(path: str) -> dict:
             raise ValueError(f"commit marker {path}: field {field!r} missing or not a {typ.__name__}")
     if len(m["files"]) != m["ranks"] or [f.get("rank") for f in m["files"]] != list(range(m["ranks"])):
         raise ValueError(f"commit marker {path}: field 'files' must list ranks 0..{m['ranks'] - 1} once each")
+    for f in m["files"]:
+        w = f.get("weights")
+        if w is not None and not (isinstance(w, dict) and isinstance(w.get("path"), str)
+                                  and isinstance(w.get("sha256"), str)):
+            raise ValueError(f"commit marker {path}: rank {f['rank']}'s 'weights' must be {{path, sha256}}")
     m["stage_dir"] = os.path.dirname(os.path.dirname(os.path.abspath(path)))
     m["marker"] = os.path.abspath(path)
     return m
@@ -140,16 +151,28 @@ def file_of(marker: dict, rank: int) -> tuple[str, str]:
     return os.path.join(marker["stage_dir"], f["path"]), f["sha256"]
 
 
+def weights_of(marker: dict, tp_rank: int) -> tuple[str, str]:
+    """(absolute path, sha256) of the weights of TP rank ``tp_rank``: the weights file that its rank in the first
+    data-parallel replica saved, or (a marker from before weights had their own file) that rank's one file."""
+    f = marker["files"][tp_rank % marker["ranks"]]
+    w = f.get("weights") or f
+    return os.path.join(marker["stage_dir"], w["path"]), w["sha256"]
+
+
 def write_marker(out_dir: str, step: int, layout: dict, writers: int, job_id: str | None = None,
                  generation: int | None = None, fence=fenced.no_fence) -> str:
-    """Rank 0, after barrier 1: one marker over the ``writers`` rank files of ``step`` (digests from sidecars),
-    with the job id and lease generation that wrote it, published between two fences (``fenced.publish``)."""
+    """Rank 0, after barrier 1: one marker over the ``writers`` rank files of ``step`` and the weights files of
+    ranks ``0..min(writers, tp)-1`` (data-parallel rank 0 of each TP rank; digests from sidecars), with the job id
+    and lease generation that wrote it, published between two fences (``fenced.publish``)."""
+    def entry(path: str) -> dict:
+        with open(path + ".sha256", encoding="utf-8") as f:
+            return {"path": os.path.relpath(path, out_dir), "sha256": f.read().split()[0]}
+
     files = []
     for r in range(writers):
-        path = rank_file(out_dir, r, step)
-        with open(path + ".sha256", encoding="utf-8") as f:
-            digest = f.read().split()[0]
-        files.append({"rank": r, "path": os.path.relpath(path, out_dir), "sha256": digest})
+        files.append({"rank": r, **entry(rank_file(out_dir, r, step))})
+        if r < int(layout["tensor_parallel"]):
+            files[-1]["weights"] = entry(weights_file(out_dir, r, step))
     dest = commit_file(out_dir, step)
     fenced.write_json(dest, {"step": step, "ranks": writers, "layout": {k: int(layout[k]) for k in LAYOUT_FIELDS},
                              "files": files, "job_id": job_id, "generation": generation}, fence)
@@ -275,8 +298,8 @@ def prune(root: str, out_dir: str, keep: int, rank: int, newest: int | None = No
     if not steps:
         return
     kept = set(steps[:max(keep, 1)])
-    for p in glob.glob(os.path.join(root, "checkpoints", "step_*.ckpt")):
-        m = re.match(r"^step_(\d{8})\.ckpt$", os.path.basename(p))
+    for p in glob.glob(os.path.join(root, "checkpoints", "step_*.ckpt")):  # state and weights files
+        m = re.match(r"^step_(\d{8})(\.weights)?\.ckpt$", os.path.basename(p))
         if m and int(m.group(1)) <= steps[0] and int(m.group(1)) not in kept:
             for f in (p, p + ".sha256"):
                 _remove(f)

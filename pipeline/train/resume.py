@@ -104,14 +104,22 @@ def _full_state_loader(lay: RankLayout, zero: bool, rank: int):
         ckpt.check_file_layout(path, meta, want)
         if meta.get("step") != marker["step"]:
             raise ValueError(f"checkpoint {path}: holds step {meta.get('step')}, its marker says {marker['step']}")
-        if not ckpt.weights_only(pd):  # optimizer state only: the weights are in data-parallel rank 0's file
-            wpath, wdigest = commit.file_of(marker, lay.tp_rank)
-            wpd, wmeta = ckpt.load_verified(wpath, wdigest)
-            ckpt.check_file_layout(wpath, wmeta, {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank, "dp_rank": 0})
-            pd.update(ckpt.weights_only(wpd))
+        if not ckpt.weights_only(pd):  # a state file: the weights are in the weights file of this TP rank
+            pd.update(_weights(marker, lay.tp, lay.tp_rank))
         return path, pd, meta
 
     return load
+
+
+def _weights(marker: dict, tp: int, tp_rank: int) -> dict:
+    """The weights of TP rank ``tp_rank`` of committed step ``marker``: its weights file (an older marker: the one
+    file of that rank in the first data-parallel replica), checked against the marker and its layout."""
+    path, digest = commit.weights_of(marker, tp_rank)
+    pd, meta = ckpt.load_verified(path, digest)
+    ckpt.check_file_layout(path, meta, {"tensor_parallel": tp, "tp_rank": tp_rank, "dp_rank": 0})
+    if meta.get("step", marker["step"]) != marker["step"]:
+        raise ValueError(f"checkpoint {path}: holds step {meta['step']}, its marker says {marker['step']}")
+    return ckpt.weights_only(pd)
 
 
 def _apply_full(opt, scaler, pd: dict, meta: dict) -> None:
@@ -146,11 +154,8 @@ def _init_from_marker(job, net, opt, scaler, lay, rank, seq_len):
         return _continue(job, opt, scaler, lay, seq_len, path, pd, meta)
 
     def load(m: dict) -> dict:
-        if prev_tp == lay.tp:  # the file of this TP rank in the first data-parallel replica
-            path, digest = commit.file_of(m, lay.tp_rank)
-            pd, meta = ckpt.load_verified(path, digest)
-            ckpt.check_file_layout(path, meta, {"tensor_parallel": lay.tp, "tp_rank": lay.tp_rank})
-            return ckpt.weights_only(pd)
+        if prev_tp == lay.tp:  # the weights file of this TP rank (no optimizer state is read)
+            return _weights(m, lay.tp, lay.tp_rank)
         from .tp_merge import resliced_weights
 
         return resliced_weights(m, lay.tp, lay.tp_rank)

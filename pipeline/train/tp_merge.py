@@ -1,8 +1,8 @@
 """Merge the per-rank checkpoints of a tensor-parallel run into one TP=1 weights file.
 
 Why: a model trained with ``tensor_parallel=t`` leaves ``t`` shards per committed step (rank 0 in
-``out_dir/checkpoints``, rank r in ``out_dir/ranks/rank_<r>/checkpoints``, listed with their digests in the step's
-commit marker); evaluation, export and a follow-up stage of another TP degree want the whole model. The weights of
+``out_dir/checkpoints``, rank r in ``out_dir/ranks/rank_<r>/checkpoints``, each a ``step_X.weights.ckpt`` listed
+with its digest in the step's commit marker); evaluation, export and a follow-up stage of another TP degree want the whole model. The weights of
 the first data-parallel replica (ranks ``0..t-1``) are concatenated along each parameter's split axis
 (``parallel.split_axis``); Adam moments are not merged (a merged file is for ``init_mode="weights"`` and
 evaluation). A weights-only stage that changes the TP degree uses :func:`resliced_weights` instead, which reads
@@ -32,7 +32,7 @@ def merged_weights(marker: dict) -> dict:
 
 def _verified_shard(marker: dict, r: int) -> dict:
     tp = marker["layout"]["tensor_parallel"]
-    path, digest = commit.file_of(marker, r)
+    path, digest = commit.weights_of(marker, r)  # the weights file alone: no optimizer state is read
     pd, meta = ckpt.load_verified(path, digest)
     ckpt.check_file_layout(path, meta, {"tensor_parallel": tp, "tp_rank": r, "dp_rank": 0})
     return {k: v.asnumpy() for k, v in ckpt.weights_only(pd).items()}
