@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from pipeline.ablation.config import AblationConfig
 from pipeline.configkit import ConfigError, _build, _f
 from pipeline.dedup.config import DedupConfig
 from pipeline.dedup.minhash.config import MinhashConfig
@@ -29,10 +30,16 @@ from pipeline.export.config import ExportConfig
 from pipeline.ingest.config import IngestConfig, SourceConfig
 from pipeline.quality.config import QualityConfig
 from pipeline.sink.config import MixtureConfig, PackConfig
+from pipeline.tasks.config import AirflowConfig
 from pipeline.tokenizer.config import TokenizerConfig
 from pipeline.train.config import TrainConfig
 
 DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "default.yaml"
+
+#: Dotted fields that say when, how often and with how much memory a deployment runs the work, never what it
+#: produces: left out of :meth:`MindloomConfig.digest`, so changing them renames no output and invalidates no
+#: finished step (and digests of configs written before these fields existed still match).
+NOT_DIGESTED = ("airflow", "ablation", "pack.verify_mem_mb")
 
 
 @dataclass
@@ -63,6 +70,11 @@ class MindloomConfig:
     minhash: MinhashConfig = _f(factory=MinhashConfig)
     train: TrainConfig = _f(factory=TrainConfig)
     export: ExportConfig = _f(factory=ExportConfig)
+    airflow: AirflowConfig = _f(factory=AirflowConfig, desc="How the Airflow DAGs schedule, retry and defer this "
+                                "deployment's runs: read when the DAG files are parsed (so not on the trigger "
+                                "form), ignored by the mindloom CLI, left out of the config digest.")
+    ablation: AblationConfig = _f(factory=AblationConfig, desc="Data ablations (the ablation DAG, mindloom ablation): "
+                                  "the arms, seeds and references; left out of the config digest.")
 
     def active_sources(self) -> list[SourceConfig]:
         """Sources of the selected domains (all of them when ``domains`` is empty)."""
@@ -72,8 +84,16 @@ class MindloomConfig:
         return dataclasses.asdict(self)
 
     def digest(self) -> str:
-        """sha256 of the canonical JSON of the config: names outputs and goes into the manifest."""
-        return hashlib.sha256(json.dumps(self.to_dict(), sort_keys=True).encode()).hexdigest()
+        """sha256 of the canonical JSON of the config (less :data:`NOT_DIGESTED`): names outputs and goes into the
+        manifest."""
+        data = self.to_dict()
+        for dotted in NOT_DIGESTED:
+            *parents, leaf = dotted.split(".")
+            node = data
+            for p in parents:
+                node = node[p]
+            del node[leaf]
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()
 
 
 def _check_cross_fields(cfg: MindloomConfig) -> None:

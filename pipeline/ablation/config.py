@@ -1,0 +1,59 @@
+"""The ``ablation:`` section: which corpus variants (arms) a data ablation trains and how it scores them.
+
+An arm is a set of dotted overrides of the deployment's config (``{"quality.enabled": false}``); every arm reads
+the same documents (the references held out first), builds its corpus through the same chain, and trains the same
+proxy model on the same tokens per domain (``mixture.matched``), so the arms differ only in what the chain did.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from pipeline.configkit import ConfigError, _f
+
+ARM_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+RAW = {"dedup.exact": False, "minhash.enabled": False, "quality.enabled": False}
+
+
+@dataclass
+class AblationConfig:
+    arms: dict = _f(factory=lambda: {"raw": dict(RAW), "shipped": {}},
+                    desc="Arm name -> dotted config overrides ({} : the config as it is). The first arm is the "
+                         "baseline every other arm is compared with. Default: raw (exact dedup, near dedup and "
+                         "quality filters off) and shipped.")
+    seeds: int = _f(4, desc="Training seeds per arm (initial weights and data order); differences are paired "
+                            "by seed.", ge=1, le=64)
+    aa: bool = _f(True, desc="Train the baseline arm a second time with other seeds: the A/A pair whose spread is "
+                             "the noise floor every difference is read against.")
+    steps: int = _f(200, desc="Optimizer steps of each proxy training run.", ge=1)
+    total_tokens: int = _f(0, desc="Training tokens of every arm's mixture (mixture.total_tokens, matched); 0: "
+                                   "steps x train.batch_size x pack.seq_len.", ge=0)
+    reference_docs: int = _f(30, desc="Reference documents held out per domain (fewer where a domain has fewer "
+                                      "than twice that many), before any arm reads the sources.", ge=1)
+    reference_max_bytes: int = _f(8192, desc="Each reference document is scored on at most this many UTF-8 bytes "
+                                             "(its start), so no single long document dominates a domain.", ge=256)
+    primary: str = _f("", desc="The domain whose bits per byte is the primary number, named before the run "
+                               "(empty: all domains pooled).")
+    replicates: int = _f(2000, desc="Bootstrap draws per interval.", ge=100)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.arms, dict) or len(self.arms) < 2:
+            raise ConfigError("ablation.arms: at least two arms (a baseline and one to compare), e.g. "
+                              "{raw: {quality.enabled: false}, shipped: {}}")
+        for name, overrides in self.arms.items():
+            if not isinstance(name, str) or not ARM_NAME.match(name):
+                raise ConfigError(f"ablation.arms.{name}: an arm name is 1-40 lowercase letters, digits or _, "
+                                  f"starting with a letter")
+            if not isinstance(overrides, dict):
+                raise ConfigError(f"ablation.arms.{name}: expected a map of dotted config fields to values, got "
+                                  f"{overrides!r}")
+            for key in overrides:
+                if not isinstance(key, str) or key.split(".")[0] in ("sources", "data_root", "ablation", "train",
+                                                                     "mixture", "seed"):
+                    raise ConfigError(f"ablation.arms.{name}.{key}: an arm may change what the chain does to the "
+                                      f"documents, not the sources, outputs, mixture, seed or training (those are "
+                                      f"the same for every arm)")
+
+    def baseline(self) -> str:
+        return next(iter(self.arms))
