@@ -102,20 +102,24 @@ def test_tensor_parallel_shards_are_merged_before_export(chain, tmp_path):
     from pipeline.export.run import export_stage
     from pipeline.io import read_json, sha256_file, write_json
     from pipeline.train import commit
+    from pipeline.train.checkpoint import weights_path
     from pipeline.train.parallel import split_axis, take_shard
 
     src = chain["stages"]["main"]
     tp_dir = tmp_path / "main"
     shutil.copytree(src, tp_dir, ignore=shutil.ignore_patterns("export", "checkpoints"))
     summary = read_json(src / "summary.json")
-    full = ms.load_checkpoint(summary["checkpoint"])
+    full = ms.load_checkpoint(weights_path(summary["checkpoint"]))
     name = os.path.basename(summary["checkpoint"])
     for rank, folder in ((0, tp_dir), (1, tp_dir / "ranks" / "rank_00001")):
         (folder / "checkpoints").mkdir(parents=True)
-        path = folder / "checkpoints" / name
+        path = folder / "checkpoints" / name  # a state file, then the weights file of this shard beside it
+        ms.save_checkpoint([{"name": "global_step", "data": ms.Tensor(np.array([4], np.int32))}], str(path))
         ms.save_checkpoint([{"name": k, "data": ms.Tensor(take_shard(v.asnumpy(), split_axis(k), 2, rank))}
-                            for k, v in full.items()], str(path))
-        (folder / "checkpoints" / (name + ".sha256")).write_text(f"{sha256_file(path)}  {name}\n")
+                            for k, v in full.items()], weights_path(str(path)))
+        for p in (str(path), weights_path(str(path))):
+            with open(p + ".sha256", "w") as f:
+                f.write(f"{sha256_file(p)}  {os.path.basename(p)}\n")
     commit.write_marker(str(tp_dir), summary["steps"], {"tensor_parallel": 2, "data_parallel": 1,
                                                         "zero_shards": 1}, 2)     # what the trainer commits
     write_json(tp_dir / "summary.json", {**summary, "checkpoint": str(tp_dir / "checkpoints" / name),

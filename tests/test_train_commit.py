@@ -27,21 +27,25 @@ TINY = {"preset": "debug", "vocab_size": 260, "dim": 64, "n_layers": 2, "n_heads
 
 
 def _fake_step(out_dir, step: int, ranks: int, layout=None, metas=None) -> None:
-    """Rank files (tiny real checkpoints with metadata) + sidecars of ``step``, then its marker."""
+    """Rank files of ``step`` as checkpoint.save lays them out (tiny real checkpoints with metadata: a weights file
+    and a state file per rank, each with its sidecar), then its marker."""
     ms = pytest.importorskip("mindspore")
     from pipeline.io import sha256_file
 
+    layout = layout or {"tensor_parallel": ranks, "data_parallel": 1, "zero_shards": 1}
     for r in range(ranks):
-        path = commit.rank_file(str(out_dir), r, step)
-        os.makedirs(os.path.dirname(path), exist_ok=True)
         meta = {"step": step, "tensor_parallel": ranks, "tp_rank": r, "zero_shards": 1, "dp_rank": 0,
                 **((metas or {}).get(r, {}))}
-        ms.save_checkpoint([{"name": "w", "data": ms.Tensor(np.full((2,), r, np.float32))}], path,
-                           append_dict=meta)
-        with open(path + ".sha256", "w") as f:
-            f.write(f"{sha256_file(path)}  {os.path.basename(path)}\n")
-    commit.write_marker(str(out_dir), step, layout or {"tensor_parallel": ranks, "data_parallel": 1,
-                                                       "zero_shards": 1}, ranks)
+        files = [(commit.rank_file(str(out_dir), r, step), "adam_m.w")]
+        if r < layout["tensor_parallel"]:
+            files.append((commit.weights_file(str(out_dir), r, step), "w"))
+        for path, name in files:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            ms.save_checkpoint([{"name": name, "data": ms.Tensor(np.full((2,), r, np.float32))}], path,
+                               append_dict=meta)
+            with open(path + ".sha256", "w") as f:
+                f.write(f"{sha256_file(path)}  {os.path.basename(path)}\n")
+    commit.write_marker(str(out_dir), step, layout, ranks)
 
 
 def test_marker_lists_every_rank_with_its_digest_relative_to_the_stage(tmp_path):
@@ -51,6 +55,8 @@ def test_marker_lists_every_rank_with_its_digest_relative_to_the_stage(tmp_path)
                                                            "zero_shards": 1})
     assert [f["path"] for f in m["files"]] == ["checkpoints/step_00000004.ckpt",
                                               "ranks/rank_00001/checkpoints/step_00000004.ckpt"]
+    assert [f["weights"]["path"] for f in m["files"]] == ["checkpoints/step_00000004.weights.ckpt",
+                                                         "ranks/rank_00001/checkpoints/step_00000004.weights.ckpt"]
     shutil.move(tmp_path / "s", tmp_path / "moved")  # an archived stage folder stays loadable
     (m,) = commit.committed(str(tmp_path / "moved"))
     path, digest = commit.file_of(m, 1)
@@ -73,13 +79,11 @@ def test_prune_keeps_the_newest_committed_steps_and_anything_in_flight(tmp_path)
     os.remove(commit.commit_file(str(out), 8))  # step 8: written, not committed (a save in flight)
     for rank in (1, 0):
         commit.prune(commit.rank_dir(str(out), rank), str(out), keep=2, rank=rank)
-    assert sorted(os.listdir(out / "checkpoints")) == [
-        "step_00000004.ckpt", "step_00000004.ckpt.sha256", "step_00000004.commit.json",
-        "step_00000006.ckpt", "step_00000006.ckpt.sha256", "step_00000006.commit.json",
-        "step_00000008.ckpt", "step_00000008.ckpt.sha256"]
-    assert sorted(os.listdir(out / "ranks" / "rank_00001" / "checkpoints")) == [
-        "step_00000004.ckpt", "step_00000004.ckpt.sha256", "step_00000006.ckpt", "step_00000006.ckpt.sha256",
-        "step_00000008.ckpt", "step_00000008.ckpt.sha256"]
+    files = [f"step_0000000{s}{kind}" for s in (4, 6, 8) for kind in (
+        ".ckpt", ".ckpt.sha256", ".weights.ckpt", ".weights.ckpt.sha256")]  # weights files pruned with the state
+    assert sorted(os.listdir(out / "checkpoints")) == sorted(
+        files + ["step_00000004.commit.json", "step_00000006.commit.json"])
+    assert sorted(os.listdir(out / "ranks" / "rank_00001" / "checkpoints")) == files
     commit.prune(str(out), str(out), keep=1, rank=0)  # keep=1 still keeps the newest committed step
     assert commit.committed_steps(str(out)) == [6]
     assert os.path.exists(commit.rank_file(str(out), 0, 6))
@@ -183,9 +187,8 @@ def test_prune_after_a_fallback_resume_keeps_the_steps_it_writes(tmp_path):
         _fake_step(out, step, 1)
     commit.prune(str(out), str(out), keep=1, rank=0, newest=5)
     assert commit.committed_steps(str(out)) == [6, 5]
-    assert sorted(os.listdir(out / "checkpoints")) == [
-        "step_00000005.ckpt", "step_00000005.ckpt.sha256", "step_00000005.commit.json",
-        "step_00000006.ckpt", "step_00000006.ckpt.sha256", "step_00000006.commit.json"]
+    assert sorted(os.listdir(out / "checkpoints")) == [f"step_0000000{s}{kind}" for s in (5, 6) for kind in (
+        ".ckpt", ".ckpt.sha256", ".commit.json", ".weights.ckpt", ".weights.ckpt.sha256")]
 
 
 def test_check_layout_refuses_in_one_line_naming_file_and_field():

@@ -57,8 +57,9 @@ def test_publish_never_withdraws_a_file_it_did_not_write(tmp_path):
 def _marker(out, step: int, generation: int | None) -> None:
     ck = out / "checkpoints"
     ck.mkdir(parents=True, exist_ok=True)
-    (ck / f"step_{step:08d}.ckpt").write_bytes(b"x")
-    (ck / f"step_{step:08d}.ckpt.sha256").write_text(f"00  step_{step:08d}.ckpt\n")
+    for name in (f"step_{step:08d}.ckpt", f"step_{step:08d}.weights.ckpt"):
+        (ck / name).write_bytes(b"x")
+        (ck / f"{name}.sha256").write_text(f"00  {name}\n")
     commit.write_marker(str(out), step, {"tensor_parallel": 1, "data_parallel": 1, "zero_shards": 1}, 1,
                         job_id=f"job{generation}", generation=generation)
 

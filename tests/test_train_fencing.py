@@ -145,7 +145,7 @@ def test_a_job_whose_lease_is_taken_stops_without_another_write(data, tmp_path):
                  "released": False, "stop": None}
         write_json(out / "lease.json", thief)
         before = _snapshot(out)
-        ckpts = sorted(p.name for p in (out / "checkpoints").glob("step_*.ckpt"))
+        ckpts = sorted(p.name for p in (out / "checkpoints").glob("step_????????.ckpt"))
         assert ckpts and ckpts[-1] == f"step_{step - step % 2:08d}.ckpt"
     finally:
         proc.send_signal(signal.SIGCONT)

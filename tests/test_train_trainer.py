@@ -94,12 +94,14 @@ def test_loss_decreases_and_outputs_are_written(data, tmp_path):
     assert s["resumed_from"] is None and s["steps"] == 30 and s["tokens"] == 30 * 8 * SEQ
     assert s["attention_impl"] == "math" and s["mode"] == "graph" and s["params"] > 0 and s["tokens_per_s"] > 0
     ckpts = sorted(os.listdir(out / "checkpoints"))
-    assert ckpts == ["step_00000020.ckpt", "step_00000020.ckpt.sha256", "step_00000020.commit.json",
-                     "step_00000030.ckpt", "step_00000030.ckpt.sha256", "step_00000030.commit.json"]
+    assert ckpts == [f"step_000000{s}{kind}" for s in (20, 30) for kind in (
+        ".ckpt", ".ckpt.sha256", ".commit.json", ".weights.ckpt", ".weights.ckpt.sha256")]
     assert s["checkpoint"] == str(out / "checkpoints" / "step_00000030.ckpt")
     marker = _read(out / "checkpoints" / "step_00000030.commit.json")  # one rank: a marker with rank count 1
     assert marker["ranks"] == 1 and marker["files"][0]["path"] == "checkpoints/step_00000030.ckpt"
     assert marker["files"][0]["sha256"] == (out / "checkpoints" / "step_00000030.ckpt.sha256").read_text().split()[0]
+    assert marker["files"][0]["weights"] == {"path": "checkpoints/step_00000030.weights.ckpt", "sha256": (
+        out / "checkpoints" / "step_00000030.weights.ckpt.sha256").read_text().split()[0]}
     assert s["commit"] == str(out / "checkpoints" / "step_00000030.commit.json")
 
 
