@@ -1,7 +1,8 @@
 """corpus_build / corpus_refresh: raw text → exact and MinHash dedup → quality filter → mixture → MindRecord.
 
 ``corpus_build`` is triggered by hand (UI form or REST); ``corpus_refresh`` is the same chain on a cron schedule
-(``MINDLOOM_REFRESH_SCHEDULE``, default Sundays 03:00 UTC, no catch-up) and is the one to backfill.
+(``airflow.refresh_schedule`` of the deployment's config, default Sundays 03:00 UTC, no catch-up) and is the one to
+backfill.
 
 Wiring only: the chain is the ordered list of steps in ``pipeline.tasks.steps`` (the same list ``mindloom corpus``
 runs), and every task body is one call, ``pipeline.tasks.corpus.run_step``.  The shard plan is a file in the run
@@ -16,17 +17,17 @@ schedules the ``pretrain`` DAG.  Before it, ``approve`` waits for a person (``ap
 
 from __future__ import annotations
 
-import os
-
 import pendulum
 from airflow.sdk import TaskGroup, dag, get_current_context, task
 
 from operators.approval import CorpusApproval
 from operators.params import build_params, config_path, corpus_asset
 from operators.routing import data_task_kwargs
+from pipeline.config import load_config
 from pipeline.tasks.steps import STEPS, Step
 
 CORPUS = corpus_asset()
+CFG = load_config(config_path())
 
 
 @task(multiple_outputs=False)
@@ -94,5 +95,4 @@ def _corpus_dag(dag_id: str, schedule: str | None, tags: list[str]):
 
 
 corpus_build = _corpus_dag("corpus_build", None, ["manual"])
-corpus_refresh = _corpus_dag("corpus_refresh", os.environ.get("MINDLOOM_REFRESH_SCHEDULE") or "0 3 * * 0",
-                             ["scheduled"])
+corpus_refresh = _corpus_dag("corpus_refresh", CFG.airflow.refresh_schedule, ["scheduled"])

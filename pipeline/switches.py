@@ -1,7 +1,9 @@
 """Every ``MINDLOOM_*`` environment variable, declared once: its name, default, who reads it and why.
 
 The typed configuration (:mod:`pipeline.config`) holds what a run does; these say where and how a deployment, a
-training image or the test harness runs it.  ``docs/configuration.md`` renders this table
+training image or the test harness runs it.  What a team chooses per deployment about how runs behave (schedules,
+retries, deferral, the verify reader's memory) is configuration, not a variable here: the ``airflow:`` section and
+``pack.verify_mem_mb``, read by the DAG files from the loaded config.  ``docs/configuration.md`` renders this table
 (:mod:`pipeline.config_reference`), and ``tests/test_switches.py`` fails when code, scripts, the Makefile or the
 container files name a variable that is not declared here, or when a declared one is read nowhere.
 """
@@ -34,13 +36,6 @@ SWITCHES: tuple[Switch, ...] = (
            "`1`: a queue or executor that this Airflow cannot route to fails the DAG's import instead of a warning."),
     Switch("MINDLOOM_TESTING_SWITCHES", "", "deployment",
            "`1`: the form shows and runs honour the test-only switches (fail at a step); never in production."),
-    Switch("MINDLOOM_TRAIN_RETRIES", "1", "deployment", "Retries of each training stage task."),
-    Switch("MINDLOOM_TRAIN_DEFERRABLE", "", "deployment",
-           "`1`: training stages wait in the triggerer instead of holding a worker slot."),
-    Switch("MINDLOOM_PRETRAIN_CRON", "", "deployment",
-           "A cron next to the Asset schedule of `pretrain` (makes it backfillable), e.g. `0 4 * * 0`."),
-    Switch("MINDLOOM_REFRESH_SCHEDULE", "0 3 * * 0", "deployment", "Cron of `corpus_refresh`."),
-    Switch("MINDLOOM_VERIFY_MEM_MB", "6144", "deployment", "Memory budget of `mindloom verify`'s reader."),
     Switch("MINDLOOM_AIRFLOW_HOME", ".airflow", "deployment", "`make airflow`'s AIRFLOW_HOME."),
     Switch("MINDLOOM_AIRFLOW_PORT", "8080", "deployment", "`make airflow`'s API server port."),
     Switch("MINDLOOM_DATA_WORKER_CONCURRENCY", "4", "deployment", "Task slots of the compose stack's data worker."),

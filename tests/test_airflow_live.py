@@ -20,7 +20,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.airflow]
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("live")
-    dep = AirflowDeployment(tmp / "airflow_home", tiny_config(tmp), {"MINDLOOM_TRAIN_RETRIES": "0"})
+    dep = AirflowDeployment(tmp / "airflow_home", tiny_config(tmp, airflow={"train_retries": 0}))
     try:
         dep.start()
         for dag_id in ("corpus_build", "pretrain"):

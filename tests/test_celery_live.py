@@ -2,18 +2,20 @@
 
 One deployment for the module (``celery_services.CeleryStack``): ``corpus_build`` triggered over REST, then the
 ``pretrain`` run its Asset event starts, both to success, with every task instance on the worker its queue names
-(data stages on ``data@mindloom``, ``train_*`` on ``train@mindloom``).  Then the train worker is restarted with
-``MINDLOOM_TRAIN_DEFERRABLE=1`` (workers parse the DAG file for each task, so the flag takes effect there) and a
-hand-triggered ``pretrain`` must see its stages deferred to the triggerer and still succeed.
+(data stages on ``data@mindloom``, ``train_*`` on ``train@mindloom``).  Then the train worker is restarted on a
+copy of the config with ``airflow.train_deferrable: true`` (workers parse the DAG file for each task, so the setting
+takes effect there) and a hand-triggered ``pretrain`` must see its stages deferred to the triggerer and still succeed.
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
+import yaml
 from airflow_services import q
 from celery_services import WORKERS, CeleryStack, missing_services
 from conftest import require, tiny_config
@@ -214,7 +216,12 @@ def test_a_lost_train_worker_reconnects_to_the_job_and_marking_failed_cancels_it
 def test_deferrable_stages_complete_through_the_triggerer(stack, published):
     dep = stack.airflow
     dep.kill_component("worker-train", sig=signal.SIGTERM)   # warm shutdown: no task is running
-    dep.commands["worker-train"][1]["MINDLOOM_TRAIN_DEFERRABLE"] = "1"
+    config = Path(dep.env["MINDLOOM_CONFIG"])                 # the same config (same folder), stages deferrable
+    data = yaml.safe_load(config.read_text(encoding="utf-8"))
+    data.setdefault("airflow", {})["train_deferrable"] = True
+    deferrable = config.with_name("mindloom-deferrable.yaml")
+    deferrable.write_text(yaml.safe_dump(data), encoding="utf-8")
+    dep.commands["worker-train"][1]["MINDLOOM_CONFIG"] = str(deferrable)
     stack.restart_worker("worker-train")
     r = dep.api("POST", "/dags/pretrain/dagRuns",
                 json={"dag_run_id": "celery_deferred", "logical_date": None, "conf": {}})

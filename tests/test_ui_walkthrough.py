@@ -54,10 +54,9 @@ class MadeAirflow(AirflowRest):
         path = os.pathsep.join(p for p in os.environ.get("PATH", "/usr/bin:/bin").split(os.pathsep)
                                if p and not p.startswith(venv))
         self.env = {"HOME": os.environ.get("HOME", "/root"), "PATH": path, "LANG": "C.UTF-8",
-                    "MINDLOOM_CONFIG": str(default_checkpointing(tiny_config(tmp))),
+                    "MINDLOOM_CONFIG": str(default_checkpointing(tiny_config(tmp, airflow={"train_retries": 1}))),
                     "MINDLOOM_AIRFLOW_HOME": str(tmp / "home"),
                     "MINDLOOM_AIRFLOW_PORT": str(self.port), "MINDLOOM_TESTING_SWITCHES": "1",
-                    "MINDLOOM_TRAIN_RETRIES": "1",
                     "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
                     "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                     "AIRFLOW__TRIGGERER__TRIGGERER_LOG_SERVER_PORT": str(free_port()),

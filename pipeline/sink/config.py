@@ -30,6 +30,11 @@ class PackConfig:
                             "every core of the worker). Files are also written in parallel by the mapped writer "
                             "tasks; each process holds MindSpore (~0.4 GB) and one file's tokens (~2x shard_mb).",
                             ge=0, le=256)
+    verify_mem_mb: int = _f(6144, desc="Address-space limit (MiB) of the child process that re-reads every row of a "
+                            "MindRecord file in a full check (each writer on the file it wrote, the validation "
+                            "sets, mindloom verify): a damaged shard has made MindDataset allocate 23 GB, so the "
+                            "check fails instead of the worker. Reading starts MindSpore (about 0.4 GB).",
+                            ge=512, le=262_144)
 
     def __post_init__(self):
         bad = [f for f in self.formats if f not in ("mindrecord", "megatron")]

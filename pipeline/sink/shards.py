@@ -140,7 +140,7 @@ def _gather(bucket: dict, chunk):
 
 def write_output_file(rdir: Path, k: int, n_files: int, parts: list[str], *, seq_len: int, eos_id: int,
                       bos_id: int | None, pad_id: int, remainder: str, domain_field: bool, boundaries: bool,
-                      n_domains: int, megatron_dtype: str | None = None) -> dict:
+                      n_domains: int, megatron_dtype: str | None = None, verify_mem_mb: int | None = None) -> dict:
     """Pack and write output file ``k`` of ``n_files`` (its rows of the corpus stream, from the scatter ``parts``);
     its manifest entry. With ``megatron_dtype`` the same pass also writes the file's documents as Megatron's
     ``.bin/.idx`` (:mod:`pipeline.sink.megatron`: the documents whose first token falls in this file)."""
@@ -214,7 +214,8 @@ def write_output_file(rdir: Path, k: int, n_files: int, parts: list[str], *, seq
     entry.update(file=final.name, rows_sha256=digest_rows.hexdigest(), copies=copies, rows=[first, stop],
                  tokens_per_domain=[int(x) for x in packer.tokens_per_domain],
                  dropped_tail_tokens=packer.dropped_tail_tokens, padded_tokens=packer.padded_tokens)
-    _verify_written(tmp_dir, entry, seq_len=seq_len, domain_field=domain_field, boundaries=boundaries)
+    _verify_written(tmp_dir, entry, seq_len=seq_len, domain_field=domain_field, boundaries=boundaries,
+                    mem_limit_mb=verify_mem_mb)
     os.replace(f"{tmp}.db", f"{final}.db")
     if mega is not None:
         for suffix in (".bin", ".idx"):
@@ -225,9 +226,10 @@ def write_output_file(rdir: Path, k: int, n_files: int, parts: list[str], *, seq
     return entry
 
 
-def _verify_written(tmp_dir: Path, entry: dict, *, seq_len: int, domain_field: bool, boundaries: bool) -> None:
+def _verify_written(tmp_dir: Path, entry: dict, *, seq_len: int, domain_field: bool, boundaries: bool,
+                    mem_limit_mb: int | None = None) -> None:
     """The writer's own full check of the file it wrote: every row read back (count, length, content hash), in a
-    child that starts MindSpore (about 400 MB).  The heap the writing freed goes back to the OS first, so the
+    child that starts MindSpore (about 400 MB) limited to ``mem_limit_mb`` (``pack.verify_mem_mb``).  The heap the writing freed goes back to the OS first, so the
     task's peak is the larger of the two, not their sum."""
     from pipeline.profile import release_memory
     from pipeline.sink.verify import verify
@@ -236,7 +238,7 @@ def _verify_written(tmp_dir: Path, entry: dict, *, seq_len: int, domain_field: b
 
     write_json(tmp_dir / MANIFEST, set_manifest([entry], seq_len=seq_len, rows_sha256=entry["rows_sha256"],
                                                 domain_field=domain_field, boundaries=boundaries))
-    verify(tmp_dir, full_read=True, hashes=False)
+    verify(tmp_dir, full_read=True, hashes=False, mem_limit_mb=mem_limit_mb)
 
 
 def finalize_set(rdir: Path, n_files: int, parts: list[str], *, seq_len: int, domains: list[str],

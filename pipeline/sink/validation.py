@@ -180,15 +180,15 @@ def write_sets(rdir: Path, *, seq_len: int, add_bos: bool, eos_id: int, bos_id: 
     return tmp
 
 
-def commit_sets(rdir: Path, tmp: Path) -> dict:
-    """Verify the written sets in full (once, where written: later steps check sizes only), then rename them into
-    place; returns the manifest."""
+def commit_sets(rdir: Path, tmp: Path, mem_limit_mb: int | None = None) -> dict:
+    """Verify the written sets in full (once, where written: later steps check sizes only; the reader limited to
+    ``mem_limit_mb``, ``pack.verify_mem_mb``), then rename them into place; returns the manifest."""
     from pipeline.io import read_json
     from pipeline.sink import mindrecord
 
     final = Path(rdir) / VAL_DIR
     manifest = read_json(Path(tmp) / mindrecord.MANIFEST)
-    mindrecord.verify(tmp, full_read=True)
+    mindrecord.verify(tmp, full_read=True, mem_limit_mb=mem_limit_mb)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)

@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from pipeline.io import read_json, sha256_file
+from pipeline.sink.config import PackConfig
 from pipeline.sink.writer import COLUMN, DOMAIN_COLUMN, MANIFEST, STARTS_COLUMN, row_digest
 
 
@@ -21,8 +22,9 @@ class ShardError(RuntimeError):
     """A MindRecord shard does not match its manifest or cannot be read; the message names the file."""
 
 
-#: Address-space limit of the reader child; a damaged shard has made MindDataset allocate 23 GB (mindspore.md §3.4).
-VERIFY_MEM_MB = int(os.environ.get("MINDLOOM_VERIFY_MEM_MB", "6144"))
+#: Address-space limit of the reader child when the caller passes none: ``pack.verify_mem_mb``'s default (callers
+#: with a config pass its value); a damaged shard has made MindDataset allocate 23 GB (mindspore.md §3.4).
+VERIFY_MEM_MB: int = PackConfig.verify_mem_mb
 
 
 def _check_files(mr_dir: Path, manifest: dict, hashes: bool = True) -> None:

@@ -92,9 +92,10 @@ def write_file_batch(batch: dict) -> dict:
                 "skipped": "the MindRecord set is final"}
     n_files = _sink_layout(rdir)["n_files"]
     files = list(range(batch["first"], batch["last"] + 1))
-    workers = batches.pool_size(load_run_config(rdir).pack.write_workers, len(files))
+    pack = load_run_config(rdir).pack
+    workers = batches.pool_size(pack.write_workers, len(files))
     parts = scatter_parts(rdir)
-    jobs = [(rdir, k, n_files, parts, _write_args(rdir)) for k in files]
+    jobs = [(rdir, k, n_files, parts, {**_write_args(rdir), "verify_mem_mb": pack.verify_mem_mb}) for k in files]
     with measured(rdir, "sink_write", batches.batch_unit(batch)) as prof:
         if workers > 1:
             from concurrent.futures import ProcessPoolExecutor
@@ -160,7 +161,7 @@ def write_validation(specs: list[dict]) -> dict:
             eos_id=tok.get("eos_id", tokenizer.EOS_ID), bos_id=tok.get("bos_id", tokenizer.BOS_ID),
             pad_id=tok.get("pad_id", tokenizer.PAD_ID), vocab_size=tok["vocab_size"], tokenizer_sha256=tok["sha256"],
             config_sha256=cfg.digest(), domain_field=cfg.pack.domain_field, boundaries=cfg.pack.boundaries).result()
-    return validation.commit_sets(rdir, tmp)
+    return validation.commit_sets(rdir, tmp, mem_limit_mb=cfg.pack.verify_mem_mb)
 
 
 def manifest_summary(rdir: Path, manifest: dict) -> dict:
