@@ -5,9 +5,11 @@ Contract with the orchestrator (all under ``job.out_dir``, written by rank 0 onl
 * ``status.json`` (atomic): ``{"state": RUNNING|SUCCEEDED|FAILED, "step", "pid", "loss", "error", ...}``
 * ``metrics.jsonl``: one JSON object per step (step, loss, lr, grad_norm, loss_scale, skipped, tokens_per_s, mfu,
   step_time_s, data_sha1, ...) through ``metrics.MetricLogger``; on resume lines past the restored step are dropped.
-* ``checkpoints/step_XXXXXXXX.ckpt`` + ``.sha256`` (``checkpoint.py``; every rank its own under ``ranks/`` when state
-  is sharded) and ``step_XXXXXXXX.commit.json`` once every rank's file is written (``commit.py``), every
-  ``checkpoint_every`` steps and at the last step, newest ``keep_checkpoints`` committed steps kept.
+* ``checkpoints/step_XXXXXXXX.weights.ckpt`` (weights) and ``step_XXXXXXXX.ckpt`` (optimizer and training state),
+  each with a ``.sha256`` (``checkpoint.py``; every rank its own under ``ranks/`` when state is sharded, weights by
+  data-parallel rank 0 only) and ``step_XXXXXXXX.commit.json`` once every rank's files are written (``commit.py``),
+  every ``checkpoint_every`` steps and at the last step, newest ``keep_checkpoints`` committed steps kept;
+  ``summary.json``'s ``checkpoint`` is rank 0's state file (``checkpoint.load_file`` adds the weights beside it).
 * ``eval.json``: held-out loss / perplexity per domain of the final weights (``evaluate.py``).
 * ``ranks/rank_NNNNN.json`` (every rank, when data parallel): sha256 of its parameters after the last step, so
   "all ranks hold identical weights" is checkable from files.
