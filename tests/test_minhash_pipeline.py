@@ -356,6 +356,12 @@ def test_disabled_stages_pass_documents_through(tmp_path):
     cfg = MinhashConfig(enabled=False)
     report = run_minhash(rdir, shards, cfg, tmp_path)
     assert report == {"enabled": False} and not (rdir / "minhash" / "signatures").exists()
+    # the task path (corpus DAG, mindloom corpus) asks the plan for its task count before the finish step: none
+    # was planned, so it is the one no-op task (this raised "plan.json is missing" and stopped the chain)
+    from pipeline.dedup.minhash import clusters
+
+    assert clusters.planned_tasks(rdir, cfg) == 1
+    assert clusters.run_step("finish", {"run_dir": str(rdir), "task": 0, "of": 1}, cfg)["skipped"]
     for s in shards:
         assert pq.read_table(output_path(rdir, s)).equals(pq.read_table(rdir / "exact_dedup" / f"{s}.parquet"))
         st = read_json(rdir / "stats" / "minhash" / f"{s}.json")

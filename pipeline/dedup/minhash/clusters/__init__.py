@@ -105,7 +105,9 @@ def _plan(rdir: Path, cfg: MinhashConfig) -> dict:
 
 
 def planned_tasks(rdir: Path, cfg: MinhashConfig) -> int:
-    return int(_plan(rdir, check_config(cfg))["tasks"])
+    """Clustering tasks the plan made (one no-op task when near dedup is off: nothing was planned)."""
+    cfg = check_config(cfg)
+    return int(_plan(rdir, cfg)["tasks"]) if cfg.enabled else 1
 
 
 class Context:
