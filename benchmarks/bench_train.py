@@ -9,6 +9,9 @@ global-norm clip 1.0, batch 4 x 256 tokens.
 
 Memory: each recompute setting runs in a fresh GRAPH-mode subprocess; peak RSS is sampled every 2 ms during the
 steady steps (after the compile step, which has its own transient peak), minus the RSS before the first step.
+``activation_bound`` does the same at a shape where activations dominate (dim 256, 4 layers, 4 heads, seq 2048,
+batch 1, fp32) in GRAPH and in PYNATIVE: MindSpore 2.10's CPU GRAPH backend does not turn ``Cell.recompute()`` into
+a saving (a 16-op chain in 4 recomputed cells: -5 % in GRAPH, -36 % in PYNATIVE), so the figure is per mode.
 
 Run (PyTorch lives in its own venv, never the project's; a .pth file there adds the project venv's packages)::
 
@@ -220,6 +223,64 @@ def memory_child(recompute: bool, threads: int, steps: int) -> dict:
             "losses": losses}
 
 
+ACT_MODEL = dict(vocab_size=8000, dim=256, n_layers=4, n_heads=4, n_kv_heads=4, multiple_of=32, max_seq_len=2048)
+
+
+def activation_child(recompute: bool, mode: str, threads: int, steps: int) -> dict:
+    """One recompute setting at the activation-bound shape in one mode; peak RSS during steps 2.. minus before."""
+    import mindspore as ms
+    from mindspore.device_context.cpu.op_tuning import threads_num
+
+    from pipeline.train.job import TrainJob
+    from pipeline.train.model import CausalLMLoss, Transformer
+    from pipeline.train.optim import TrainStep, build_optimizer
+
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
+    ms.set_device("CPU")
+    threads_num(threads)
+    job = TrainJob(stage="a", data_dir="-", out_dir="-", model={"preset": "debug", **ACT_MODEL, "recompute": recompute},
+                   steps=steps + 1, micro_batch=1, warmup_steps=1)
+    cfg = job.model_config()
+    ms.set_seed(0)
+    net = Transformer(cfg)
+    step = TrainStep(CausalLMLoss(net), build_optimizer(net, job), grad_clip=1.0, jit=mode == "graph")
+    tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (1, cfg.max_seq_len + 1)).astype(np.int32)
+    base = _rss_mb()
+    losses = [step([tokens])["loss"]]
+    peak = [_rss_mb()]
+    stop = threading.Event()
+
+    def sample():
+        while not stop.is_set():
+            peak[0] = max(peak[0], _rss_mb())
+            time.sleep(0.002)
+
+    th = threading.Thread(target=sample, daemon=True)
+    th.start()
+    losses += [step([tokens])["loss"] for _ in range(steps)]
+    stop.set()
+    th.join()
+    return {"recompute": recompute, "mode": mode, "rss_before_first_step_mb": base, "peak_rss_mb": peak[0],
+            "activation_mb": peak[0] - base, "losses": losses}
+
+
+def activation_bound(threads: int, steps: int) -> dict:
+    """Activation memory with and without recompute at ACT_MODEL, GRAPH and PYNATIVE, each in a fresh process."""
+    out = {"model": ACT_MODEL | {"batch": 1, "seq_len": ACT_MODEL["max_seq_len"], "precision": "fp32"}}
+    for mode in ("graph", "pynative"):
+        runs = {}
+        for rc in (False, True):
+            r = subprocess.run([sys.executable, __file__, "--activation-child", f"{mode}:{int(rc)}", "--threads",
+                                str(threads), "--mem-steps", str(steps)], capture_output=True, text=True, timeout=1800)
+            if r.returncode:
+                raise RuntimeError(f"activation child failed: {r.stderr[-2000:]}")
+            runs["recompute" if rc else "baseline"] = json.loads(r.stdout.strip().splitlines()[-1])
+        b, c = runs["baseline"], runs["recompute"]
+        out[mode] = {**runs, "activation_saving": 1 - c["activation_mb"] / b["activation_mb"],
+                     "losses_equal": bool(np.allclose(b["losses"], c["losses"], atol=1e-4))}
+    return out
+
+
 def memory(threads: int, steps: int) -> dict:
     out = {}
     for rc in (False, True):
@@ -256,14 +317,20 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--block", type=int, default=5, help="steps per variant per round")
     ap.add_argument("--mem-steps", type=int, default=4)
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: throughput,separate,memory,skip")
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: throughput,separate,memory,"
+                    "activation,skip")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "train.json"))
     ap.add_argument("--separate-rounds", type=int, default=3, help="rounds of one process per variant")
     ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--variant-child", default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--activation-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.variant_child:
         print(json.dumps(variant_child(args.variant_child, args.threads, args.block)))
+        return 0
+    if args.activation_child:
+        mode, rc = args.activation_child.split(":")
+        print(json.dumps(activation_child(bool(int(rc)), mode, args.threads, args.mem_steps)))
         return 0
     if args.memory_child is not None:
         print(json.dumps(memory_child(bool(args.memory_child), args.threads, args.mem_steps)))
@@ -291,6 +358,10 @@ def main() -> int:
     if "memory" not in skip:
         res["memory"] = memory(args.threads, args.mem_steps)
         print(json.dumps({k: v for k, v in res["memory"].items() if k not in ("baseline", "recompute")}),
+              file=sys.stderr)
+    if "activation" not in skip:
+        res["activation_bound"] = activation_bound(args.threads, args.mem_steps)
+        print(json.dumps({k: v.get("activation_saving") for k, v in res["activation_bound"].items() if k != "model"}),
               file=sys.stderr)
     if "skip" not in skip:
         with tempfile.TemporaryDirectory() as tmp:

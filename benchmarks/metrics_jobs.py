@@ -38,6 +38,17 @@ def train_metrics(runs: list[dict]) -> list[dict]:
         if key in mem:
             out.append(metric("train", f"recompute_{key}", "share", [mem[key]], target=0.30 if key ==
                               "peak_rss_saving" else None, compared=f"{label} without recompute (GRAPH mode)"))
+    act = res.get("activation_bound", {})
+    shape = act.get("model", {})
+    for mode in ("graph", "pynative"):  # per mode: MindSpore 2.10's CPU GRAPH backend does not honour recompute
+        if "activation_saving" in act.get(mode, {}):
+            base = act[mode]["baseline"]["activation_mb"]
+            out.append(metric("train", f"recompute_activation_bound_saving_{mode}", "share",
+                              [act[mode]["activation_saving"]], target=0.30,
+                              compared=f"activation memory without recompute ({mode.upper()}, {base:.0f} MB): dim "
+                              f"{shape.get('dim')}, {shape.get('n_layers')} layers, seq {shape.get('seq_len')}, batch "
+                              f"{shape.get('batch')}, fp32, CPU", note="peak RSS during steady steps minus RSS "
+                              "before the first step, one fresh process per setting"))
     return out
 
 
