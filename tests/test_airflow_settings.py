@@ -86,7 +86,7 @@ def test_dag_files_read_the_section_from_their_config(tmp_path):
 
 
 def test_mindloom_verify_limits_its_reader_by_the_config(tmp_path, monkeypatch):
-    """``pack.verify_mem_mb`` (formerly MINDLOOM_VERIFY_MEM_MB) is the reader's limit in ``mindloom verify``."""
+    """``pack.verify_mem_mb`` (formerly an environment variable) is the reader's limit in ``mindloom verify``."""
     from pipeline import cli
     from pipeline.sink import mindrecord
 
