@@ -164,20 +164,23 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
 
     # -- ResumableJobMixin -----------------------------------------------------------------------------------
 
-    def _out_dir(self, context: Any) -> Path:
+    def _config(self, context: Any):
+        """The config the stage's job is built from: the run's form over the deployment's YAML."""
         from pipeline.form import config_from_params
+
+        return config_from_params(dict(context["params"]))
+
+    def _out_dir(self, context: Any) -> Path:
         from pipeline.tasks.pretrain import stage_dir
 
-        cfg = config_from_params(dict(context["params"]))
-        return stage_dir(cfg.data_root, context["run_id"], self.stage)
+        return stage_dir(self._config(context).data_root, context["run_id"], self.stage)
 
     def submit_job(self, context: Any) -> dict:
-        from pipeline.form import config_from_params
         from pipeline.tasks.pretrain import build_job
         from pipeline.tasks.submit import launched_slurm_job, start_stage_job
         from pipeline.train.lease import live_lease, new_job_id
 
-        cfg = config_from_params(dict(context["params"]))
+        cfg = self._config(context)
         out_dir = self._out_dir(context)
         if cfg.train.backend == "slurm" and (ext := launched_slurm_job(out_dir)):
             self._ext, self._job_id = ext, ext["job_id"]

@@ -3,6 +3,7 @@
     mindloom demo-corpus --out data/demo-corpus          build the demo corpus from PyPI + the stdlib
     mindloom corpus [--config F] [--set k=v ...]          the whole corpus chain, with progress bars
     mindloom train  [--config F] [--set k=v ...]          one training stage over the latest corpus
+    mindloom ablation [--config F] [--set k=v ...]        the ablation DAG's steps: arms, seeds, scores, report
     mindloom verify DIR [--ranks N] [--config F]          check MindRecord shards against their manifest
     mindloom export --run-id R --format mindformers|hf    a stage's final checkpoint for mindformers / transformers
     mindloom summary [--config F]                         what the latest corpus and training runs produced
@@ -141,6 +142,17 @@ def cmd_train(args) -> int:
     return 0
 
 
+def cmd_ablation(args) -> int:
+    """The ``ablation`` DAG's steps in order (``pipeline.tasks.ablation.run_all``); prints the report table."""
+    from pipeline.tasks.ablation import run_all
+
+    cfg = load_config(args.config, _overrides(args.set))
+    out = run_all(cfg, _run_id(args.run_id))
+    print(Path(out["report"]).with_suffix(".md").read_text(encoding="utf-8"))
+    print(f"report: {out['report']}")
+    return 0
+
+
 def cmd_verify(args) -> int:
     """The explicit full check: every file hashed and every row re-read (the pipeline itself checks sizes only)."""
     from pipeline.sink.mindrecord import verify
@@ -185,7 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
                                  formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
     ap.add_argument("-v", "--verbose", action="store_true")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    for name, fn in (("corpus", cmd_corpus), ("train", cmd_train)):
+    for name, fn in (("corpus", cmd_corpus), ("train", cmd_train), ("ablation", cmd_ablation)):
         p = sub.add_parser(name)
         p.add_argument("--config", help="YAML config (default: $MINDLOOM_CONFIG or configs/default.yaml)")
         p.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", help="override a config field")

@@ -110,3 +110,12 @@ def test_the_bootstrap_is_reproducible():
     a = _arm(rng, base, sizes, sources, 4, 0.0, 0.01, 0.01)
     b = _arm(rng, base, sizes, sources, 4, -0.1, 0.01, 0.01)
     assert paired_difference(a, b, seed=1) == paired_difference(a, b, seed=1)
+
+
+def test_one_seed_of_one_source_has_no_interval():
+    docs = {0: [DocScore("a", "s", "d", 100.0, 100), DocScore("b", "s", "d", 50.0, 100)]}
+    better = {0: [DocScore("a", "s", "d", 90.0, 100), DocScore("b", "s", "d", 40.0, 100)]}
+    iv = paired_difference(docs, better, replicates=50)
+    assert iv.mean == pytest.approx(-20 / 200 / math.log(2)) and iv.lo is None and iv.hi is None
+    assert not iv.excludes_zero() and noise_floor(iv) == math.inf
+    assert verdict(iv, 0.0, iv) == "inconclusive"

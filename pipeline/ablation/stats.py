@@ -46,15 +46,15 @@ class Interval:
     """A difference (treatment - baseline, bits per byte; negative: the treatment scores better) and its interval."""
 
     mean: float
-    lo: float
-    hi: float
+    lo: float | None            # None: one seed of one source, nothing to draw an interval from
+    hi: float | None
     seeds: int
     docs: int
     sources: int
     replicates: int
 
     def excludes_zero(self) -> bool:
-        return self.lo > 0 or self.hi < 0
+        return self.lo is not None and (self.lo > 0 or self.hi < 0)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -126,14 +126,17 @@ def paired_difference(baseline: dict[int, list[DocScore]], treatment: dict[int, 
     doc_w = src_w[:, src_of].astype(np.float64)                                                   # [B, docs]
     stats = ((seed_w @ delta) * doc_w).sum(axis=1) / (doc_w @ size) / LN2
     n = n_seeds if n_seeds > 1 else n_src
-    se = float(np.std(stats, ddof=1)) * math.sqrt(n / max(n - 1, 1))
-    half = t95(max(n - 1, 1)) * se
+    if n < 2:                           # one seed and one source: nothing varies, no interval can be drawn
+        return Interval(point, None, None, n_seeds, len(docs), n_src, replicates)
+    se = float(np.std(stats, ddof=1)) * math.sqrt(n / (n - 1))
+    half = t95(n - 1) * se
     return Interval(point, point - half, point + half, n_seeds, len(docs), n_src, replicates)
 
 
 def noise_floor(aa: Interval) -> float:
-    """The largest difference, either sign, that an A/A pair (same arm, other seeds) shows within its interval."""
-    return max(abs(aa.lo), abs(aa.hi))
+    """The largest difference, either sign, that an A/A pair (same arm, other seeds) shows within its interval
+    (infinite when the pair has no interval)."""
+    return math.inf if aa.lo is None else max(abs(aa.lo), abs(aa.hi))
 
 
 def verdict(diff: Interval, floor: float, control: Interval | None) -> str:
@@ -150,4 +153,4 @@ def verdict(diff: Interval, floor: float, control: Interval | None) -> str:
 def control_detected(control: Interval, floor: float) -> bool:
     """The chain was seen to help on the junk-planted corpus: ``control`` (the chain's arm minus the raw arm, both
     on the planted corpus) is below zero with its whole interval, and beyond the noise floor."""
-    return control.hi < 0 and abs(control.mean) > floor
+    return control.hi is not None and control.hi < 0 and abs(control.mean) > floor

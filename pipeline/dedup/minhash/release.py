@@ -151,7 +151,8 @@ def merge_release_band(cfg: MinhashConfig, data_root: str | Path, release: str, 
     for path in written:
         path.unlink()
         path.with_name(path.name[:-len(".arrow")] + ".slots").unlink()
-    work.rmdir()
+    if written:                     # no keys in any part (a release of no documents): no run folder was made
+        work.rmdir()
     return {"band": band, "keys": int(starts[-1]), "distinct": distinct, "runs": len(written)}
 
 

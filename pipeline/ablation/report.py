@@ -1,0 +1,100 @@
+"""The ablation's result: per arm against the baseline, the difference in bits per byte (primary number first,
+then every domain), its interval, the A/A noise floor and the verdict, with each arm's token shares and epochs per
+domain beside it. Written once, as ``report.json`` (every figure) and ``report.md`` (the table) in the run folder.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from pipeline.ablation.stats import DocScore, Interval, bits_per_byte, noise_floor, paired_difference, verdict
+from pipeline.io import read_json, write_json
+
+
+def _by_arm(runs: list[dict]) -> dict[str, dict[int, list[DocScore]]]:
+    """Scores per arm, keyed by seed index (the A/A arm's seeds are offset; pairs are by index)."""
+    out: dict[str, dict[int, list[DocScore]]] = {}
+    for run in runs:
+        docs = [DocScore(d["doc"], d["source"], d["domain"], float(d["nats"]), int(d["bytes"]))
+                for d in read_json(run["scores"])["docs"]]
+        out.setdefault(run["arm"], {})[run["index"]] = docs
+    return out
+
+
+def mixture_of(corpus: dict) -> dict:
+    """Token share and epochs per domain of one arm's corpus (its mixture report)."""
+    rep = read_json(Path(corpus["run_dir"]) / "mixture" / "report.json")
+    return {d: {"share": round(v["achieved_token_share"], 4), "epochs": round(v["epochs"], 3),
+                "tokens": v["selected_tokens"]} for d, v in rep["domains"].items()}
+
+
+def build_report(cfg, runs: list[dict], corpora: dict[str, dict], out_dir: Path) -> dict:
+    """``runs``: ``[{arm, index, seed, scores}]``; ``corpora``: the corpus summary of each corpus arm."""
+    ab = cfg.ablation
+    scores = _by_arm(runs)
+    base = ab.baseline()
+    domains = sorted({s.domain for s in next(iter(scores[base].values()))})
+    scopes = ([ab.primary] if ab.primary else [None]) + [d for d in domains if d != ab.primary]
+    floor, aa = None, None
+    if f"{base}_aa" in scores:
+        aa = paired_difference(scores[base], scores[f"{base}_aa"], replicates=ab.replicates, seed=cfg.seed)
+        floor = noise_floor(aa)
+    control = None                      # the positive control (planted junk) is not built yet: see the docs
+    arms = {}
+    for arm in [a for a in ab.arms if a != base]:
+        rows = {}
+        for scope in scopes:
+            diff = paired_difference(scores[base], scores[arm], domain=scope, replicates=ab.replicates,
+                                     seed=cfg.seed)
+            rows[scope or "all"] = {**diff.to_dict(), "verdict": verdict(diff, floor or 0.0, control)}
+        arms[arm] = rows
+    bpb = {arm: {str(i): round(bits_per_byte(docs), 5) for i, docs in sorted(by_seed.items())}
+           for arm, by_seed in scores.items()}
+    report = {"baseline": base, "primary": ab.primary or "all",
+              "noise_floor": floor if floor is not None and math.isfinite(floor) else None,
+              "aa": aa.to_dict() if aa else None, "control": None,
+              "control_note": "no positive control was run, so no verdict can be better than inconclusive",
+              "differences": arms, "bits_per_byte": bpb,
+              "mixtures": {arm: mixture_of(c) for arm, c in corpora.items()},
+              "runs": [{k: r[k] for k in ("arm", "seed", "index")} for r in runs]}
+    write_json(out_dir / "report.json", report)
+    (out_dir / "report.md").write_text(markdown(report), encoding="utf-8")
+    return report
+
+
+def _fmt(iv: dict) -> str:
+    if iv["lo"] is None:
+        return f"{iv['mean']:+.4f} [no interval: one seed, one source]"
+    return f"{iv['mean']:+.4f} [{iv['lo']:+.4f}, {iv['hi']:+.4f}]"
+
+
+def _floor_line(report: dict) -> str:
+    if report["aa"] is None:
+        return "Noise floor: not measured (ablation.aa is off)."
+    if report["noise_floor"] is None:
+        return "Noise floor (A/A): no interval (one seed of one source): every difference is inconclusive."
+    return f"Noise floor (A/A): {report['noise_floor']:.4f} bits per byte."
+
+
+def markdown(report: dict) -> str:
+    """The table: one row per arm and scope, the difference against the baseline in bits per byte, its interval,
+    the verdict, and each side's token share and epochs in that domain."""
+    mix = report["mixtures"]
+    base = report["baseline"]
+    lines = [f"# Data ablation against `{base}`", "",
+             f"Primary number: bits per byte on **{report['primary']}** (declared in the config). Differences are "
+             f"arm minus {base}: negative means the arm's model predicts the references better.",
+             _floor_line(report),
+             f"Positive control: {report['control_note']}.", "",
+             "| arm | scope | difference (bpb) [95 % interval] | verdict | share, epochs (arm) | share, epochs "
+             f"({base}) |", "|---|---|---|---|---|---|"]
+    for arm, rows in report["differences"].items():
+        for scope, iv in rows.items():
+            side = [mix.get(a.removesuffix("_aa"), {}).get(scope) for a in (arm, base)]
+            cells = ["" if s is None else f"{s['share']:.3f}, {s['epochs']:.2f}" for s in side]
+            lines.append(f"| {arm} | {scope} | {_fmt(iv)} | {iv['verdict']} | {cells[0]} | {cells[1]} |")
+    return "\n".join(lines) + "\n"
+
+
+__all__ = ["Interval", "build_report", "markdown"]
