@@ -16,7 +16,7 @@ def test_mindloom_ablation_reports_and_a_rerun_is_byte_identical(tmp_path, capsy
     pytest.importorskip("mindspore")
     from pipeline.cli import main
 
-    path = tiny_config(tmp_path, ablation={"seeds": 2, "steps": 4, "total_tokens": 16000, "reference_docs": 4,
+    path = tiny_config(tmp_path, ablation={"seeds": 1, "steps": 4, "total_tokens": 16000, "reference_docs": 4,
                                            "replicates": 200, "arms": {"raw": {"quality.enabled": False},
                                                                        "shipped": {}}})
     argv = ["ablation", "--config", str(path), "--run-id", "a1"]
@@ -26,8 +26,7 @@ def test_mindloom_ablation_reports_and_a_rerun_is_byte_identical(tmp_path, capsy
     root = tmp_path / "data" / "ablation" / "a1"
     first = hashlib.sha256((root / "report.json").read_bytes()).hexdigest()
     scores = {p.name: p.stat().st_mtime_ns for p in (root / "scores").glob("*.json")}
-    assert sorted(scores) == ["raw-seed7.json", "raw-seed8.json", "raw_aa-seed1007.json", "raw_aa-seed1008.json",
-                              "shipped-seed7.json", "shipped-seed8.json"]
+    assert sorted(scores) == ["raw-seed7.json", "raw_aa-seed1007.json", "shipped-seed7.json"]
     assert main(argv) == 0                           # every step finished: nothing is trained or scored again
     assert hashlib.sha256((root / "report.json").read_bytes()).hexdigest() == first
     assert {p.name: p.stat().st_mtime_ns for p in (root / "scores").glob("*.json")} == scores
