@@ -223,6 +223,7 @@ def memory_child(recompute: bool, threads: int, steps: int) -> dict:
             "losses": losses}
 
 
+PARTS = ("throughput", "separate", "memory", "activation", "skip")
 ACT_MODEL = dict(vocab_size=8000, dim=256, n_layers=4, n_heads=4, n_kv_heads=4, multiple_of=32, max_seq_len=2048)
 
 
@@ -346,9 +347,14 @@ def main() -> int:
                        "loadavg_start": os.getloadavg()},
            "command": " ".join([os.path.relpath(sys.executable, REPO), "benchmarks/bench_train.py", *sys.argv[1:]]),
            "model": MODEL | {"batch": BATCH, "seq_len": SEQ}}
-    if os.path.exists(args.out):  # parts skipped in this run keep their previous results
+    this_run = {"machine": res["machine"], "command": res["command"], "parts": sorted(set(PARTS) - skip)}
+    if os.path.exists(args.out):  # parts skipped in this run keep their previous results and the run's provenance
         with open(args.out, encoding="utf-8") as f:
-            res = {**{k: v for k, v in json.load(f).items() if k not in ("machine", "command")}, **res}
+            prev = json.load(f)
+        res = {**prev, **res}
+        if skip and "command" in prev:  # a partial run: the full run's command and machine stay, this one is added
+            res.update(machine=prev["machine"], command=prev["command"],
+                       partial_runs=[*prev.get("partial_runs", []), this_run])
     if "throughput" not in skip:
         res["throughput"] = throughput(args.threads, args.rounds, args.block)
         print(json.dumps(res["throughput"], indent=1), file=sys.stderr)
@@ -366,7 +372,7 @@ def main() -> int:
     if "skip" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             res["resume_skip"] = skip_speed(tmp)
-    res["machine"]["loadavg_end"] = os.getloadavg()
+    this_run["machine"]["loadavg_end"] = os.getloadavg()
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(res, f, indent=1)
