@@ -161,7 +161,7 @@ class Transformer(nn.Cell):
         self.layers = nn.CellList([Block(cfg) for _ in range(cfg.n_layers)])
         if cfg.recompute:
             for blk in self.layers:
-                blk.recompute()  # trade compute for activation memory
+                blk.recompute()  # trade compute for activation memory (not on CPU GRAPH: docs/training.md)
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
         self.tie = cfg.tie_embeddings
         if not self.tie:
