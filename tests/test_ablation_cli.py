@@ -4,6 +4,7 @@ the same report byte for byte."""
 from __future__ import annotations
 
 import hashlib
+import json
 
 import pytest
 import yaml
@@ -16,7 +17,7 @@ def test_mindloom_ablation_reports_and_a_rerun_is_byte_identical(tmp_path, capsy
     pytest.importorskip("mindspore")
     from pipeline.cli import main
 
-    path = tiny_config(tmp_path, ablation={"seeds": 1, "steps": 4, "total_tokens": 16000, "reference_docs": 4,
+    path = tiny_config(tmp_path, ablation={"seeds": 1, "steps": 4, "total_tokens": 6000, "reference_docs": 4,
                                            "replicates": 200, "arms": {"raw": {"quality.enabled": False},
                                                                        "shipped": {}}})
     argv = ["ablation", "--config", str(path), "--run-id", "a1"]
@@ -26,7 +27,15 @@ def test_mindloom_ablation_reports_and_a_rerun_is_byte_identical(tmp_path, capsy
     root = tmp_path / "data" / "ablation" / "a1"
     first = hashlib.sha256((root / "report.json").read_bytes()).hexdigest()
     scores = {p.name: p.stat().st_mtime_ns for p in (root / "scores").glob("*.json")}
-    assert sorted(scores) == ["raw-seed7.json", "raw_aa-seed1007.json", "shipped-seed7.json"]
+    assert sorted(scores) == ["raw-seed7.json", "raw_aa-seed1007.json", "raw_control-seed7.json",
+                              "shipped-seed7.json", "shipped_control-seed7.json"]
+    report = json.loads((root / "report.json").read_text())
+    planted = json.loads((root / "split.json").read_text())["control"]
+    assert planted["share"] == 0.25 and planted["domains"]["prose"]["documents"] > 0
+    assert report["control"]["seeds"] == 1 and isinstance(report["control_detected"], bool)
+    if not report["control_detected"]:                  # an underpowered design says so and decides nothing
+        assert all(r["verdict"] == "inconclusive" for r in report["differences"]["shipped"].values())
+    print(report["control_note"])
     assert main(argv) == 0                           # every step finished: nothing is trained or scored again
     assert hashlib.sha256((root / "report.json").read_bytes()).hexdigest() == first
     assert {p.name: p.stat().st_mtime_ns for p in (root / "scores").glob("*.json")} == scores

@@ -22,8 +22,8 @@ def test_the_ablation_dag_trains_and_scores_two_arms_and_a_failed_run_resumes(ai
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
-    path = tiny_config(tmp_path, ablation={"seeds": 1, "aa": False, "steps": 8, "total_tokens": 16000,
-                                           "reference_docs": 4, "replicates": 200})
+    path = tiny_config(tmp_path, ablation={"seeds": 1, "aa": False, "control_share": 0, "steps": 8,
+                                           "total_tokens": 16000, "reference_docs": 4, "replicates": 200})
     monkeypatch.setenv("MINDLOOM_CONFIG", str(path))
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}, bag.import_errors

@@ -66,7 +66,50 @@ def test_arm_configs_share_everything_but_the_chain(tmp_path):
         assert [s.paths for s in arm.sources] == [[str(root / "sources" / "code.jsonl")],
                                                   [str(root / "sources" / "prose.jsonl")]]
     assert raw.data_root != shipped.data_root
-    assert [(r["arm"], r["seed"]) for r in arm_runs(cfg)] == [("raw", 7), ("raw", 8), ("shipped", 7), ("shipped", 8),
-                                                             ("raw_aa", 1007), ("raw_aa", 1008)]
+    assert [(r["arm"], r["seed"]) for r in arm_runs(cfg)] == [
+        ("raw", 7), ("raw", 8), ("shipped", 7), ("shipped", 8), ("raw_control", 7), ("raw_control", 8),
+        ("shipped_control", 7), ("shipped_control", 8), ("raw_aa", 1007), ("raw_aa", 1008)]
+    (root / "sources_control").mkdir()
+    for d in ("code", "prose"):
+        (root / "sources_control" / f"{d}.jsonl").write_text("")
+    control = arm_config(cfg, root, "raw_control")     # the raw chain over the junk-planted documents
+    assert not control.quality.enabled and control.sources[0].paths == [str(root / "sources_control" / "code.jsonl")]
+    assert control.data_root.endswith("arms/raw_control")
+    with pytest.raises(ConfigError, match=r"ablation.arms.x_aa: names ending in _aa or _control"):
+        load_config(tiny_config(tmp_path, ablation={"arms": {"raw": {}, "x_aa": {}}}))
     with pytest.raises(ConfigError, match=r"ablation.arms.bad.mixture.weights: an arm may change what the chain"):
         load_config(tiny_config(tmp_path, ablation={"arms": {"raw": {}, "bad": {"mixture.weights": {"a": 1}}}}))
+
+
+def test_the_positive_control_plants_a_known_share_of_junk(tmp_path):
+    from collections import Counter
+
+    from pipeline.ablation.plan import JUNK_KINDS, plant_junk
+
+    root = tmp_path / "abl"
+    (root / "sources").mkdir(parents=True)
+    docs = [{"id": f"d{i:03d}", "source": "s", "text": f"line one of {i}\nthe second line here {i}", "meta": {}}
+            for i in range(400)]
+    (root / "sources" / "web.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    control = plant_junk(root, 7, 0.25)
+    c = control["domains"]["web"]
+    planted = sum(c[k] for k in JUNK_KINDS)
+    assert c["documents"] == 400 and 80 <= planted <= 120 and all(c[k] > 15 for k in JUNK_KINDS)
+    out = [json.loads(line) for line in (root / "sources_control" / "web.jsonl").read_text().splitlines()]
+    assert len(out) == 400 + c["exact_copy"]                    # an exact copy is added beside its document
+    by_id = {d["id"]: d["text"] for d in docs}
+    kinds = Counter()
+    for rec in out:
+        base = rec["id"].split("#")[0]
+        if "#copy" in rec["id"]:
+            assert rec["text"] == by_id[base]
+            kinds["exact_copy"] += 1
+        elif rec["text"].count("\n") == 7:
+            assert rec["text"].split("\n")[:4] == [by_id[base].split("\n")[0]] * 4
+            kinds["repeated_lines"] += 1
+        elif rec["text"] != by_id[base]:
+            assert sorted(rec["text"].split()) == sorted(by_id[base].split())
+            kinds["scrambled_words"] += 1
+    assert kinds["exact_copy"] == c["exact_copy"] and kinds["repeated_lines"] == c["repeated_lines"]
+    assert kinds["scrambled_words"] <= c["scrambled_words"]      # a shuffle can leave a short line as it was
+    assert plant_junk(root, 7, 0.25) == control                     # by key: the same documents every time

@@ -33,6 +33,11 @@ class AblationConfig:
                                       "than twice that many), before any arm reads the sources.", ge=1)
     reference_max_bytes: int = _f(8192, desc="Each reference document is scored on at most this many UTF-8 bytes "
                                              "(its start), so no single long document dominates a domain.", ge=256)
+    control_share: float = _f(0.25, desc="The positive control: this share of the training documents is planted "
+                              "with junk the chain should remove (exact copies, lines repeated, words scrambled) "
+                              "and the baseline and the second arm are trained on that corpus too; their "
+                              "difference must clear the noise floor, else every verdict is inconclusive. 0: no "
+                              "control.", ge=0.0, le=0.9)
     primary: str = _f("", desc="The domain whose bits per byte is the primary number, named before the run "
                                "(empty: all domains pooled).")
     replicates: int = _f(2000, desc="Bootstrap draws per interval.", ge=100)
@@ -45,6 +50,9 @@ class AblationConfig:
             if not isinstance(name, str) or not ARM_NAME.match(name):
                 raise ConfigError(f"ablation.arms.{name}: an arm name is 1-40 lowercase letters, digits or _, "
                                   f"starting with a letter")
+            if name.endswith(("_aa", "_control")):
+                raise ConfigError(f"ablation.arms.{name}: names ending in _aa or _control are the A/A and control "
+                                  f"runs the ablation adds itself")
             if not isinstance(overrides, dict):
                 raise ConfigError(f"ablation.arms.{name}: expected a map of dotted config fields to values, got "
                                   f"{overrides!r}")
@@ -57,3 +65,7 @@ class AblationConfig:
 
     def baseline(self) -> str:
         return next(iter(self.arms))
+
+    def control_arms(self) -> list[str]:
+        """The control pair, trained on the junk-planted documents: the baseline's and the second arm's chain."""
+        return [f"{a}_control" for a in list(self.arms)[:2]] if self.control_share > 0 else []

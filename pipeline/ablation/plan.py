@@ -6,6 +6,7 @@ Layout under ``<data_root>/ablation/<run id>/``::
     shared/            the deployment's sources ingested once, through their own readers (MediaWiki, WARC...)
     references/        <domain>.jsonl: held-out documents (id, source, domain, text capped in bytes)
     sources/           <domain>.jsonl: every other ingested document, what every arm reads
+    sources_control/   the same with ablation.control_share of them planted with junk (the positive control)
     arms/<arm>/        the arm's data_root (its corpus run ``<arm>``, its own dedup index)
     train/<arm>/seed<k>/   one proxy training run
     scores/<arm>-seed<k>.json  its bits per byte on every reference document
@@ -120,11 +121,61 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
             out.write(d["domain"], {"id": d["doc_id"], "source": d["source"], "text": d["text"],
                                     "meta": json.loads(d["meta"] or "{}")})
             counts[d["domain"]]["sources"] += 1
-    split = {"domains": {d: {**{k: v for k, v in c.items() if k != "reference_sources"},
+    control = plant_junk(root, cfg.seed, cfg.ablation.control_share) if cfg.ablation.control_share > 0 else None
+    split = {"control": control,
+             "domains": {d: {**{k: v for k, v in c.items() if k != "reference_sources"},
                              "reference_sources": len(c["reference_sources"])} for d, c in sorted(counts.items())},
              "boilerplate_ngrams": boilerplate, "shared_run": str(rdir)}
     write_json(done, split)
     return split
+
+
+JUNK_KINDS = ("exact_copy", "repeated_lines", "scrambled_words")
+
+
+def corrupt(text: str, kind: str, rng) -> list[str]:
+    """The documents a planted one becomes: an exact copy beside it, every line four times, or its words shuffled
+    within each line (a realistic failure: scraped text out of order)."""
+    if kind == "exact_copy":
+        return [text, text]
+    if kind == "repeated_lines":
+        return ["\n".join(line for line in text.split("\n") for _ in range(4))]
+    lines = []
+    for line in text.split("\n"):
+        words = line.split(" ")
+        rng.shuffle(words)
+        lines.append(" ".join(words))
+    return ["\n".join(lines)]
+
+
+def plant_junk(root: Path, seed: int, share: float) -> dict:
+    """``sources_control/``: the split's training documents with ``share`` of them planted with junk, the kind
+    chosen per document by its key (``JUNK_KINDS`` in turn); returns the counts per domain and kind."""
+    import random
+
+    from pipeline.sink.validation import unit_key
+
+    counts: dict[str, dict[str, int]] = {}
+    with _Writers(root, "sources_control") as out:
+        for path in sorted((root / "sources").glob("*.jsonl")):
+            domain = path.stem
+            c = counts[domain] = {"documents": 0, **{k: 0 for k in JUNK_KINDS}}
+            with open(path, encoding="utf-8") as fh:
+                for line in fh:
+                    rec = json.loads(line)
+                    c["documents"] += 1
+                    key = unit_key("ablation-junk", seed, domain, rec["id"])
+                    if key >= share:
+                        out.write(domain, rec)
+                        continue
+                    kind = JUNK_KINDS[min(int(key / share * len(JUNK_KINDS)), len(JUNK_KINDS) - 1)]
+                    c[kind] += 1
+                    rng = random.Random(f"{seed}/{rec['id']}")
+                    for k, text in enumerate(corrupt(rec["text"], kind, rng)):
+                        out.write(domain, {**rec, "id": rec["id"] if k == 0 else f"{rec['id']}#copy{k}", "text": text})
+            if not c["documents"]:
+                out.write(domain, None)
+    return {"share": share, "domains": counts}
 
 
 def _grams(text: str):
@@ -143,11 +194,13 @@ class _Writers:
         self.dir.mkdir(parents=True, exist_ok=True)
         return self
 
-    def write(self, domain: str, rec: dict) -> None:
+    def write(self, domain: str, rec: dict | None) -> None:
+        """Append ``rec`` to the domain's file (None: only make sure the file exists)."""
         fh = self.files.get(domain)
         if fh is None:
             fh = self.files[domain] = open(self.dir / f"{domain}.jsonl.tmp", "w", encoding="utf-8")
-        fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
+        if rec is not None:
+            fh.write(json.dumps(rec, ensure_ascii=False) + "\n")
 
     def __exit__(self, exc_type, *_):
         for fh in self.files.values():
@@ -161,16 +214,18 @@ class _Writers:
 
 
 def arm_config(cfg: MindloomConfig, root: Path, arm: str) -> MindloomConfig:
-    """The arm's config: the deployment's, reading the split's documents, with the arm's overrides, in the arm's
-    own data root, with a matched mixture (the same tokens per domain in every arm) and one training stage."""
+    """The arm's config: the deployment's, reading the split's documents (the junk-planted ones for a ``_control``
+    arm, with its base arm's overrides), with the arm's overrides, in the arm's own data root, with a matched
+    mixture (the same tokens per domain in every arm) and one training stage."""
     ab = cfg.ablation
+    base, docs = (arm.removesuffix("_control"), "sources_control") if arm.endswith("_control") else (arm, "sources")
     data = cfg.to_dict()
     by_domain = {}
     for src in data["sources"]:
         by_domain.setdefault(src["domain"], src)
-    data["sources"] = [{"domain": d, "reader": "jsonl", "paths": [str(root / "sources" / f"{d}.jsonl")],
+    data["sources"] = [{"domain": d, "reader": "jsonl", "paths": [str(root / docs / f"{d}.jsonl")],
                         "name": by_domain[d].get("name") or d, "lang": by_domain[d].get("lang", "")}
-                       for d in sorted(by_domain) if (root / "sources" / f"{d}.jsonl").is_file()]
+                       for d in sorted(by_domain) if (root / docs / f"{d}.jsonl").is_file()]
     data["data_root"] = str(root / "arms" / arm)
     data["minhash"] = {**data["minhash"], "use_index": False}
     total = ab.total_tokens or ab.steps * data["train"]["batch_size"] * data["pack"]["seq_len"]
@@ -178,14 +233,15 @@ def arm_config(cfg: MindloomConfig, root: Path, arm: str) -> MindloomConfig:
     data["mixture"] = {**data["mixture"], "weights": weights, "total_tokens": total, "matched": True}
     data["train"] = {**data["train"], "steps": ab.steps, "stages": [], "from_release": "scratch",
                      "replay_share": 0.0}
-    return config_from_dict(data, ab.arms[arm])
+    return config_from_dict(data, ab.arms[base])
 
 
 def arm_runs(cfg: MindloomConfig) -> list[dict]:
-    """Every proxy training run: each arm at seeds ``seed .. seed + seeds - 1``, and with ``ablation.aa`` the
-    baseline again at seeds offset by 1000 (arm ``<baseline>_aa``, on the baseline's corpus)."""
+    """Every proxy training run: each arm (and the control pair) at seeds ``seed .. seed + seeds - 1``, and with
+    ``ablation.aa`` the baseline again at seeds offset by 1000 (arm ``<baseline>_aa``, on the baseline's corpus)."""
     ab = cfg.ablation
-    runs = [{"arm": arm, "corpus_arm": arm, "seed": cfg.seed + k} for arm in ab.arms for k in range(ab.seeds)]
+    runs = [{"arm": arm, "corpus_arm": arm, "seed": cfg.seed + k} for arm in [*ab.arms, *ab.control_arms()]
+            for k in range(ab.seeds)]
     if ab.aa:
         runs += [{"arm": f"{ab.baseline()}_aa", "corpus_arm": ab.baseline(), "seed": cfg.seed + 1000 + k}
                  for k in range(ab.seeds)]

@@ -8,7 +8,15 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from pipeline.ablation.stats import DocScore, Interval, bits_per_byte, noise_floor, paired_difference, verdict
+from pipeline.ablation.stats import (
+    DocScore,
+    Interval,
+    bits_per_byte,
+    control_detected,
+    noise_floor,
+    paired_difference,
+    verdict,
+)
 from pipeline.io import read_json, write_json
 
 
@@ -40,27 +48,41 @@ def build_report(cfg, runs: list[dict], corpora: dict[str, dict], out_dir: Path)
     if f"{base}_aa" in scores:
         aa = paired_difference(scores[base], scores[f"{base}_aa"], replicates=ab.replicates, seed=cfg.seed)
         floor = noise_floor(aa)
-    control = None                      # the positive control (planted junk) is not built yet: see the docs
+    control = None
+    pair = ab.control_arms()
+    if len(pair) == 2 and all(a in scores for a in pair):       # the chain's arm minus the baseline, on junk
+        control = paired_difference(scores[pair[0]], scores[pair[1]], replicates=ab.replicates, seed=cfg.seed)
     arms = {}
+    detected = control is not None and control_detected(control, floor if floor is not None else math.inf)
     for arm in [a for a in ab.arms if a != base]:
         rows = {}
         for scope in scopes:
             diff = paired_difference(scores[base], scores[arm], domain=scope, replicates=ab.replicates,
                                      seed=cfg.seed)
-            rows[scope or "all"] = {**diff.to_dict(), "verdict": verdict(diff, floor or 0.0, control)}
+            rows[scope or "all"] = {**diff.to_dict(), "verdict": verdict(diff, floor if floor is not None
+                                                                          else math.inf, control)}
         arms[arm] = rows
     bpb = {arm: {str(i): round(bits_per_byte(docs), 5) for i, docs in sorted(by_seed.items())}
            for arm, by_seed in scores.items()}
     report = {"baseline": base, "primary": ab.primary or "all",
               "noise_floor": floor if floor is not None and math.isfinite(floor) else None,
-              "aa": aa.to_dict() if aa else None, "control": None,
-              "control_note": "no positive control was run, so no verdict can be better than inconclusive",
+              "aa": aa.to_dict() if aa else None, "control": control.to_dict() if control else None,
+              "control_detected": detected, "control_note": _control_note(control, detected, pair),
               "differences": arms, "bits_per_byte": bpb,
               "mixtures": {arm: mixture_of(c) for arm, c in corpora.items()},
               "runs": [{k: r[k] for k in ("arm", "seed", "index")} for r in runs]}
     write_json(out_dir / "report.json", report)
     (out_dir / "report.md").write_text(markdown(report), encoding="utf-8")
     return report
+
+
+def _control_note(control: Interval | None, detected: bool, pair: list[str]) -> str:
+    if control is None:
+        return "no positive control was run (ablation.control_share: 0), so every verdict is inconclusive"
+    lo = "no interval" if control.lo is None else f"[{control.lo:+.4f}, {control.hi:+.4f}]"
+    seen = ("detected: the design can see a difference of that size" if detected else
+            "NOT detected beyond the noise floor: the ablation is underpowered and every verdict is inconclusive")
+    return f"{pair[1]} minus {pair[0]} on the junk-planted corpus {control.mean:+.4f} {lo} bits per byte, {seen}"
 
 
 def _fmt(iv: dict) -> str:

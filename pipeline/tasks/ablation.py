@@ -48,7 +48,8 @@ def split(params: dict | MindloomConfig, run_id: str) -> dict:
     if not (root / "config.json").is_file():
         write_json(root / "config.json", cfg.to_dict())
     result = split_references(cfg, root)
-    return {"arms": list(cfg.ablation.arms), "domains": result["domains"], "root": str(root)}
+    return {"arms": [*cfg.ablation.arms, *cfg.ablation.control_arms()], "domains": result["domains"],
+            "root": str(root)}
 
 
 def build_arm(params: dict | MindloomConfig, run_id: str, arm: str) -> dict:
