@@ -75,8 +75,7 @@ def cmd_train(args) -> int:
         stage_names,
         stage_result,
     )
-    from pipeline.tasks.submit import start_stage_job, stop_stage_job
-    from pipeline.train.lease import new_job_id
+    from pipeline.tasks.submit import start_or_reattach, stop_stage_job
 
     cfg = load_config(args.config, _overrides(args.set))
     names = stage_names(cfg)
@@ -90,15 +89,17 @@ def cmd_train(args) -> int:
         out_dir = stage_dir(cfg.data_root, run_id, stage)
         try:
             prepare_stage_data(cfg, corpus, out_dir, stage)       # the DAG's repack_<stage> task
-            job = build_job(cfg, corpus, out_dir, stage=stage)
-        except (ValueError, FileNotFoundError) as exc:
+            ext, proc, what = start_or_reattach(cfg, lambda: build_job(cfg, corpus, out_dir, stage=stage), out_dir,
+                                                "launcher.cli.log")
+        except (ValueError, FileNotFoundError, RuntimeError) as exc:
             print(f"mindloom: error: stage {stage}: {exc}", file=sys.stderr)
             return None
-        total = json.loads(job.read_text(encoding="utf-8"))["steps"]
-        ext, proc = start_stage_job(cfg, job, out_dir, try_number=None, log_name="launcher.cli.log",
-                                    job_id=new_job_id())
+        total = json.loads((out_dir / "job.json").read_text(encoding="utf-8"))["steps"]
         log_path = ext["log"]
         where = f"Slurm job {ext['slurm_job_id']}" if ext.get("slurm_job_id") else f"pid {ext['pid']}"
+        if what == "reattached":
+            print(f"reconnecting to {where} of stage {stage}, which an earlier mindloom train started: not "
+                  f"submitting a second one", file=sys.stderr)
         print(f"training stage {stage} (run id {run_id}, {where})\n  log: {log_path}", file=sys.stderr)
         line, seen = 0, None
         try:

@@ -122,15 +122,14 @@ def train_blocking(params: dict | MindloomConfig, run_id: str, run: dict, poll_s
     import time
 
     from pipeline.tasks.pretrain import TERMINAL, build_job, job_state, stage_result
-    from pipeline.tasks.submit import start_stage_job
-    from pipeline.train.lease import new_job_id
+    from pipeline.tasks.submit import start_or_reattach
 
     out = run_dir(params, run_id, run)
     if (out / "summary.json").is_file() and (out / "completed.json").is_file():
         return stage_result(out)
     cfg = run_config(params, run_id, run)
-    job = build_job(cfg, run["corpus"], out, stage="main")
-    ext, proc = start_stage_job(cfg, job, out, try_number=None, log_name="launcher.cli.log", job_id=new_job_id())
+    ext, proc, _ = start_or_reattach(cfg, lambda: build_job(cfg, run["corpus"], out, stage="main"), out,
+                                     "launcher.cli.log")
     while True:
         if proc is not None and proc.poll() is not None:
             break

@@ -104,6 +104,23 @@ def launched_slurm_job(out_dir: str | Path) -> dict | None:
             "log": str(out_dir / f"slurm-{sid}.log"), "launched_by_try": launch.get("try_number")}
 
 
+def start_or_reattach(cfg, build, out_dir: str | Path, log_name: str) -> tuple[dict, object, str]:
+    """What ``mindloom train`` and ``mindloom ablation`` do where the operator submits: reattach to the Slurm job
+    an earlier, killed start of this stage left running (:func:`launched_slurm_job`), refuse a folder another live
+    job holds, else build the job (``build()``, returning its ``job.json``) and start it. Returns ``(ext, proc,
+    what)``, ``what`` being ``"reattached"`` or ``"started"``."""
+    from pipeline.train.lease import live_lease, new_job_id
+
+    if cfg.train.backend == "slurm" and (ext := launched_slurm_job(out_dir)):
+        return ext, None, "reattached"
+    held = live_lease(out_dir)
+    if held:
+        raise RuntimeError(f"stage folder {out_dir} is held by job {held.get('job_id')} on host {held.get('host')}: "
+                           f"not starting a second trainer there")
+    ext, proc = start_stage_job(cfg, build(), out_dir, try_number=None, log_name=log_name, job_id=new_job_id())
+    return ext, proc, "started"
+
+
 def _launched_slurm_id(out_dir: Path) -> str | None:
     path = out_dir / "launch.json"
     return read_json(path).get("slurm_job_id") if path.exists() else None
