@@ -35,7 +35,7 @@ def test_a_batch_step_runs_its_later_stages_in_the_same_task(monkeypatch):
         return {"shards": 1, "wall_s": 0.5, "cpu_s": 0.25, "peak_rss_mb": 9.0, "input_bytes": 3}
 
     monkeypatch.setattr(corpus, "run_stage_batch", fake)
-    out = corpus.run_step("clean.exact_dedup", {"task": 3})
+    out = corpus.run_step("clean.exact_dedup", {"run_dir": "/r", "task": 3, "of": 4, "first": 6, "last": 8})
     assert calls == [("exact_dedup", 3), ("minhash_signatures", 3)]
     assert out["then"] == {"minhash_signatures": {"wall_s": 0.5, "cpu_s": 0.25, "peak_rss_mb": 9.0}}
 
@@ -118,7 +118,7 @@ def test_a_refresh_with_nothing_new_is_a_skip_and_a_build_an_error(tmp_path, mon
         raise RowDealError("pack.shard_num: the corpus packs into 1 rows of 33 tokens, fewer than its 2 output files")
     monkeypatch.setattr(corpus, "plan_mixture", too_small)
     with pytest.raises(NothingToShip if incremental else RowDealError, match="packs into 1 rows") as got:
-        corpus.run_step("sink.plan_mixture", [{"run_dir": str(rdir)}])
+        corpus.run_step("sink.plan_mixture", [{"run_dir": str(rdir), "task": 0, "of": 1, "first": 0, "last": 0}])
     if incremental:
         assert str(got.value).startswith("incremental refresh run: too little new to fill the training files")
 

@@ -30,7 +30,7 @@ from pipeline.quality import run as quality
 from pipeline.report.html import write_report
 from pipeline.sink import mindrecord
 from pipeline.sink.shards import RowDealError
-from pipeline.tasks import batches, steps
+from pipeline.tasks import batches, records, steps
 from pipeline.tasks.run_state import NothingToShip, load_run_config, profiled, run_of
 from pipeline.tasks.sink_steps import (  # noqa: F401  (run_step finds each step's function by name here)
     finalize_mindrecord,
@@ -433,6 +433,7 @@ def run_step(task_id: str, item=None, **plan_args):
     """
     step = steps.BY_ID[task_id]
     fn = globals()[step.call]          # looked up at call time: a profiler may wrap the module's functions
+    _check_item(step, item)
     try:
         return _call_step(step, fn, item, plan_args)
     except RowDealError as exc:          # an incremental refresh too small to fill one row per file: a skip too
@@ -440,6 +441,19 @@ def run_step(task_id: str, item=None, **plan_args):
         if load_run_config(rdir).minhash.use_index:
             raise nothing_new(rdir, f"too little new to fill the training files ({exc})") from exc
         raise
+
+
+def _check_item(step, item) -> None:
+    """The task boundary: the record a step receives has the fields its function reads (``records``)."""
+    if step.kind == "batch":
+        records.checked(item, records.BatchHandle, step.task_id)
+    elif step.kind == "map":
+        records.checked(item, records.MAPPED[step.call], step.task_id)
+    elif step.kind in ("run", "fan"):
+        if not isinstance(item, list) or not item:
+            raise records.TaskRecordError(f"task {step.task_id}: expected the list of batch handles, got {item!r}")
+        for handle in item:
+            records.checked(handle, records.BatchHandle, step.task_id)
 
 
 def _call_step(step, fn, item, plan_args: dict):
