@@ -234,6 +234,29 @@ def tiny_config(tmp: pathlib.Path, **sections) -> pathlib.Path:
     return path
 
 
+@pytest.fixture
+def own_assets(airflow_db):
+    """For a test that parses the DAGs with its own config: the Assets of that config (``mindloom_corpus`` at
+    another data root) become the active ones while it runs, and the active set is restored after it.
+
+    Airflow activates an Asset when it is first created, unless an active one has the same name: without this, the
+    first of two configs in one metadata DB keeps the name, and the other one's ``publish`` fails with
+    ``AirflowInactiveAssetInInletOrOutletException`` (seen when such a test ran before ``test_dags_e2e.py`` on the
+    same xdist worker)."""
+    from airflow.models.asset import AssetActive
+    from airflow.utils.session import create_session
+
+    with create_session() as s:
+        before = [(a.name, a.uri) for a in s.query(AssetActive).all()]
+        s.query(AssetActive).delete()
+    try:
+        yield
+    finally:
+        with create_session() as s:
+            s.query(AssetActive).delete()
+            s.add_all([AssetActive(name=name, uri=uri) for name, uri in before])
+
+
 @pytest.fixture(scope="session")
 def airflow_db():  # requested by the tests that touch the metadata DB
     from airflow.utils import db

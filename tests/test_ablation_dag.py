@@ -18,7 +18,7 @@ from conftest import REPO, tiny_config
 pytestmark = pytest.mark.slow
 
 
-def test_the_ablation_dag_trains_and_scores_two_arms_and_a_failed_run_resumes(airflow_db, tmp_path, monkeypatch):
+def test_the_ablation_dag_trains_and_scores_two_arms_and_a_failed_run_resumes(own_assets, tmp_path, monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 

@@ -19,7 +19,7 @@ from conftest import REPO, stdlib_records, tiny_config, write_jsonl
 pytestmark = pytest.mark.slow
 
 
-def test_two_incremental_refreshes_and_a_continued_model_through_airflow(airflow_db, tmp_path, monkeypatch):
+def test_two_incremental_refreshes_and_a_continued_model_through_airflow(own_assets, tmp_path, monkeypatch):
     from airflow.dag_processing.dagbag import DagBag
     from airflow.utils.state import DagRunState
 
