@@ -23,6 +23,7 @@ Run (PyTorch lives in its own venv, never the project's; a .pth file there adds 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -199,8 +200,23 @@ def memory_child(recompute: bool, threads: int, steps: int) -> dict:
     loss0 = step([tokens])["loss"]
     compile_s = time.time() - t0
     after_compile = _rss_mb()
-    peak = [after_compile]
-    stop = threading.Event()
+    times, losses = [], []
+    with _peak_rss(after_compile) as peak:
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            losses.append(step([tokens])["loss"])
+            times.append(time.perf_counter() - t0)
+    return {"recompute": recompute, "rss_before_first_step_mb": base, "rss_after_compile_mb": after_compile,
+            "steady_peak_rss_mb": peak[0], "steady_activation_mb": peak[0] - base,
+            "process_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "compile_s": compile_s, "step_s_median": statistics.median(times), "first_loss": loss0,
+            "losses": losses}
+
+
+@contextlib.contextmanager
+def _peak_rss(start: float):
+    """``[peak]``: this process's RSS in MB, sampled every 2 ms by a thread while the block runs (from ``start``)."""
+    peak, stop = [start], threading.Event()
 
     def sample():
         while not stop.is_set():
@@ -209,18 +225,11 @@ def memory_child(recompute: bool, threads: int, steps: int) -> dict:
 
     th = threading.Thread(target=sample, daemon=True)
     th.start()
-    times, losses = [], []
-    for _ in range(steps):
-        t0 = time.perf_counter()
-        losses.append(step([tokens])["loss"])
-        times.append(time.perf_counter() - t0)
-    stop.set()
-    th.join()
-    return {"recompute": recompute, "rss_before_first_step_mb": base, "rss_after_compile_mb": after_compile,
-            "steady_peak_rss_mb": peak[0], "steady_activation_mb": peak[0] - base,
-            "process_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "compile_s": compile_s, "step_s_median": statistics.median(times), "first_loss": loss0,
-            "losses": losses}
+    try:
+        yield peak
+    finally:
+        stop.set()
+        th.join()
 
 
 PARTS = ("throughput", "separate", "memory", "activation", "skip")
@@ -248,19 +257,8 @@ def activation_child(recompute: bool, mode: str, threads: int, steps: int) -> di
     tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (1, cfg.max_seq_len + 1)).astype(np.int32)
     base = _rss_mb()
     losses = [step([tokens])["loss"]]
-    peak = [_rss_mb()]
-    stop = threading.Event()
-
-    def sample():
-        while not stop.is_set():
-            peak[0] = max(peak[0], _rss_mb())
-            time.sleep(0.002)
-
-    th = threading.Thread(target=sample, daemon=True)
-    th.start()
-    losses += [step([tokens])["loss"] for _ in range(steps)]
-    stop.set()
-    th.join()
+    with _peak_rss(_rss_mb()) as peak:
+        losses += [step([tokens])["loss"] for _ in range(steps)]
     return {"recompute": recompute, "mode": mode, "rss_before_first_step_mb": base, "peak_rss_mb": peak[0],
             "activation_mb": peak[0] - base, "losses": losses}
 

@@ -8,24 +8,32 @@ import pytest
 import yaml
 
 
-@pytest.mark.slow
-def test_train_all_with_one_stage_prints_its_result(tmp_path, capsys):
-    """#50: ``--stage all`` (the default) over a config with one stage printed a KeyError traceback."""
-    pytest.importorskip("mindspore")
+def _stage_inputs(tmp_path):
+    """A 64-row byte-level corpus summary and a one-stage config of a tiny model: (config path, summary, dict)."""
     from bytes_data import BYTE_VOCAB, EOS, pack_bytes, stdlib_paragraphs, write_mindrecord
-
-    from pipeline.cli import main
 
     seq = 32
     write_mindrecord(pack_bytes(stdlib_paragraphs("json.decoder"), seq)[:64], str(tmp_path / "mr"), shards=1)
     summary = tmp_path / "corpus_summary.json"
     summary.write_text(json.dumps({"mindrecord_dir": str(tmp_path / "mr"), "seq_len": seq, "vocab_size": BYTE_VOCAB,
                                    "eos_id": EOS}))
+    cfg = {"run_name": "cli", "seed": 3, "data_root": str(tmp_path / "data"),
+           "train": {"steps": 2, "batch_size": 4, "warmup_steps": 1, "checkpoint_every": 2, "eval_tokens": 0,
+                     "model_overrides": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1}}}
     config = tmp_path / "cfg.yaml"
-    config.write_text(yaml.safe_dump({
-        "run_name": "cli", "seed": 3, "data_root": str(tmp_path / "data"),
-        "train": {"steps": 2, "batch_size": 4, "warmup_steps": 1, "checkpoint_every": 2, "eval_tokens": 0,
-                  "model_overrides": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1}}}))
+    config.write_text(yaml.safe_dump(cfg))
+    return config, summary, cfg
+
+
+@pytest.mark.slow
+def test_train_all_with_one_stage_prints_its_result(tmp_path, capsys):
+    """#50: ``--stage all`` (the default) over a config with one stage printed a KeyError traceback."""
+    pytest.importorskip("mindspore")
+    from bytes_data import EOS
+
+    from pipeline.cli import main
+
+    config, summary, _ = _stage_inputs(tmp_path)
     rc = main(["train", "--config", str(config), "--corpus", str(summary), "--run-id", "r1"])
     out = capsys.readouterr()
     assert rc == 0, out.err[-2000:]
@@ -40,21 +48,10 @@ def test_a_rerun_of_mindloom_train_reattaches_to_the_slurm_job_it_left(tmp_path,
     submitted (``launched_slurm_job``: launch.json's Slurm id, else the job name) and follows it instead of
     submitting a second one. Here the earlier job is a finished local run, and Slurm's answer is stubbed."""
     pytest.importorskip("mindspore")
-    from bytes_data import BYTE_VOCAB, EOS, pack_bytes, stdlib_paragraphs, write_mindrecord
-
     from pipeline.cli import main
     from pipeline.tasks import submit
 
-    seq = 32
-    write_mindrecord(pack_bytes(stdlib_paragraphs("json.decoder"), seq)[:64], str(tmp_path / "mr"), shards=1)
-    summary = tmp_path / "corpus_summary.json"
-    summary.write_text(json.dumps({"mindrecord_dir": str(tmp_path / "mr"), "seq_len": seq, "vocab_size": BYTE_VOCAB,
-                                   "eos_id": EOS}))
-    cfg = {"run_name": "cli", "seed": 3, "data_root": str(tmp_path / "data"),
-           "train": {"steps": 2, "batch_size": 4, "warmup_steps": 1, "checkpoint_every": 2, "eval_tokens": 0,
-                     "model_overrides": {"dim": 32, "n_layers": 1, "n_heads": 2, "n_kv_heads": 1}}}
-    config = tmp_path / "cfg.yaml"
-    config.write_text(yaml.safe_dump(cfg))
+    config, summary, cfg = _stage_inputs(tmp_path)
     argv = ["train", "--config", str(config), "--corpus", str(summary), "--run-id", "r1"]
     assert main(argv) == 0
     first = json.loads(capsys.readouterr().out)
