@@ -163,6 +163,23 @@ def _resolve_paths(data: dict, base_dir: Path) -> dict:
 def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None = None) -> MindloomConfig:
     """Load YAML (default ``configs/default.yaml``) and apply dotted ``overrides`` ({"train.steps": 50})."""
     path = Path(path or os.environ.get("MINDLOOM_CONFIG") or DEFAULT_CONFIG)
+    return config_from_dict(_read_yaml(path, ()), overrides)
+
+
+def _merge(base: dict, over: dict) -> dict:
+    """``over`` on top of ``base``: maps merge key by key, anything else (lists included) is replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        out[key] = _merge(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
+
+
+def _read_yaml(path: Path, chain: tuple) -> dict:
+    """One config file's mapping, paths resolved against its folder; a top-level ``base: other.yaml`` (relative to
+    the file) is read first and this file's keys are merged over it, so a site config names only what it changes."""
+    if path.resolve() in chain:
+        raise ConfigError(f"config file {path}: base: files include each other "
+                          f"({' -> '.join(str(p) for p in (*chain, path.resolve()))})")
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
@@ -173,8 +190,15 @@ def load_config(path: str | Path | None = None, overrides: dict[str, Any] | None
         mark = getattr(exc, "problem_mark", None)
         line = f":{mark.line + 1}" if mark is not None else ""
         raise ConfigError(f"config file {path}{line}: invalid YAML ({getattr(exc, 'problem', exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {path}: expected a mapping of sections, got {type(data).__name__}")
     data = _resolve_paths(data, path.resolve().parent)
-    return config_from_dict(data, overrides)
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    if not isinstance(base, str) or not base:
+        raise ConfigError(f"config file {path}: base: expected the path of another config file, got {base!r}")
+    return _merge(_read_yaml(path.resolve().parent / base, (*chain, path.resolve())), data)
 
 
 def config_from_dict(data: dict, overrides: dict[str, Any] | None = None) -> MindloomConfig:

@@ -37,7 +37,7 @@ def test_references_are_held_out_and_only_real_overlap_is_removed(tmp_path):
     root = tmp_path / "abl"
     split = split_references(cfg, root)
     code = split["domains"]["code"]
-    assert code == {"references": 3, "sources": 17, "overlaps_reference": 1, "reference_sources": 1}
+    assert code == {"references": 3, "sources": 17, "pieces": 17, "overlaps_reference": 1, "reference_sources": 1}
     assert split["boilerplate_ngrams"] > 0          # the navigation block's n-grams did not count
     refs = [json.loads(line) for line in (root / "references" / "code.jsonl").read_text().splitlines()]
     assert all(len(r["text"].encode()) <= 300 and r["source"] == "manual" for r in refs)
@@ -46,6 +46,21 @@ def test_references_are_held_out_and_only_real_overlap_is_removed(tmp_path):
     assert split_references(cfg, root) == split                   # a finished split is kept as it is
     prose = split["domains"]["prose"]
     assert prose["references"] == 3 and prose["sources"] + prose["overlaps_reference"] == 43 - 3
+
+
+def test_training_documents_are_cut_into_pieces_at_line_ends():
+    """A matched mixture selects whole documents: a whole book against a domain's target is all or nothing, so the
+    split cuts training documents into pieces of at most ``ablation.piece_bytes`` at line ends."""
+    from pipeline.ablation.plan import pieces_of
+
+    text = "".join(f"line {i:03d} " + "ä" * 20 + "\n" for i in range(100))      # 50 bytes a line
+    pieces = pieces_of(text, 500)
+    assert "".join(pieces) == text and len(pieces) == 10
+    assert all(len(p.encode()) <= 500 and p.endswith("\n") for p in pieces)
+    long_line = "漢" * 400                                            # 1,200 bytes, no line end
+    cut = pieces_of(long_line, 500)
+    assert "".join(cut) == long_line and [len(p.encode()) for p in cut] == [498, 498, 204]
+    assert pieces_of(text, 0) == [text] and pieces_of("short", 500) == ["short"]
 
 
 def test_arm_configs_share_everything_but_the_chain(tmp_path):

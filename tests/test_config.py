@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import REPO
 
 from pipeline.config import DEFAULT_CONFIG, load_config
 from pipeline.configkit import ConfigError
@@ -104,3 +105,40 @@ def test_train_job_defaults_come_from_the_train_config():
     assert {n: getattr(job, n) for n in shared} == {n: recipe[n] for n in shared}
     assert not hasattr(job, "batch_size") and job.micro_batch == recipe["batch_size"]
     assert job.model == {"preset": recipe["preset"]}
+
+
+def test_a_config_names_a_base_and_only_what_it_changes(tmp_path):
+    """``base: other.yaml``: maps merge key by key, lists and values are replaced, each file's relative paths are
+    taken from its own folder; a loop of bases and a bad base value are errors that name the file."""
+    import yaml
+
+    from pipeline.config import load_config
+    from pipeline.configkit import ConfigError
+
+    (tmp_path / "site").mkdir()
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({
+        "data_root": "data", "train": {"steps": 7, "lr": 0.01},
+        "sources": [{"domain": "code", "reader": "jsonl", "paths": ["in/code.jsonl"]}]}))
+    (tmp_path / "site" / "site.yaml").write_text(yaml.safe_dump({
+        "base": "../base.yaml", "train": {"steps": 9},
+        "sources": [{"domain": "prose", "reader": "jsonl", "paths": ["prose.jsonl"]}]}))
+    cfg = load_config(tmp_path / "site" / "site.yaml")
+    assert (cfg.train.steps, cfg.train.lr) == (9, 0.01)                 # merged: steps changed, lr kept
+    assert cfg.data_root == str(tmp_path / "data")                      # the base's path, from the base's folder
+    assert [(s.domain, s.paths) for s in cfg.sources] == [("prose", [str(tmp_path / "site" / "prose.jsonl")])]
+    (tmp_path / "base.yaml").write_text(yaml.safe_dump({"base": "site/site.yaml"}))
+    with pytest.raises(ConfigError, match=r"site\.yaml: base: files include each other \(.*site\.yaml -> .*base\.yaml -> .*site\.yaml\)"):
+        load_config(tmp_path / "site" / "site.yaml")
+    (tmp_path / "site" / "site.yaml").write_text(yaml.safe_dump({"base": 3}))
+    with pytest.raises(ConfigError, match=r"site\.yaml: base: expected the path of another config file, got 3"):
+        load_config(tmp_path / "site" / "site.yaml")
+
+
+def test_the_shipped_configs_load():
+    from pipeline.config import load_config
+
+    configs = sorted((REPO / "configs").glob("*.yaml"))
+    assert [p.name for p in configs] == ["ablation.yaml", "default.yaml"]
+    ablation = load_config(REPO / "configs" / "ablation.yaml")
+    default = load_config(REPO / "configs" / "default.yaml")
+    assert ablation.quality == default.quality and ablation.ablation.seeds >= 4   # the shipped chain is the base's

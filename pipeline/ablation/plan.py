@@ -49,6 +49,32 @@ def _cap_bytes(text: str, limit: int) -> str:
     return text if len(data) <= limit else data[:limit].decode("utf-8", errors="ignore")
 
 
+def pieces_of(text: str, limit: int) -> list[str]:
+    """``text`` cut at line ends into pieces of at most ``limit`` UTF-8 bytes (a longer line is cut inside), so a
+    matched mixture can meet each domain's tokens closely even where a domain is a handful of whole books: it
+    selects whole documents, and one 300,000-token novel against a 30,000-token target is all or nothing.
+    ``limit`` 0: the text as it is."""
+    if not limit or len(text.encode("utf-8")) <= limit:
+        return [text]
+    out, cur, size = [], [], 0
+    for line in text.splitlines(keepends=True):
+        n = len(line.encode("utf-8"))
+        if size and size + n > limit:
+            out.append("".join(cur))
+            cur, size = [], 0
+        while n > limit:                                  # one line longer than a piece
+            head = line.encode("utf-8")[:limit].decode("utf-8", errors="ignore") or line[0]
+            out.append(head)
+            line = line[len(head):]
+            n = len(line.encode("utf-8"))
+        if line:
+            cur.append(line)
+            size += n
+    if cur:
+        out.append("".join(cur))
+    return out
+
+
 def split_references(cfg: MindloomConfig, root: Path) -> dict:
     """Ingest the sources once and split every domain into references and the documents the arms read.
 
@@ -82,7 +108,7 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
     for ks in keys.values():
         n = min(cfg.ablation.reference_docs, len(ks) // 2)
         chosen.update(doc for _, doc in sorted(ks)[:n])
-    counts = {d: {"references": 0, "sources": 0, "overlaps_reference": 0, "reference_sources": set()}
+    counts = {d: {"references": 0, "sources": 0, "pieces": 0, "overlaps_reference": 0, "reference_sources": set()}
               for d in keys}
     cols = ["doc_id", "domain", "source", "text", "meta"]
     ref_grams: dict[str, set] = {}
@@ -118,9 +144,13 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
             if len(index) and np.isin(_grams(d["text"]), index).any():
                 counts[d["domain"]]["overlaps_reference"] += 1
                 continue
-            out.write(d["domain"], {"id": d["doc_id"], "source": d["source"], "text": d["text"],
-                                    "meta": json.loads(d["meta"] or "{}")})
+            meta = json.loads(d["meta"] or "{}")
+            pieces = pieces_of(d["text"], cfg.ablation.piece_bytes)
+            for k, piece in enumerate(pieces):
+                out.write(d["domain"], {"id": d["doc_id"] if len(pieces) == 1 else f"{d['doc_id']}#{k}",
+                                        "source": d["source"], "text": piece, "meta": meta})
             counts[d["domain"]]["sources"] += 1
+            counts[d["domain"]]["pieces"] += len(pieces)
     control = plant_junk(root, cfg.seed, cfg.ablation.control_share) if cfg.ablation.control_share > 0 else None
     split = {"control": control,
              "domains": {d: {**{k: v for k, v in c.items() if k != "reference_sources"},
