@@ -68,6 +68,23 @@ def test_a_matched_mixture_gives_every_domain_its_weight_or_fails_naming_it():
         MixtureConfig(matched=True, weights={"a": 1})
 
 
+def test_a_matched_selection_that_misses_a_domain_by_more_than_the_tolerance_fails_naming_it():
+    """Whole documents: one large document against a small target is all or nothing; the matched run stops."""
+    import numpy as np
+
+    hist = {"a": np.zeros(mixture.BUCKETS), "b": np.zeros(mixture.BUCKETS)}
+    hist["a"][[10, 20, 30, 40]] = 100                     # four documents of 100 tokens
+    hist["b"][[5, 50]] = [1000, 1000]                       # two books of 1,000
+    rules = {d: {"full": 0, "extra_below_bucket": mixture._threshold(hist[d], 200), "target": 200.0}
+             for d in hist}
+    mc = MixtureConfig(weights={"a": 1, "b": 1}, total_tokens=400, matched=True)
+    assert rules["a"]["extra_below_bucket"] == 21 and rules["b"]["extra_below_bucket"] == 5
+    with pytest.raises(ConfigError, match=r"mixture.matched: domain 'b' can get 0 of its 200 target tokens "
+                                          r"\(100.0% off, over mixture.matched_tolerance 0.05\)"):
+        mixture._check_matched(mc, hist, rules)
+    mixture._check_matched(mc, {"a": hist["a"]}, {"a": rules["a"]})                  # 'a' meets it exactly
+
+
 def test_weights_are_checked_against_the_domains_with_documents():
     with pytest.raises(ConfigError, match=r"mixture.weights: domain 'b' has no weight"):
         mixture.domain_targets({"a": 1, "b": 1}, {"a": 1}, 4.0, 0)

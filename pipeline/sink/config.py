@@ -57,6 +57,10 @@ class MixtureConfig:
     matched: bool = _f(False, desc="Every domain gets exactly its weight of total_tokens, or the run fails naming "
                        "the domain that would exceed max_epochs (no deficit passed to the others): the same tokens "
                        "per domain in every arm of an ablation. Needs weights and total_tokens.")
+    matched_tolerance: float = _f(0.05, desc="With matched: the largest relative miss of a domain's target the "
+                                  "selection may make (it selects whole documents, so a domain of a few large "
+                                  "documents cannot meet its target closely); a larger miss fails naming the "
+                                  "domain.", ge=0.0, le=1.0)
     val_fraction: float = _f(0.01, desc="Share of each domain's documents held out for validation.", ge=0, le=0.5)
     val_min_docs: int = _f(2, desc="At least this many held-out documents per domain (never over half of it).",
                            ge=0)

@@ -126,6 +126,23 @@ def _threshold(hist, rest: float) -> int:
     return min(b, len(hist))
 
 
+def _check_matched(mc: MixtureConfig, hist: dict, rules: dict) -> None:
+    """A matched mixture's selection (whole documents) must meet each domain's target within
+    ``mixture.matched_tolerance``, or the run stops naming the domain: arms that silently train on different
+    tokens per domain would measure the mixture, not the data."""
+    for d, rule in sorted(rules.items()):
+        if not rule["target"]:
+            continue
+        got = rule["full"] * float(hist[d].sum()) + float(hist[d][:rule["extra_below_bucket"]].sum())
+        miss = abs(got - rule["target"]) / rule["target"]
+        if miss > mc.matched_tolerance:
+            raise ConfigError(f"mixture.matched: domain {d!r} can get {got:,.0f} of its {rule['target']:,.0f} "
+                              f"target {mc.unit} ({miss:.1%} off, over mixture.matched_tolerance "
+                              f"{mc.matched_tolerance:g}): the selection takes whole documents and this domain's "
+                              f"are too large for its target; cut them into pieces (the ablation's "
+                              f"ablation.piece_bytes) or raise mixture.total_tokens")
+
+
 def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) -> dict:
     """Decide held-out documents and copies per training document; write decisions, stats and the report."""
     import numpy as np
@@ -172,6 +189,8 @@ def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) ->
         full = math.floor(epochs + 1e-12)
         rules[d] = {"full": full, "extra_below_bucket": _threshold(hist[d], target - full * avail[d]),
                     "epochs": epochs, "target": target}
+    if mc.matched:
+        _check_matched(mc, hist, rules)
     write_parquet(pa.table({"doc_id": pa.array([h[2] for h in held], pa.string()),
                             "domain": pa.array([h[0] for h in held], pa.string()),
                             "shard": pa.array([h[4] for h in held], pa.string()),
