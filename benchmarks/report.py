@@ -4,7 +4,7 @@ Every figure in the page is read from results.json (which holds each topic's met
 last run); the only text written here is prose: how to read the tables, and the notes the topic authors wrote about
 their benchmarks (kept free of figures, which would go stale).  The detail tables under each topic's metrics
 (from the raw results of its last run) are ``report_detail.py``'s; ``scaling.py``, ``bench_scale.py`` and
-``ablation_report.py`` render those of their topics.
+``ablation.py`` render those of their topics.
 """
 
 from __future__ import annotations
@@ -119,15 +119,13 @@ NOTES = {
         "*scale*). CPU is the tasks' own, summed; the graph's generation is not counted. The smallest size's "
         "labels are compared node by node with union-find over every band edge in one process."),
     "ablation": (
-        "Small-model proxies: a 1.8-million-parameter model and a few hundred thousand tokens per run, far below "
-        "DCLM's smallest scale (412 M parameters, 8.2 B tokens) and FineWeb's ablation models (1.8 B parameters, "
-        "28 B tokens), whose methodology this follows in miniature: same model, recipe and token budget per arm, "
-        "several seeds, paired differences. The reference texts are held out per domain before ingest and never "
-        "filtered, so they favour no arm; the n-grams they share with training documents (boilerplate included) "
-        "remove those documents from every arm alike. Only differences whose 95 % interval excludes zero are read "
-        "as differences. The long-context rows (first seed of (b)) are scored by one evaluation worker "
-        "(`ablation.py --eval-worker`) on the chain's validation sets; with so little training the model barely "
-        "uses positions, so context-length effects are small."),
+        "Small-model proxies: the `debug` model and a few hundred thousand tokens per run, far below DCLM's "
+        "smallest scale (412 M parameters, 8.2 B tokens) and FineWeb's ablation models (1.8 B parameters, 28 B "
+        "tokens), whose method this follows in miniature: the ablation DAG's steps (`mindloom ablation`), every arm "
+        "on the same tokens per domain (matched mixture), several seeds, paired differences in bits per byte on "
+        "references held out at source level before ingest, an A/A noise floor and a positive control "
+        "(docs/ablation.md). A difference is read only when its interval excludes zero, it clears the floor and "
+        "the control was detected."),
 }
 
 

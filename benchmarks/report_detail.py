@@ -51,9 +51,9 @@ def render_detail(name: str, rec: dict) -> list[str]:
 
         return bench_scale.markdown(rec["results"].get("scale.json", {}))
     if name == "ablation":
-        import ablation_report
+        import ablation
 
-        return ablation_report.markdown(rec["results"].get("ablation.json", {}))
+        return ablation.markdown(rec["results"].get("ablation.json", {})).splitlines()
     return []
 
 

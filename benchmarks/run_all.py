@@ -124,9 +124,9 @@ def merge_topic(results: dict, name: str, record: dict, runs: list[dict], metric
 
 def topic_metrics(name: str, runs: list[dict]) -> list[dict]:
     if name == "ablation":
-        import ablation_report
+        import ablation
 
-        return ablation_report.metrics(runs[-1].get("ablation.json", {})) if runs else []
+        return ablation.metrics(runs[-1].get("ablation.json", {})) if runs else []
     return topics.TOPICS[name]["metrics"](runs) if name in topics.TOPICS and runs else []
 
 
