@@ -105,15 +105,9 @@ def worker_datatrove(texts: list[str]) -> dict:
 
 
 def _ensure_venv() -> Path:
-    python = VENV / "bin" / "python"
-    probe = [str(python), "-c", "import datatrove, spacy; print(datatrove.__version__ if hasattr(datatrove, "
-             "'__version__') else '')"]
-    if python.exists() and subprocess.run(probe, capture_output=True).returncode == 0:
-        return python
-    VENV.parent.mkdir(parents=True, exist_ok=True)
-    subprocess.run([sys.executable, "-m", "venv", str(VENV)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", "datatrove[processing]==0.10.1", "spacy"], check=True)
-    return python
+    from common import peer
+
+    return peer("datatrove")
 
 
 def _documents(mb: float) -> list[tuple[str, str, str]]:

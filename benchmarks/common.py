@@ -35,7 +35,9 @@ DEMO_CORPUS = REPO / "data" / "demo-corpus"
 # Trafilatura step fails on every page (bench_ingest.py).
 PEERS: dict[str, dict] = {
     "datatrove": {"pins": ["datatrove[processing]==0.10.1", "spacy==3.8.18", "pyarrow==25.0.1"],
-                  "extra": ["lxml_html_clean==0.4.6"], "probe": "import datatrove, spacy, pyarrow, lxml_html_clean"},
+                  # aiohttp/requests/orjson: datatrove's LanguageFilter and JsonlReader (the scale suite's peer run)
+                  "extra": ["lxml_html_clean==0.4.6", "aiohttp", "requests", "orjson"],
+                  "probe": "import datatrove, spacy, pyarrow, lxml_html_clean, aiohttp, requests, orjson"},
     "rensa": {"pins": ["rensa==0.5.0", "numpy==1.26.4", "pyarrow==25.0.1"], "extra": [], "probe": "import rensa"},
     "datasketch": {"pins": ["datasketch==2.0.0", "numpy==1.26.4"], "extra": [], "probe": "import datasketch"},
     # PyTorch CPU from the local wheel (pip finds torch==2.13.0 on this disk); a .pth adds the project venv's
@@ -288,9 +290,15 @@ def ensure_peer(name: str, install: bool = True) -> tuple[Path | None, str]:
         if rc != 0 or not peer_ready(name):
             return None, f"installing {name} failed (see {log})"
         status = "installed"
-    if name in ("datatrove", "rensa"):               # the stamp minhash_peers.ensure_venv checks before reusing a venv
-        (venv / "mindloom-bench.json").write_text(json.dumps(sorted(spec["pins"])))
     return py, status
+
+
+def peer(name: str) -> Path:
+    """The peer venv's python, installed when missing: for a script that cannot run without it."""
+    py, status = ensure_peer(name)
+    if py is None:
+        raise RuntimeError(f"peer venv {name}: {status}")
+    return py
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -10,15 +10,13 @@ venv can load this file.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from common import PEERS, REPO, VENVS
+from common import REPO
 
 
 def parquet_texts(path: str) -> list[str]:
@@ -117,15 +115,7 @@ def w_stages_datatrove(a: dict) -> dict:
 
 
 def ensure_venv(name: str) -> Path:
-    """The peer's python, creating its venv (pip from PyPI) when missing or installed with other pins."""
-    venv = VENVS / name
-    python = venv / "bin" / "python"
-    stamp = venv / "mindloom-bench.json"
-    want = sorted(PEERS[name]["pins"])
-    if python.exists() and stamp.exists() and json.loads(stamp.read_text()) == want:
-        return python
-    print(f"creating {venv} with {want} …", flush=True)
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    subprocess.run([str(python), "-m", "pip", "install", "-q", *want], check=True)
-    stamp.write_text(json.dumps(want))
-    return python
+    """The peer's python (``common.peer``: its venv made with its pins when missing)."""
+    from common import peer
+
+    return peer(name)

