@@ -128,3 +128,21 @@ def test_the_positive_control_plants_a_known_share_of_junk(tmp_path):
     assert kinds["exact_copy"] == c["exact_copy"] and kinds["repeated_lines"] == c["repeated_lines"]
     assert kinds["scrambled_words"] <= c["scrambled_words"]      # a shuffle can leave a short line as it was
     assert plant_junk(root, 7, 0.25) == control                     # by key: the same documents every time
+
+
+def test_planted_junk_is_cut_into_pieces_again(tmp_path):
+    """A piece with every line four times is four times a piece: cut again, so the control arms' matched mixture
+    meets its targets as closely as the others'."""
+    from pipeline.ablation.plan import plant_junk
+
+    root = tmp_path / "abl"
+    (root / "sources").mkdir(parents=True)
+    text = "".join(f"line {j} of a page that is long enough\n" for j in range(12))        # 456 bytes
+    docs = [{"id": f"d{i:03d}", "source": "s", "text": text, "meta": {}} for i in range(200)]
+    (root / "sources" / "web.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    c = plant_junk(root, 7, 0.25, piece_bytes=500)["domains"]["web"]
+    out = [json.loads(line) for line in (root / "sources_control" / "web.jsonl").read_text().splitlines()]
+    assert max(len(r["text"].encode()) for r in out) <= 500 and len({r["id"] for r in out}) == len(out)
+    repeated = [r for r in out if r["text"].startswith("line 0 of a page that is long enough\nline 0")]
+    assert len(repeated) == c["repeated_lines"]             # the first piece of each; 1,824 bytes make 4 pieces
+    assert len(out) == 200 + c["exact_copy"] + 3 * c["repeated_lines"]

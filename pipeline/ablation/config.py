@@ -33,7 +33,7 @@ class AblationConfig:
                                       "than twice that many), before any arm reads the sources.", ge=1)
     reference_max_bytes: int = _f(8192, desc="Each reference document is scored on at most this many UTF-8 bytes "
                                              "(its start), so no single long document dominates a domain.", ge=256)
-    piece_bytes: int = _f(4096, desc="Training documents are cut at line ends into pieces of at most this many "
+    piece_bytes: int = _f(2048, desc="Training documents are cut at line ends into pieces of at most this many "
                                      "UTF-8 bytes before any arm reads them, so every arm's matched mixture meets "
                                      "each domain's tokens within a few percent (it selects whole documents: one "
                                      "whole book against a domain's target is all or nothing). Every arm's chain "

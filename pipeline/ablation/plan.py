@@ -151,7 +151,8 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
                                         "source": d["source"], "text": piece, "meta": meta})
             counts[d["domain"]]["sources"] += 1
             counts[d["domain"]]["pieces"] += len(pieces)
-    control = plant_junk(root, cfg.seed, cfg.ablation.control_share) if cfg.ablation.control_share > 0 else None
+    control = (plant_junk(root, cfg.seed, cfg.ablation.control_share, cfg.ablation.piece_bytes)
+               if cfg.ablation.control_share > 0 else None)
     split = {"control": control,
              "domains": {d: {**{k: v for k, v in c.items() if k != "reference_sources"},
                              "reference_sources": len(c["reference_sources"])} for d, c in sorted(counts.items())},
@@ -178,9 +179,10 @@ def corrupt(text: str, kind: str, rng) -> list[str]:
     return ["\n".join(lines)]
 
 
-def plant_junk(root: Path, seed: int, share: float) -> dict:
+def plant_junk(root: Path, seed: int, share: float, piece_bytes: int = 0) -> dict:
     """``sources_control/``: the split's training documents with ``share`` of them planted with junk, the kind
-    chosen per document by its key (``JUNK_KINDS`` in turn); returns the counts per domain and kind."""
+    chosen per document by its key (``JUNK_KINDS`` in turn), cut again into pieces of ``piece_bytes`` (a piece
+    with every line four times is four pieces); returns the counts per domain and kind."""
     import random
 
     from pipeline.sink.validation import unit_key
@@ -201,7 +203,8 @@ def plant_junk(root: Path, seed: int, share: float) -> dict:
                     kind = JUNK_KINDS[min(int(key / share * len(JUNK_KINDS)), len(JUNK_KINDS) - 1)]
                     c[kind] += 1
                     rng = random.Random(f"{seed}/{rec['id']}")
-                    for k, text in enumerate(corrupt(rec["text"], kind, rng)):
+                    texts = [p for t in corrupt(rec["text"], kind, rng) for p in pieces_of(t, piece_bytes)]
+                    for k, text in enumerate(texts):
                         out.write(domain, {**rec, "id": rec["id"] if k == 0 else f"{rec['id']}#copy{k}", "text": text})
             if not c["documents"]:
                 out.write(domain, None)
