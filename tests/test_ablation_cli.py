@@ -18,8 +18,9 @@ def test_mindloom_ablation_reports_and_a_rerun_is_byte_identical(tmp_path, capsy
     from pipeline.cli import main
 
     path = tiny_config(tmp_path, ablation={"seeds": 1, "steps": 4, "total_tokens": 6000, "reference_docs": 4,
-                                           "replicates": 200, "arms": {"raw": {"quality.enabled": False},
-                                                                       "shipped": {}}})
+                                           "piece_bytes": 1024, "replicates": 200,
+                                           "arms": {"raw": {"quality.enabled": False}, "shipped": {}}},
+                       mixture={"matched_tolerance": 0.2})         # tiny targets: one piece is a large share
     argv = ["ablation", "--config", str(path), "--run-id", "a1"]
     assert main(argv) == 0
     out = capsys.readouterr().out
@@ -33,6 +34,10 @@ def test_mindloom_ablation_reports_and_a_rerun_is_byte_identical(tmp_path, capsy
     planted = json.loads((root / "split.json").read_text())["control"]
     assert planted["share"] == 0.25 and planted["domains"]["prose"]["documents"] > 0
     assert report["control"]["seeds"] == 1 and isinstance(report["control_detected"], bool)
+    cloze = report["cloze"]                  # the same items for every arm, whatever its tokenizer
+    assert sorted(cloze) == ["raw", "raw_aa", "raw_control", "shipped", "shipped_control"]
+    assert len({c["items"] for c in cloze.values()}) == 1 and cloze["raw"]["items"] > 0
+    assert "Last-word cloze" in out
     if not report["control_detected"]:                  # an underpowered design says so and decides nothing
         assert all(r["verdict"] == "inconclusive" for r in report["differences"]["shipped"].values())
     print(report["control_note"])

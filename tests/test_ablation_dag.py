@@ -23,7 +23,9 @@ def test_the_ablation_dag_trains_and_scores_two_arms_and_a_failed_run_resumes(ow
     from airflow.utils.state import DagRunState
 
     path = tiny_config(tmp_path, ablation={"seeds": 1, "aa": False, "control_share": 0, "steps": 8,
-                                           "total_tokens": 16000, "reference_docs": 4, "replicates": 200})
+                                           "piece_bytes": 1024, "total_tokens": 16000, "reference_docs": 4,
+                                           "replicates": 200},
+                       mixture={"matched_tolerance": 0.2})         # tiny targets: one piece is a large share
     monkeypatch.setenv("MINDLOOM_CONFIG", str(path))
     bag = DagBag(dag_folder=str(REPO / "dags"))
     assert bag.import_errors == {}, bag.import_errors

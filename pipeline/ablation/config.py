@@ -43,6 +43,9 @@ class AblationConfig:
                               "and the baseline and the second arm are trained on that corpus too; their "
                               "difference must clear the noise floor, else every verdict is inconclusive. 0: no "
                               "control.", ge=0.0, le=0.9)
+    cloze_items: int = _f(4, desc="Last-word cloze items per reference document (4-way: the true last word of a "
+                                  "line against three of the domain's other last words with as many letters; chance "
+                                  "25 %). 0: bits per byte only.", ge=0)
     primary: str = _f("", desc="The domain whose bits per byte is the primary number, named before the run "
                                "(empty: all domains pooled).")
     replicates: int = _f(2000, desc="Bootstrap draws per interval.", ge=100)

@@ -8,6 +8,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
+
 from pipeline.ablation.stats import (
     DocScore,
     Interval,
@@ -28,6 +30,28 @@ def _by_arm(runs: list[dict]) -> dict[str, dict[int, list[DocScore]]]:
                 for d in read_json(run["scores"])["docs"]]
         out.setdefault(run["arm"], {})[run["index"]] = docs
     return out
+
+
+def cloze_of(runs: list[dict]) -> dict:
+    """Last-word cloze accuracy per arm: pooled over its items per seed, then the mean over seeds; per domain
+    likewise. Arms without items (``ablation.cloze_items: 0``, or scores written before the task) are left out."""
+    per: dict[str, dict] = {}
+    for run in runs:
+        docs = read_json(run["scores"])["docs"]
+        if not any(d.get("cloze", [0, 0])[0] for d in docs):
+            continue
+        arm = per.setdefault(run["arm"], {"seeds": [], "domains": {}})
+        n, k = (sum(d["cloze"][i] for d in docs) for i in (0, 1))
+        arm["seeds"].append(k / n)
+        arm["items"] = n
+        for dom in sorted({d["domain"] for d in docs}):
+            n, k = (sum(d["cloze"][i] for d in docs if d["domain"] == dom) for i in (0, 1))
+            if n:
+                arm["domains"].setdefault(dom, []).append(k / n)
+    return {arm: {"items": v["items"], "accuracy": round(float(np.mean(v["seeds"])), 4),
+                  "per_seed": [round(a, 4) for a in v["seeds"]],
+                  "domains": {d: round(float(np.mean(a)), 4) for d, a in v["domains"].items()}}
+            for arm, v in per.items()}
 
 
 def mixture_of(corpus: dict) -> dict:
@@ -68,7 +92,7 @@ def build_report(cfg, runs: list[dict], corpora: dict[str, dict], out_dir: Path)
               "noise_floor": floor if floor is not None and math.isfinite(floor) else None,
               "aa": aa.to_dict() if aa else None, "control": control.to_dict() if control else None,
               "control_detected": detected, "control_note": _control_note(control, detected, pair),
-              "differences": arms, "bits_per_byte": bpb,
+              "differences": arms, "bits_per_byte": bpb, "cloze": cloze_of(runs),
               "mixtures": {arm: mixture_of(c) for arm, c in corpora.items()},
               "runs": [{k: r[k] for k in ("arm", "seed", "index")} for r in runs]}
     write_json(out_dir / "report.json", report)
@@ -116,6 +140,15 @@ def markdown(report: dict) -> str:
             side = [mix.get(a.removesuffix("_aa"), {}).get(scope) for a in (arm, base)]
             cells = ["" if s is None else f"{s['share']:.3f}, {s['epochs']:.2f}" for s in side]
             lines.append(f"| {arm} | {scope} | {_fmt(iv)} | {iv['verdict']} | {cells[0]} | {cells[1]} |")
+    cloze = report.get("cloze") or {}
+    if cloze:
+        domains = sorted({d for c in cloze.values() for d in c["domains"]})
+        lines += ["", "Last-word cloze, 4-way (distractors: the domain's other last words with as many letters; chance "
+                  "25 %), accuracy averaged over seeds:", "",
+                  "| arm | items | all | " + " | ".join(domains) + " |", "|---|---|---|" + "---|" * len(domains)]
+        for arm, c in cloze.items():
+            cells = [f"{100 * c['domains'][d]:.1f} %" if d in c["domains"] else "" for d in domains]
+            lines.append(f"| {arm} | {c['items']} | {100 * c['accuracy']:.1f} % | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -89,7 +89,7 @@ def run_config(params: dict | MindloomConfig, run_id: str, run: dict) -> Mindloo
 def score(params: dict | MindloomConfig, run_id: str, run: dict) -> dict:
     """Bits per byte of the run's final checkpoint on every reference document (``python -m
     pipeline.ablation.score``, its own process); reused when its scores exist."""
-    _, root = _frozen(params, run_id)
+    cfg, root = _frozen(params, run_id)
     out = root / "scores" / f"{run['arm']}-seed{run['seed']}.json"
     result = {k: run[k] for k in ("arm", "seed", "index")} | {"scores": str(out)}
     if out.is_file():
@@ -97,7 +97,8 @@ def score(params: dict | MindloomConfig, run_id: str, run: dict) -> dict:
     job = run_dir(params, run_id, run) / "job.json"
     tokenizer = Path(run["corpus"]["run_dir"]) / "tokenizer" / "spm.model"
     p = subprocess.run([sys.executable, "-m", "pipeline.ablation.score", "--job", str(job), "--tokenizer",
-                        str(tokenizer), "--references", str(root / "references"), "--out", str(out)],
+                        str(tokenizer), "--references", str(root / "references"), "--out", str(out),
+                        "--cloze-items", str(cfg.ablation.cloze_items)],
                        capture_output=True, text=True)
     if p.returncode:
         raise RuntimeError(f"scoring {run['arm']} seed {run['seed']} failed (rc {p.returncode}): "
