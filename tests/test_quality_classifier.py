@@ -1,5 +1,7 @@
-"""The quality classifier (pipeline/quality/classifier.py): trained in the run, byte-identical for a seed, scored in
-the quality task, cut per domain; a supplied model; off by default changes nothing."""
+"""The quality classifier (pipeline/quality/classifier.py) in its cross_domain mode (reference domains against
+others): trained in the run, cross-fitted, byte-identical for a seed, scored in the train step, decided in the quality
+task, cut per domain; a supplied model; off by default changes nothing.  The within-domain mode (the default):
+tests/test_quality_classifier_within.py."""
 
 from __future__ import annotations
 
@@ -22,7 +24,8 @@ from pipeline.quality.run import run_quality_shard, scores_path
 pytest.importorskip("floret")
 
 CHAINS = [{"domain": "*", "filters": ["length"]}]          # length is off by default: the classifier alone decides
-FILES = ("model.bin", "sample.parquet", "manifest.json")
+FILES = ("models/g0-f0.bin", "models/g0-f1.bin", "sample.parquet", "manifest.json", "scores/code-00000.parquet",
+         "scores/prose-00000.parquet", "scores/prose-00001.parquet")
 
 
 def _shard(rdir: Path, shard: str, domain: str, texts: list[str], stage: str = "minhash") -> None:
@@ -34,7 +37,7 @@ def _shard(rdir: Path, shard: str, domain: str, texts: list[str], stage: str = "
 
 
 def _quality(**clf):
-    settings = {"enabled": True, "positive_domains": ["prose"], "negative_domains": ["code"],
+    settings = {"enabled": True, "training": "cross_domain", "positive_domains": ["prose"], "negative_domains": ["code"],
                 "keep_top_percent": {"code": 50}, "dim": 8, "buckets": 4096, "epochs": 50, "lr": 0.5,
                 "held_out_fraction": 0.3,
                 **clf}
@@ -56,29 +59,39 @@ def corpus(tmp_path_factory) -> tuple[Path, list[str]]:
 
 
 def _digests(d: Path) -> dict[str, str]:
-    return {f: hashlib.sha256((d / f).read_bytes()).hexdigest() for f in FILES}
+    """sha256 of every file of a classifier folder, by relative path."""
+    return {str(p.relative_to(d)): hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(d.rglob("*"))
+            if p.is_file()}
 
 
-def test_trains_scores_held_out_and_reruns_byte_identical(corpus, tmp_path):
+def test_trains_scores_cross_fitted_and_reruns_byte_identical(corpus, tmp_path):
     rdir, shards = corpus
     q = _quality()
     found = classifier.train_classifier(q.classifier, rdir, shards, seed=7)
     out = classifier.classifier_dir(rdir)
-    assert sorted(p.name for p in out.iterdir()) == sorted(FILES)          # train.txt is not kept
+    assert sorted(_digests(out)) == sorted(FILES)                          # train.txt is not kept
     assert found["model"]["source"] == "trained" and found["model"]["format"] == "floret"
+    assert found["training"] == "cross_domain" and [g["domains"] for g in found["groups"]] == [["*"]]
     train, held = found["train"], found["held_out"]
-    assert train["positives"] == train["negatives"] == min(train["positives"], train["negatives"])   # balance: equal
-    assert (train["positives"], held["positives"], held["negatives"]) == (29, 19, 11)     # hashes of id and seed
-    assert held["accuracy"] >= 0.9            # docstrings vs source files, 29 of each: 29 of 30 here
+    assert (train["positives"], train["negatives"]) == (40, 40)        # balance: equal (40 code files)
+    # every example is scored by the fold model that did not train on it: 56 docstrings, 40 source files
+    assert (held["docs"], held["positives"], held["negatives"]) == (96, 56, 40)
+    assert held["accuracy"] >= 0.9 and held["auc"] >= 0.95
+    models = found["groups"][0]["models"]
     sample = read_parquet(out / "sample.parquet").to_pylist()
-    assert len(sample) == 96 and {r["split"] for r in sample} <= {"train", "held_out", "unused"}
-    scored = [r for r in sample if r["split"] == "held_out"]
-    assert len(scored) == held["docs"] and all(0.0 <= r["score"] <= 1.0 for r in scored)
-    assert all(r["score"] is None for r in sample if r["split"] != "held_out")
+    assert len(sample) == 96 and {r["split"] for r in sample} == {"train", "unused"}
+    for m in models:            # model k trained on the examples of the other fold
+        others = [r for r in sample if r["split"] == "train" and r["fold"] != m["fold"]]
+        assert m["train_docs"] == len(others) and m["positives"] == sum(r["class"] == "pos" for r in others)
+    assert all(0.0 <= r["score"] <= 1.0 for r in sample)
     cut = found["cuts"]["code"]
-    code_held = sorted((r["score"] for r in scored if r["domain"] == "code"), reverse=True)
-    assert cut["calibration_docs"] == len(code_held) and cut["rule"] == "keep top 50 %"
-    assert cut["cut"] == code_held[-(-len(code_held) // 2) - 1]             # the lowest of the best half
+    code_scores = sorted((r[classifier.COLUMN] for shard in shards
+                          for r in read_parquet(out / "scores" / f"{shard}.parquet").to_pylist()
+                          if r["domain"] == "code"), reverse=True)
+    assert cut["rule"] == "keep top 50 %" and cut["docs"] == cut["scored"] == 40
+    assert cut["cut"] == code_scores[19] and (cut["kept_docs"], cut["kept_share"]) == (20, 0.5)   # of every code file
+    # the score says which domain a document is from: reference against the rest learns the domain
+    assert found["probe"]["pairs"][0]["domains"] == ["code", "prose"] and found["probe"]["max_separation"] >= 0.9
 
     first = _digests(out)
     mtime = (out / "manifest.json").stat().st_mtime_ns
@@ -88,11 +101,11 @@ def test_trains_scores_held_out_and_reruns_byte_identical(corpus, tmp_path):
     shutil.copytree(rdir / "minhash", other / "minhash")
     classifier.train_classifier(q.classifier, other, shards, seed=7)         # a fresh run, the same seed
     assert _digests(classifier.classifier_dir(other)) == first
-    classifier.train_classifier(q.classifier, other, shards, seed=8)         # another seed: another model
-    assert _digests(classifier.classifier_dir(other))["model.bin"] != first["model.bin"]
+    classifier.train_classifier(q.classifier, other, shards, seed=8)         # another seed: other folds and models
+    assert _digests(classifier.classifier_dir(other))["models/g0-f0.bin"] != first["models/g0-f0.bin"]
 
 
-def test_the_quality_task_scores_every_document_and_cuts_per_domain(corpus):
+def test_the_quality_task_decides_every_document_by_its_domain_cut(corpus):
     rdir, shards = corpus
     q = _quality()
     found = classifier.train_classifier(q.classifier, rdir, shards, seed=7)
@@ -100,13 +113,14 @@ def test_the_quality_task_scores_every_document_and_cuts_per_domain(corpus):
     code = run_quality_shard(q, rdir, "code-00000", input_stage="minhash")
     scores = read_parquet(scores_path(rdir, "code-00000"))
     values = scores.column(classifier.COLUMN).to_pylist()
-    assert len(values) == 40 and all(v is not None for v in values)
+    assert values == read_parquet(rdir / "classifier" / "scores" / "code-00000.parquet").column(
+        classifier.COLUMN).to_pylist()                                   # the train step's scores, row by row
     removed = [v for v in values if v < cut]
-    assert code["in_docs"] == code["kept_docs"] + code["removed"]["classifier"]["docs"] == 40
-    assert code["removed"]["classifier"]["docs"] == len(removed)
+    assert code["in_docs"] == code["kept_docs"] + code["removed"]["classifier_low_score"]["docs"] == 40
+    assert code["kept_docs"] == 20 and len(removed) == 20                # keep top 50 %: 20 of 40, measured
     assert [r for r, v in zip(scores.column("q_reason").to_pylist(), values, strict=True) if v < cut] == \
-        ["classifier"] * len(removed)
-    assert code["classifier"]["cuts"] == {"code": cut}
+        ["classifier_low_score"] * len(removed)
+    assert code["classifier"]["cuts"] == {"code": cut} and code["classifier"]["training"] == "cross_domain"
     kept = read_parquet(rdir / "quality" / "code-00000.parquet")
     assert all(v >= cut for v in kept.column(classifier.COLUMN).to_pylist())
     assert read_json(rdir / "classifier" / "manifest.json")["digest"] == \
@@ -115,24 +129,29 @@ def test_the_quality_task_scores_every_document_and_cuts_per_domain(corpus):
     assert prose["kept_docs"] == prose["in_docs"] == 30
     assert read_parquet(scores_path(rdir, "prose-00000")).column(classifier.COLUMN).null_count == 0
     # re-tuning from the stored column, without the model: the stage's own decisions, then a stricter cut
-    assert classifier.reapply(found, scores) == [None if v >= cut else ("classifier", d) for v, d in
+    assert classifier.reapply(found, scores) == [None if v >= cut else ("classifier_low_score", d) for v, d in
                                                  zip(values, scores.column("q_detail").to_pylist(), strict=True)]
     assert sum(d is not None for d in classifier.reapply(found, scores, min_score={"code": 1.0})) == \
         sum(v < 1.0 for v in values)
+    every = [r for f in sorted((rdir / "classifier" / "scores").glob("*.parquet")) for r in read_parquet(f).to_pylist()]
+    assert sum(d is None for d in classifier.reapply({**found, "sample": every}, scores,
+                                                     keep_top_percent={"code": 25})) == 10
 
 
 def test_a_supplied_model_replaces_training(corpus, tmp_path):
     rdir, shards = corpus
-    trained = classifier.train_classifier(_quality().classifier, rdir, shards, seed=7)
+    classifier.train_classifier(_quality().classifier, rdir, shards, seed=7)
     model = tmp_path / "given.bin"
-    shutil.copy(rdir / "classifier" / "model.bin", model)
+    shutil.copy(rdir / "classifier" / "models" / "g0-f0.bin", model)
     other = tmp_path / "run"
     shutil.copytree(rdir / "minhash", other / "minhash")
     found = classifier.train_classifier(_quality(model_path=str(model), model_format="floret").classifier, other,
                                         shards, seed=7)
-    assert found["model"] | {"path": ""} == {**trained["model"], "source": "supplied", "file": "given.bin"}
-    assert found["train"] == {"docs": 0} and not (other / "classifier" / "model.bin").exists()
+    assert found["model"] == {"source": "supplied", "format": "floret", "path": str(model.resolve()),
+                              "file": "given.bin", "sha256": hashlib.sha256(model.read_bytes()).hexdigest()}
+    assert found["train"]["docs"] == 0 and not (other / "classifier" / "models").exists()
     assert found["held_out"]["docs"] == 96 and found["held_out"]["accuracy"] >= 0.9      # the whole sample
+    assert found["cuts"]["code"]["kept_docs"] == 20
 
 
 def test_fasttext_format_is_read_with_fasttext_predict(corpus, tmp_path):
@@ -173,7 +192,11 @@ def test_off_by_default_changes_nothing(corpus, tmp_path):
     ({"negative_domains": ["web", "books"]}, r"quality\.classifier\.negative_domains: \['books'\] are also"),
     ({"balance": "even"}, r"quality\.classifier\.balance"),
     ({"positive_paths": ["curated.txt"]}, r"quality\.classifier\.positive_paths\[0\]: expected a local \.jsonl"),
-    ({"enabled": True, "negative_domains": []}, r"quality\.classifier\.negative_domains: training needs"),
+    ({"enabled": True, "training": "cross_domain", "negative_domains": []},
+     r"quality\.classifier\.negative_domains: training needs"),
+    ({"training": "both"}, r"quality\.classifier\.training"),
+    ({"corruptions": ["exact_copy"]}, r"quality\.classifier\.corruptions: expected distinct kinds of "),
+    ({"folds": 1}, r"quality\.classifier\.folds"),
 ])
 def test_bad_settings_name_the_field(settings, message):
     with pytest.raises(ConfigError, match=message):
@@ -190,7 +213,8 @@ def test_no_negatives_in_the_run_names_the_domains(corpus, tmp_path):
 @pytest.mark.skipif(not (SHARED_CORPORA / "web.jsonl").exists(), reason="../shared/corpora absent")
 def test_reference_text_against_raw_web(tmp_path):
     """The issue's setting on real data: encyclopedia, books, academic against web (../shared/corpora, 150
-    documents each), keep the top 30 % of web; held-out accuracy and the realised share are checked."""
+    documents each), keep the top 30 % of web; cross-fitted accuracy, the realised share (45 of 150) and the domain
+    probe (this setting learns the domain) are checked."""
     rdir = tmp_path / "run"
     for domain in ("encyclopedia", "books", "academic", "web"):
         with open(SHARED_CORPORA / f"{domain}.jsonl", encoding="utf-8") as fh:
@@ -198,13 +222,14 @@ def test_reference_text_against_raw_web(tmp_path):
         _shard(rdir, f"{domain}-00000", domain, texts)
     shards = ["academic-00000", "books-00000", "encyclopedia-00000", "web-00000"]
     q = config_from_dict({"quality": {"chains": CHAINS, "classifier": {
-        "enabled": True, "max_chars": 4000, "dim": 16, "buckets": 65536, "held_out_fraction": 0.3,
+        "enabled": True, "training": "cross_domain", "max_chars": 4000, "dim": 16, "buckets": 65536, "held_out_fraction": 0.3,
         "epochs": 20, "lr": 0.5}}}).quality
     found = classifier.train_classifier(q.classifier, rdir, shards, seed=1234)
     assert found["held_out"]["accuracy"] >= 0.85
     web = run_quality_shard(q, rdir, "web-00000", input_stage="minhash")
-    assert web["in_docs"] == web["kept_docs"] + web["removed"]["classifier"]["docs"] == 150
-    assert 0.15 <= web["kept_docs"] / 150 <= 0.5                 # 30 % of web, up to the held-out sample's error
+    assert web["in_docs"] == web["kept_docs"] + web["removed"]["classifier_low_score"]["docs"] == 150
+    assert web["kept_docs"] == found["cuts"]["web"]["kept_docs"] == 45           # 30 % of web: ceil(0.3 * 150)
+    assert found["probe"]["max_separation"] >= 0.9
     first = _digests(rdir / "classifier")
     shutil.rmtree(rdir / "classifier")
     classifier.train_classifier(q.classifier, rdir, shards, seed=1234)

@@ -52,36 +52,58 @@ class DecontaminationConfig:
         return self.enabled and bool(self.paths)
 
 
+#: corruptions of a positive that make within-domain negatives (:func:`pipeline.quality.classifier_sample.corrupted`)
+CLASSIFIER_CORRUPTIONS = ("repeated_lines", "scrambled_words", "boilerplate")
+
+
 @dataclass
 class ClassifierConfig:
-    """A fastText quality classifier trained inside the run (:mod:`pipeline.quality.classifier`): reference domains
-    against raw web, a ``q_classifier_score`` column for every document, a per-domain cut.  Off by default."""
+    """A fastText quality classifier trained inside the run (:mod:`pipeline.quality.classifier`): by default within
+    each domain (documents passing every heuristic against documents failing two or more and corrupted copies),
+    cross-fitted, a ``q_classifier_score`` column for every document, a per-domain cut.  Off by default."""
 
     enabled: bool = _f(False, desc="Train (or load) the classifier before the quality stage, store its score for "
-                       "every document and remove documents below their domain's cut (reason classifier).")
-    model_path: str = _f("", desc="A supplied model file that replaces training (empty: train one per run); relative "
+                       "every document and remove documents below their domain's cut (reason classifier_low_score).")
+    training: str = _f("within_domain", desc="within_domain: per domain, its documents passing every rule of its "
+                       "quality chain against its documents failing two or more rules plus corrupted copies of "
+                       "positives (a score that ranks documents inside a domain); cross_domain: positive_domains "
+                       "against negative_domains, one model set for all (DCLM's setting: it learns the domain).",
+                       choices=("within_domain", "cross_domain"))
+    folds: int = _f(2, desc="Cross-fitting: documents fall into this many folds by a hash of (seed, doc id); each "
+                    "fold's documents are scored by a model trained on the other folds only.", ge=2, le=10)
+    corruptions: list[str] = _f(factory=lambda: list(CLASSIFIER_CORRUPTIONS), desc="within_domain: kinds of "
+                                "corrupted copies of positives added as negatives, one kind per copy by hash: "
+                                "repeated_lines (every line 4x), scrambled_words (words shuffled within each line), "
+                                "boilerplate (navigation and footer lines around the text).")
+    corrupt_share: float = _f(0.5, desc="within_domain: share of the positives (by hash) that also give a corrupted "
+                              "copy as a negative.", ge=0.0, le=1.0)
+    model_path: str = _f("", desc="A supplied model file that replaces training (empty: train in the run); relative "
                          "paths are taken from the config file.")
     model_format: str = _f("fasttext", desc="Format of `model_path`: fasttext (a fastText .bin, e.g. DCLM's; read "
                            "with fasttext-predict) or floret (a model this stage trained).",
                            choices=("fasttext", "floret"))
     label: str = _f("hq", desc="The positive label (`__label__<label>`); the score is its probability.")
     positive_domains: list[str] = _f(factory=lambda: ["encyclopedia", "books", "academic"],
-                                     desc="Domains whose documents are the positive (reference) examples.")
-    positive_paths: list[str] = _f(factory=list, desc="Curated positive examples besides those domains: .jsonl "
-                                   "files with a `text` key per line; relative paths are taken from the config file.")
-    negative_domains: list[str] = _f(factory=lambda: ["web"], desc="Domains whose documents are the negative "
-                                     "examples (raw web).")
+                                     desc="cross_domain: domains whose documents are the positive (reference) "
+                                     "examples.")
+    positive_paths: list[str] = _f(factory=list, desc="cross_domain: curated positive examples besides those "
+                                   "domains: .jsonl files with a `text` key per line; relative paths are taken from "
+                                   "the config file.")
+    negative_domains: list[str] = _f(factory=lambda: ["web"], desc="cross_domain: domains whose documents are the "
+                                     "negative examples (raw web).")
     keep_top_percent: dict = _f(factory=lambda: {"web": 30.0}, desc="Per domain, the percentage of its documents "
-                                "kept, the best-scored (the cut is fixed at training time from the scores of a "
-                                "held-out sample of the domain); domains in neither this nor `min_score` are scored, "
-                                "never removed.")
+                                "that the classifier keeps, the best-scored: the cut is the quantile of the scores of "
+                                "all the domain's documents (ties split by hash), and the manifest gives the share "
+                                "kept; the chain's own removals come out of that share. Domains in neither this nor "
+                                "`min_score` are scored, never removed.")
     min_score: dict = _f(factory=dict, desc="Per domain, a fixed score threshold in [0, 1] instead of a percentage.")
-    max_docs_per_class: int = _f(10_000, desc="Documents sampled (by a hash of doc id and seed) per class, and per "
-                                 "domain for the cuts; bounds the stage's memory.", ge=10)
+    max_docs_per_class: int = _f(10_000, desc="Training examples per class (per domain with within_domain, which "
+                                 "reads the chain's verdicts of twice as many candidates), sampled by a hash of doc "
+                                 "id and seed; bounds the stage's memory.", ge=10)
     balance: str = _f("equal", desc="equal: the larger class is cut to the smaller one's size; natural: as sampled.",
                       choices=("equal", "natural"))
-    held_out_fraction: float = _f(0.1, desc="Share of the sample held out from training, for the accuracy and the "
-                                  "percentile cuts.", ge=0.01, le=0.5)
+    held_out_fraction: float = _f(0.1, desc="Not used since cross-fitting scores every example with a model that did "
+                                  "not train on it (kept so that configs setting it still load).", ge=0.01, le=0.5)
     max_chars: int = _f(20_000, desc="Characters of a document's start that are trained on and scored.", ge=100)
     word_ngrams: int = _f(2, desc="fastText wordNgrams (DCLM: 2).", ge=1, le=5)
     epochs: int = _f(20, desc="fastText epochs. fastText's own default (5, with lr 0.1) underfits a sample of a few "
@@ -102,7 +124,11 @@ class ClassifierConfig:
                 raise ConfigError(f"{where}.{name}: must list distinct non-empty domains, got {values!r}")
         if both := sorted(set(self.positive_domains) & set(self.negative_domains)):
             raise ConfigError(f"{where}.negative_domains: {both} are also positive_domains")
-        if not self.model_path and self.enabled:
+        bad = [c for c in self.corruptions if c not in CLASSIFIER_CORRUPTIONS]
+        if bad or len(set(self.corruptions)) != len(self.corruptions):
+            raise ConfigError(f"{where}.corruptions: expected distinct kinds of {list(CLASSIFIER_CORRUPTIONS)}, "
+                              f"got {self.corruptions!r}")
+        if not self.model_path and self.enabled and self.training == "cross_domain":
             if not (self.positive_domains or self.positive_paths):
                 raise ConfigError(f"{where}.positive_domains: training needs positives (or positive_paths)")
             if not self.negative_domains:

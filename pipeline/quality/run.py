@@ -183,12 +183,14 @@ def _init_worker(q: QualityConfig, decont_dir: str | None = None, clf_dir: str |
     masker = PiiMasker(q.pii.emails, q.pii.ips, q.pii.phones, q.pii.only_public_ips) if q.pii.enabled else None
     _WORKER.clear()
     decont = decontaminate.Decontaminator(decont_dir, q.decontamination.n) if decont_dir else None
-    clf = classifier.Scorer(clf_dir) if clf_dir else None
+    clf = classifier.Decider(clf_dir) if clf_dir else None
     _WORKER.update(q=q, masker=masker, chains={}, decont=decont, clf=clf)
 
 
-def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: dict, stored: dict | None) -> tuple:
-    """(score row, drop or None, est. tokens in, final text or None when dropped, est. tokens kept, stats counts)."""
+def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: dict, stored: dict | None,
+               clf_score: float | None = None) -> tuple:
+    """(score row, drop or None, est. tokens in, final text or None when dropped, est. tokens kept, stats counts);
+    ``clf_score``: the document's classifier score (from the train step's ``classifier/scores/<shard>.parquet``)."""
     w = _WORKER
     q, chains = w["q"], w["chains"]
     chain = chains.get(domain) or chains.setdefault(domain, Chain.build(q, domain))
@@ -201,7 +203,7 @@ def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: 
                            f"{chain.names()} failed: {type(exc).__name__}: {exc}") from exc
     drop = chain.decide(row) if q.enabled else None
     if w["clf"]:                                                    # the last rule of every chain
-        row, drop = w["clf"].apply(row, text, domain, drop, q.enabled)
+        row, drop = w["clf"].apply(row, clf_score, domain, doc_id, drop, q.enabled)
     if w["decont"] and (hit := w["decont"].first_hit(text)):       # eval text outranks every other reason
         row, drop = {**row, **hit}, decontaminate.drop_of(hit)
     if drop:
@@ -300,7 +302,7 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
         stats["decontamination"] = {k: decont[k] for k in ("items", "ngrams", "digest")} | {"n": q.decontamination.n}
     if clf:
         stats["classifier"] = {"model_sha256": clf["model"]["sha256"], "digest": clf["digest"],
-                               "cuts": {d: c["cut"] for d, c in clf["cuts"].items()}}
+                               "training": clf["training"], "cuts": {d: c["cut"] for d, c in clf["cuts"].items()}}
     cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
             for c in ("doc_id", "text", "source", "meta", *LANG_COLUMNS)}
     stored = (_load_scores(rdir, shard, table, chains) if reuse_scores
@@ -311,8 +313,9 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
     present = [c for c in LANG_COLUMNS if c in table.column_names]
     nbytes_col = _utf8_lengths(table.column("text")) if n else []
     workers = worker_count(q.workers) if _work_bytes(q, chains, domains, stored, nbytes_col, decont) >= PARALLEL_MIN_BYTES else 1
+    clf_scores = classifier.shard_scores(rdir, shard, cols["doc_id"]) if clf else [None] * n
     items = ((i, cols["text"][i], cols["doc_id"][i], domains[i], cols["meta"][i], {c: cols[c][i] for c in present},
-              stored[i]) for i in range(n))
+              stored[i], clf_scores[i]) for i in range(n))
 
     rows, keep, texts, removed = [], [], [], []
     init = (q, str(decontaminate.index_dir(rdir))) if decont else (q,)

@@ -300,19 +300,26 @@ def minhash_release_band(band_spec: dict) -> dict:
 
 
 def train_classifier(specs: list[dict]) -> dict:
-    """The quality classifier (:mod:`pipeline.quality.classifier`): trained on a sample of the deduplicated shards,
-    or a supplied model calibrated on it, before the quality tasks score with it.  Off: returns at once (no
-    profile, no file)."""
+    """The quality classifier (:mod:`pipeline.quality.classifier`): trained on a sample of the deduplicated shards
+    (or a supplied model), then every document scored and each domain's cut set, before the quality tasks.  Off:
+    returns at once (no profile, no file)."""
     from pipeline.quality import classifier
 
     rdir = Path(specs[0]["run_dir"])
     cfg = load_run_config(rdir)
     if not cfg.quality.classifier.enabled:
         return {"enabled": False}
+    from pipeline.dedup.minhash.layout import prescores_path
+    from pipeline.ingest.run import worker_count
+
     with measured(rdir, "train_classifier", "all"):
         _, shards = run_of(specs)
-        found = classifier.train_classifier(cfg.quality.classifier, rdir, shards, cfg.seed, input_stage="minhash")
-    return {"enabled": True, **{k: found[k] for k in ("held_out", "cuts", "train")}}
+        found = classifier.train_classifier(cfg.quality.classifier, rdir, shards, cfg.seed, input_stage="minhash",
+                                            quality=cfg.quality, prescored=lambda shard: prescores_path(rdir, shard),
+                                            workers=worker_count(cfg.quality.workers))
+    return {"enabled": True, "training": found["training"],
+            "probe_max_separation": found["probe"]["max_separation"],
+            **{k: found[k] for k in ("held_out", "cuts", "train")}}
 
 
 def nothing_new(rdir: Path, why: str) -> NothingToShip:
