@@ -24,6 +24,7 @@ from pathlib import Path
 
 from pipeline.config import MindloomConfig, config_from_dict
 from pipeline.io import safe_run_id, write_json
+from pipeline.quality.corruptions import JUNK_KINDS, corrupt
 
 REFERENCE_KEY = "ablation-reference"
 NGRAM = 13            # words per n-gram of the reference overlap check (GPT-3, DCLM)
@@ -159,24 +160,6 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
              "boilerplate_ngrams": boilerplate, "shared_run": str(rdir)}
     write_json(done, split)
     return split
-
-
-JUNK_KINDS = ("exact_copy", "repeated_lines", "scrambled_words")
-
-
-def corrupt(text: str, kind: str, rng) -> list[str]:
-    """The documents a planted one becomes: an exact copy beside it, every line four times, or its words shuffled
-    within each line (a realistic failure: scraped text out of order)."""
-    if kind == "exact_copy":
-        return [text, text]
-    if kind == "repeated_lines":
-        return ["\n".join(line for line in text.split("\n") for _ in range(4))]
-    lines = []
-    for line in text.split("\n"):
-        words = line.split(" ")
-        rng.shuffle(words)
-        lines.append(" ".join(words))
-    return ["\n".join(lines)]
 
 
 def plant_junk(root: Path, seed: int, share: float, piece_bytes: int = 0) -> dict:
