@@ -19,9 +19,10 @@ Each file is written as ``.<name>.tmp.ckpt`` and renamed into place by ``fenced.
 partial file; a fenced-off job leaves only temp files, which the next start removes). A step counts only once
 ``commit.py`` has written its commit marker listing every file with its digest; resume and stage chaining check
 each file they read against the marker and fall back to the previous committed step on every rank when one is
-torn, truncated or rotten. Each file records the layout that wrote it (``tensor_parallel``, ``tp_rank``,
-``data_parallel``, ``dp_rank``, ``zero_shards``), and a load by a rank of another layout is refused
-(:func:`check_file_layout`), never silently taken.
+torn, truncated or rotten. A load reads each file once: ``ckpt_write.read`` hashes the bytes it read, the digest
+is checked against the marker (or the sidecar), and only then are the same bytes parsed. Each file records the
+layout that wrote it (``tensor_parallel``, ``tp_rank``, ``data_parallel``, ``dp_rank``, ``zero_shards``), and a
+load by a rank of another layout is refused (:func:`check_file_layout`), never silently taken.
 
 Older checkpoints (one ``step_X.ckpt`` per rank, the weights inside data-parallel rank 0's) still load: a marker
 entry without ``weights`` means the weights are in that entry's own file, and a plain path without a
@@ -41,8 +42,6 @@ import os
 import re
 
 import mindspore as ms
-
-from pipeline.io import sha256_file
 
 from . import ckpt_write, fenced
 
@@ -122,15 +121,23 @@ def remove_stale_tmp(out_dir: str) -> None:
             os.remove(p)
 
 
-def verify(path: str) -> str | None:
-    """None when ``path`` matches its sidecar, else the reason it is not usable."""
+def sidecar_digest(path: str) -> str | None:
+    """The digest ``path``'s ``.sha256`` sidecar records ("" for an empty one), or None when it has none."""
     side = path + ".sha256"
     if not os.path.exists(side):
-        return "no .sha256 sidecar"
+        return None
     with open(side, encoding="utf-8") as f:
-        want = f.read().split()[0] if os.path.getsize(side) else ""
-    got = sha256_file(path)
-    return None if got == want else f"sha256 mismatch (file {got[:12]}…, sidecar {want[:12]}…)"
+        return (f.read().split() or [""])[0]
+
+
+def _read_checked(path: str, want: str | None, refuse) -> dict:
+    """``ms.load_checkpoint(path)``'s dict from one read of ``path``, whose bytes must hash to ``want`` (None: taken
+    as it is); ``refuse(got)`` is the error raised when they do not."""
+    def check(got: str) -> None:
+        if want is not None and got != want:
+            raise refuse(got)
+
+    return ckpt_write.read(path, check)
 
 
 def _encode_meta(meta: dict) -> dict:
@@ -185,10 +192,11 @@ def load_file(path: str, need_sidecar: bool = True) -> tuple[dict, dict]:
 def _checked_file(path: str, need_sidecar: bool) -> tuple[dict, dict]:
     if not os.path.isfile(path):
         raise FileNotFoundError(f"init_from checkpoint {path!r} not found")
-    why = verify(path)
-    if why and (need_sidecar or os.path.exists(path + ".sha256")):
-        raise ValueError(f"init_from checkpoint {path!r} is not usable: {why}")
-    return _split_meta(ms.load_checkpoint(path))
+    want = sidecar_digest(path)
+    if want is None and need_sidecar:
+        raise ValueError(f"init_from checkpoint {path!r} is not usable: no .sha256 sidecar")
+    return _split_meta(_read_checked(path, want, lambda got: ValueError(
+        f"init_from checkpoint {path!r} is not usable: sha256 mismatch (file {got[:12]}…, sidecar {want[:12]}…)")))
 
 
 def restore_full(opt, pd: dict) -> None:
@@ -209,13 +217,12 @@ def restore_full(opt, pd: dict) -> None:
 
 
 def load_verified(path: str, sha256: str) -> tuple[dict, dict]:
-    """``(param_dict, meta)`` of ``path`` after checking it against the digest its commit marker recorded."""
+    """``(param_dict, meta)`` of ``path`` after checking it against the digest its commit marker recorded (one read:
+    the bytes hashed are the bytes parsed)."""
     if not os.path.isfile(path):
         raise FileNotFoundError(f"checkpoint {path} is missing")
-    got = sha256_file(path)
-    if got != sha256:
-        raise ValueError(f"checkpoint {path}: sha256 {got[:12]}… does not match its commit marker ({sha256[:12]}…)")
-    return _split_meta(ms.load_checkpoint(path))
+    return _split_meta(_read_checked(path, sha256, lambda got: ValueError(
+        f"checkpoint {path}: sha256 {got[:12]}… does not match its commit marker ({sha256[:12]}…)")))
 
 
 LAYOUT_META = ("tensor_parallel", "tp_rank", "data_parallel", "dp_rank", "zero_shards")
@@ -285,6 +292,7 @@ def load_weights(net, path: str) -> int:
         path = weights_path(path)
     if not os.path.isfile(path):
         raise FileNotFoundError(f"init_from checkpoint {path!r} not found")
-    if os.path.exists(path + ".sha256") and (why := verify(path)):
-        raise ValueError(f"init_from checkpoint {path!r} is corrupt: {why}")
-    return assign_weights(net, ms.load_checkpoint(path), repr(path))
+    want = sidecar_digest(path)  # a file without a sidecar (e.g. a tp_merge output) is taken as it is
+    return assign_weights(net, _read_checked(path, want, lambda got: ValueError(
+        f"init_from checkpoint {path!r} is corrupt: sha256 mismatch (file {got[:12]}…, sidecar {want[:12]}…)")),
+        repr(path))
