@@ -7,7 +7,8 @@ own process (``tests/operator_try.py``, as an Airflow task process runs it): its
 records each rank's environment; the Airflow worker's own variables (``AIRFLOW__*``, a stray ``RANK_TABLE_FILE``)
 reach no rank. The main stage's task process is SIGKILLed mid-stage;
 the next try reconnects to the same Slurm job id and finishes. A task stopped with SIGTERM (Airflow's stop) runs
-``on_kill``, which scancels the job.
+``on_kill``, which scancels the job. The same for ``mindloom train`` (#50): the CLI SIGKILLed mid-stage (its whole
+process group) and run again follows the same Slurm job, which Slurm shows as the stage folder's only job.
 """
 
 from __future__ import annotations
@@ -215,3 +216,89 @@ def test_stopping_the_task_scancels_its_slurm_job(slurm_conf, corpus, tmp_path):
     _wait_for(lambda: not slurm.is_active(slurm.state(sid)), 60, f"Slurm job {sid} to end")
     assert slurm.state(sid).startswith("CANCELLED"), slurm.state(sid)
     assert not (stage / "summary.json").exists()
+
+
+CLI_TRAIN = """
+seed: 7
+data_root: {root}
+train:
+  preset: debug
+  model_overrides: {{dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2}}
+  batch_size: 8
+  lr: 3.0e-3
+  min_lr: 3.0e-4
+  steps: {steps}
+  warmup_steps: 2
+  workers: 2
+  backend: slurm
+  nodes: 2
+  checkpoint_every: 50
+  metrics_every: 1
+  eval_tokens: 0
+"""
+
+
+def _metric_steps(stage_dir: Path) -> list[int]:
+    try:
+        return sorted(_losses(stage_dir))
+    except (OSError, ValueError):
+        return []
+
+
+def _slurm_jobs_in(folder: Path) -> list[str]:
+    """The ids of every job Slurm knows (queued, running, or ended within ``MinJobAge``) that runs in ``folder``."""
+    out = subprocess.run(["scontrol", "-o", "show", "job"], capture_output=True, text=True).stdout
+    return sorted(line.split()[0].removeprefix("JobId=") for line in out.splitlines()
+                  if f" WorkDir={folder} " in f" {line} ")
+
+
+def test_a_killed_mindloom_train_reruns_onto_the_same_slurm_job(slurm_conf, corpus, tmp_path):
+    """#50: ``mindloom train`` SIGKILLed (its process group, not the Slurm job) once the job runs and has logged a
+    step, then run again: it reconnects to the same Slurm job (no second sbatch: Slurm knows one job in the stage
+    folder, which holds one ``slurm-<id>.log``), follows it to the end and prints the stage's summary."""
+    from pipeline.train import slurm
+
+    # ~0.2 s a step here; the rerun reattached 7 steps after the kill on an idle machine, 39 at load 6 on 2 cores
+    steps = 200
+    cfg = tmp_path / "cli.yaml"
+    cfg.write_text(CLI_TRAIN.format(root=tmp_path / "data", steps=steps))
+    stage = tmp_path / "data" / "train" / "cli1" / "main"
+    argv = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(cfg), "--corpus", str(corpus),
+            "--run-id", "cli1", "--stage", "main"]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    with open(tmp_path / "first.log", "wb") as log:
+        first = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=str(REPO),
+                                 start_new_session=True)          # its own process group, as a shell job's
+    try:
+        sid = _wait_for(lambda: _metric_steps(stage) and _running_slurm_job(stage), 300,
+                        "the stage to run on Slurm and log a step")
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)                      # the CLI dies; the Slurm job does not
+        first.wait()
+    killed_at = _metric_steps(stage)[-1]
+    assert slurm.is_active(slurm.state(sid)) and killed_at < steps, ("the job ended before the rerun could start",
+                                                                      slurm.state(sid), killed_at)
+    assert f"Slurm job {sid}" in (tmp_path / "first.log").read_text(errors="replace")
+
+    with open(tmp_path / "second.out", "wb") as out, open(tmp_path / "second.err", "wb") as err:
+        second = subprocess.Popen(argv, stdout=out, stderr=err, env=env, cwd=str(REPO), start_new_session=True)
+    try:
+        _wait_for(lambda: "reconnecting to" in (tmp_path / "second.err").read_text(errors="replace")
+                  or second.poll() is not None, 120, "the rerun to reattach")
+        attached_at = (_metric_steps(stage) or [0])[-1]
+        rc = second.wait(timeout=600)
+    finally:
+        if second.poll() is None:
+            os.killpg(second.pid, signal.SIGKILL)
+    stderr = (tmp_path / "second.err").read_text(errors="replace")
+    assert rc == 0, stderr[-4000:]
+    assert f"reconnecting to Slurm job {sid} of stage main" in stderr, stderr[-3000:]
+    result = json.loads((tmp_path / "second.out").read_text())
+    assert result["state"] == "SUCCEEDED" and result["steps"] == steps, result
+    assert json.loads((stage / "launch.json").read_text())["slurm_job_id"] == sid
+    assert _slurm_jobs_in(stage) == [sid]                              # Slurm's own record: one submission
+    assert sorted(p.name for p in stage.glob("slurm-*.log")) == [f"slurm-{sid}.log"]
+    assert json.loads((stage / "status.json").read_text())["state"] == "SUCCEEDED"
+    assert _metric_steps(stage) == list(range(1, steps + 1))          # one job's steps, none run twice
+    print(f"Slurm job {sid}: CLI killed after step {killed_at} of {steps}; the rerun reattached at step "
+          f"{attached_at} and followed it to the end")
