@@ -64,7 +64,7 @@ def run_layout(name: str, preset: str, overrides: dict, kw: dict, batch: int, st
 def collect(name: str, preset: str, kw: dict, batch: int, steps: int, out: str, wall_s: float) -> dict:
     """The record of one finished job folder (summary, per-rank files) with its plan."""
     from pipeline.train.job import TrainJob
-    from pipeline.train.memory_plan import job_layout, plan
+    from pipeline.train.model.memory_plan import job_layout, plan
 
     job = TrainJob.from_json(os.path.join(out, "job.json"))
     workers = kw.get("world_size", 1)
@@ -109,7 +109,7 @@ def compare(runs: list[dict]) -> list[dict]:
 def replan(r: dict) -> dict:
     """The plan of a stored run, from its settings (what ``run_layout`` built the job from)."""
     from pipeline.train.config import ModelConfig
-    from pipeline.train.memory_plan import Layout, plan
+    from pipeline.train.model.memory_plan import Layout, plan
 
     spec = next(x for x in LAYOUTS if x[0] == r["layout"])
     cfg = ModelConfig.from_preset(spec[1], **spec[2])
@@ -128,10 +128,10 @@ import json, sys
 import mindspore as ms
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
 from pipeline.train.config import ModelConfig
-from pipeline.train.model import Transformer
-from pipeline.train.parallelize import parallelize
-from pipeline.train.shard_init import init_rank_weights
-from pipeline.train.tp_layers import NO_TP, TPGroup
+from pipeline.train.model.model import Transformer
+from pipeline.train.model.parallelize import parallelize
+from pipeline.train.model.shard_init import init_rank_weights
+from pipeline.train.model.tp_layers import NO_TP, TPGroup
 
 def hwm():
     for line in open("/proc/self/status"):
@@ -162,8 +162,8 @@ def host_build() -> list[dict]:
     import subprocess
 
     from pipeline.train.config import ModelConfig
-    from pipeline.train.launch import env_with_venv
-    from pipeline.train.memory_plan import Layout, plan
+    from pipeline.train.jobs.launch import env_with_venv
+    from pipeline.train.model.memory_plan import Layout, plan
 
     out = []
     for preset, tp, rank in HOST_BUILD:

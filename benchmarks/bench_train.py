@@ -2,7 +2,7 @@
 
 Why one process for the throughput comparison: on a shared 2-core machine back-to-back processes measured anything
 from 0.27x to 0.98x (docs notes §11); interleaving short blocks of steps of the three variants in one process, with
-the same thread count, exposes them to the same load. The PyTorch model mirrors ``pipeline.train.model`` parameter
+the same thread count, exposes them to the same load. The PyTorch model mirrors ``pipeline.train.model.model`` parameter
 for parameter and starts from the *same weights* (copied from the MindSpore model), and the script checks that the
 first-step losses agree, so the comparison is of the same computation: fp32, AdamW (0.9/0.95, wd 0.1 on matrices),
 global-norm clip 1.0, batch 4 x 256 tokens.
@@ -60,8 +60,8 @@ def _variants(threads: int, steps_total: int, only: str | None = None):
     import mindspore as ms
     from mindspore.device_context.cpu.op_tuning import threads_num
 
-    from pipeline.train.model import CausalLMLoss, Transformer, count_cell_params
-    from pipeline.train.optim import TrainStep, build_optimizer
+    from pipeline.train.model.model import CausalLMLoss, Transformer, count_cell_params
+    from pipeline.train.optim.optim import TrainStep, build_optimizer
 
     ms.set_device("CPU")
     threads_num(threads)
@@ -182,8 +182,8 @@ def memory_child(recompute: bool, threads: int, steps: int) -> dict:
     from mindspore.device_context.cpu.op_tuning import threads_num
 
     from pipeline.train.job import TrainJob
-    from pipeline.train.model import CausalLMLoss, Transformer
-    from pipeline.train.optim import TrainStep, build_optimizer
+    from pipeline.train.model.model import CausalLMLoss, Transformer
+    from pipeline.train.optim.optim import TrainStep, build_optimizer
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
@@ -242,8 +242,8 @@ def activation_child(recompute: bool, mode: str, threads: int, steps: int) -> di
     from mindspore.device_context.cpu.op_tuning import threads_num
 
     from pipeline.train.job import TrainJob
-    from pipeline.train.model import CausalLMLoss, Transformer
-    from pipeline.train.optim import TrainStep, build_optimizer
+    from pipeline.train.model.model import CausalLMLoss, Transformer
+    from pipeline.train.optim.optim import TrainStep, build_optimizer
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device("CPU")

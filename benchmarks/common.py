@@ -230,7 +230,7 @@ def launch_train_job(job, out: str, workers: int, timeout: float) -> float:
     ``<out>_log``, a free master port); its wall seconds.  A failed run raises with the tail of its stderr."""
     import socket
 
-    from pipeline.train.launch import env_with_venv, train_command
+    from pipeline.train.jobs.launch import env_with_venv, train_command
 
     path = out + ".json"
     job.to_json(path)

@@ -122,7 +122,7 @@ def memory_plan_metrics(runs: list[dict]) -> list[dict]:
 def _preset_70b() -> list[dict]:
     """The shipped 70b layout (memory_plan.PRESET_LAYOUTS) on 64 GB devices: tokens per step, device and host plan."""
     from pipeline.train.config import ModelConfig
-    from pipeline.train.memory_plan import PRESET_LAYOUTS, GiB, plan
+    from pipeline.train.model.memory_plan import PRESET_LAYOUTS, GiB, plan
 
     lay = PRESET_LAYOUTS["70b"]
     p = plan(ModelConfig.from_preset("70b"), lay, 64)

@@ -79,7 +79,7 @@ NOTES = {
         "Two writer processes lose on 2 busy cores (spawn + MindSpore import each); they are for many-core workers."),
     "train": (
         "Throughput: the three variants run interleaved in short blocks in one process with the same thread count, "
-        "so they see the same load; the PyTorch model mirrors `pipeline.train.model` parameter for parameter and starts "
+        "so they see the same load; the PyTorch model mirrors `pipeline.train.model.model` parameter for parameter and starts "
         "from the same weights (the first-step losses are checked to agree): fp32, AdamW (0.9/0.95, wd 0.1), "
         "global-norm clip 1.0. The separate-process row runs one variant per process, alternating. Memory: each "
         "recompute setting in a fresh GRAPH-mode process, peak RSS sampled every 2 ms during the steady steps."),

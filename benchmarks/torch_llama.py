@@ -1,4 +1,4 @@
-"""PyTorch mirror of ``pipeline.train.model`` (same parameter names and shapes, same math) for bench_train.py.
+"""PyTorch mirror of ``pipeline.train.model.model`` (same parameter names and shapes, same math) for bench_train.py.
 
 Only the benchmark imports it, from the PyTorch venv (``.cache/bench-venvs/torch``); the project venv has no torch.
 """

@@ -1,5 +1,5 @@
 # mindloom training image: MindSpore 2.10.0 + mindloom, entrypoint = validated multi-node msrun
-# (`python -m pipeline.train.launcher`, see pipeline/train/launcher.py).  One container per node; every node runs the same
+# (`python -m pipeline.train.jobs.launcher`, see pipeline/train/jobs/launcher.py).  One container per node; every node runs the same
 # image tag.  Build from the repository root:
 #
 #   docker build -f docker/train.Dockerfile -t mindloom-train:<git-sha> .
@@ -63,7 +63,7 @@ COPY configs /opt/mindloom/configs
 COPY docker/train-entrypoint.sh /opt/mindloom/docker/train-entrypoint.sh
 RUN --mount=type=secret,id=pip_ca /opt/mindloom/docker/pip_install.sh --no-deps --editable /opt/mindloom \
  && pip check \
- && python -c "import mindspore, pipeline.train.trainer, pipeline.train.launcher, shutil; assert shutil.which('msrun')"
+ && python -c "import mindspore, pipeline.train.trainer, pipeline.train.jobs.launcher, shutil; assert shutil.which('msrun')"
 
 USER 50000:0
 WORKDIR /home/mindloom

@@ -178,7 +178,7 @@ class TrainingStageOperator(ResumableJobMixin, BaseOperator):
     def submit_job(self, context: Any) -> dict:
         from pipeline.tasks.pretrain import build_job
         from pipeline.tasks.submit import launched_slurm_job, start_stage_job
-        from pipeline.train.lease import live_lease, new_job_id
+        from pipeline.train.jobs.lease import live_lease, new_job_id
 
         cfg = self._config(context)
         out_dir = self._out_dir(context)

@@ -16,7 +16,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from pipeline.train.lease import pid_alive
+from pipeline.train.jobs.lease import pid_alive
 
 COMPONENTS = ("metadatabase", "scheduler", "triggerer", "dag_processor")
 

@@ -62,9 +62,9 @@ def mindloom_logits(stage_dir: Path, rows: np.ndarray) -> np.ndarray:
     import mindspore as ms
 
     from pipeline.io import read_json
-    from pipeline.train.checkpoint import load_weights
+    from pipeline.train.checkpoint.checkpoint import load_weights
     from pipeline.train.config import ModelConfig
-    from pipeline.train.model import Transformer
+    from pipeline.train.model.model import Transformer
 
     summary = read_json(stage_dir / "summary.json")
     net = Transformer(ModelConfig(**summary["model"]))
@@ -77,9 +77,9 @@ def mindloom_loss(stage_dir: Path, rows: np.ndarray) -> float:
     import mindspore as ms
 
     from pipeline.io import read_json
-    from pipeline.train.checkpoint import load_weights
+    from pipeline.train.checkpoint.checkpoint import load_weights
     from pipeline.train.config import ModelConfig
-    from pipeline.train.model import CausalLMLoss, Transformer
+    from pipeline.train.model.model import CausalLMLoss, Transformer
 
     summary = read_json(stage_dir / "summary.json")
     net = Transformer(ModelConfig(**summary["model"]))

@@ -101,9 +101,9 @@ def test_tensor_parallel_shards_are_merged_before_export(chain, tmp_path):
 
     from pipeline.export.run import export_stage
     from pipeline.io import read_json, sha256_file, write_json
-    from pipeline.train import commit
-    from pipeline.train.checkpoint import weights_path
-    from pipeline.train.parallel import split_axis, take_shard
+    from pipeline.train.checkpoint import commit
+    from pipeline.train.checkpoint.checkpoint import weights_path
+    from pipeline.train.model.parallel import split_axis, take_shard
 
     src = chain["stages"]["main"]
     tp_dir = tmp_path / "main"

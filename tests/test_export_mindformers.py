@@ -148,7 +148,7 @@ def test_the_safetensors_file_reproduces_the_held_out_loss(chain, exported, stag
 
     from pipeline.export.names import hf_name, model_params
     from pipeline.export.source import stage_source
-    from pipeline.train.model import CausalLMLoss, Transformer
+    from pipeline.train.model.model import CausalLMLoss, Transformer
 
     out = Path(exported[stage]["dir"])
     plain = load_file(str(out / "model.safetensors"))

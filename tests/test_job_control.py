@@ -20,7 +20,7 @@ import pytest
 
 from pipeline.io import write_json
 from pipeline.tasks.pretrain import STARTUP_GRACE_S, job_state
-from pipeline.train.lease import JobCancelled, Lease, StageBusy, lease_state, request_cancel
+from pipeline.train.jobs.lease import JobCancelled, Lease, StageBusy, lease_state, request_cancel
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -91,7 +91,7 @@ def test_the_lock_refuses_a_second_trainer_before_it_writes(tmp_path):
 def _job_process(out: Path, body: str, stall_s: float = 0.0) -> subprocess.Popen:
     code = textwrap.dedent(f"""
         import sys, time, json
-        from pipeline.train.lease import Lease, JobCancelled
+        from pipeline.train.jobs.lease import Lease, JobCancelled
         from pipeline.io import write_json
         out = {str(out)!r}
         def failed(msg):
@@ -175,7 +175,7 @@ def test_the_operator_refuses_to_launch_into_a_held_folder(tmp_path):
 def test_a_job_that_lost_its_lease_stops_without_writing(tmp_path):
     """Another job's id written into the lease: fence() refuses, the heartbeat stops rewriting it, the exit writes
     no release over it."""
-    from pipeline.train.lease import LeaseLost
+    from pipeline.train.jobs.lease import LeaseLost
 
     with Lease(tmp_path, heartbeat_s=0.1) as lease:
         lease.fence()                                         # ours: passes
@@ -193,7 +193,7 @@ def test_a_job_that_lost_its_lease_stops_without_writing(tmp_path):
 def test_a_newer_claim_fences_even_when_the_stale_holder_rewrites_the_lease(tmp_path):
     """The claim file of the next generation is the fencing token: a holder that comes back after a takeover and
     rewrites lease.json with its own id still sees that it lost."""
-    from pipeline.train.lease import CLAIMS, LeaseLost
+    from pipeline.train.jobs.lease import CLAIMS, LeaseLost
 
     with Lease(tmp_path, heartbeat_s=60) as lease:
         assert lease.generation == 1 and sorted(p.name for p in (tmp_path / CLAIMS).iterdir()) == ["0000000001"]
@@ -203,7 +203,7 @@ def test_a_newer_claim_fences_even_when_the_stale_holder_rewrites_the_lease(tmp_
 
 
 def test_a_stale_lease_from_another_host_is_taken_over_only_when_its_counter_stands_still(tmp_path):
-    from pipeline.train.lease import CLAIMS
+    from pipeline.train.jobs.lease import CLAIMS
 
     write_json(tmp_path / "lease.json", {"job_id": "crashed", "generation": 3, "beat": 41, "host": "gone-host",
                                          "pid": 1, "released": False})
@@ -239,13 +239,13 @@ def test_a_stale_lease_from_another_host_is_taken_over_only_when_its_counter_sta
 def test_two_trainers_taking_over_the_same_generation_one_wins(tmp_path):
     """Where flock does not reach (simulated: the claim of the next generation is already there), the
     create-exclusive claim refuses the second trainer before it writes."""
-    from pipeline.train.lease import CLAIMS
+    from pipeline.train.jobs.lease import CLAIMS
 
     write_json(tmp_path / "lease.json", {"job_id": "old", "generation": 1, "beat": 2, "released": True})
     (tmp_path / CLAIMS).mkdir()
     os.close(os.open(tmp_path / CLAIMS / "0000000002", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
     # Our view of the folder is stale: we read generation 1, computed 2 ... and lost the O_EXCL race.
-    import pipeline.train.lease as lease_mod
+    import pipeline.train.jobs.lease as lease_mod
 
     real = lease_mod._claims
     lease_mod._claims = lambda d: []
@@ -278,7 +278,7 @@ def test_every_rank_stops_on_cancel_and_on_rank_0s_end(tmp_path):
                     lease.step_done(3)
     stuck = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
         import time
-        from pipeline.train.lease import Lease
+        from pipeline.train.jobs.lease import Lease
         with Lease({str(tmp_path)!r}, job_id="K", rank=1, heartbeat_s=0.1):
             open({str(tmp_path / "ready")!r}, "w").close()
             time.sleep(600)                      # in a collective whose peer is gone
@@ -326,7 +326,7 @@ def test_a_rank_above_0_ends_itself_on_a_stall_and_writes_nothing(tmp_path):
         before = (tmp_path / "status.json").read_bytes()
         proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(f"""
             import time
-            from pipeline.train.lease import Lease
+            from pipeline.train.jobs.lease import Lease
             with Lease({str(tmp_path)!r}, job_id="S", rank=1, heartbeat_s=0.1, stall_timeout_s=1.0) as lease:
                 lease.step_done(3)
                 time.sleep(600)                  # no step ever finishes again on this rank

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from pipeline.train.launcher import (
+from pipeline.train.jobs.launcher import (
     MSRUN_OWNED_VARS,
     ClusterLayout,
     LaunchError,
@@ -73,10 +73,10 @@ def test_msrun_parses_our_argv_and_assigns_the_same_ranks(monkeypatch):
 
 
 def test_single_node_defaults():
-    argv = msrun_argv(ClusterLayout(devices_per_node=2), ["pipeline/train/launch.py", "--job", "j.json"])
+    argv = msrun_argv(ClusterLayout(devices_per_node=2), ["pipeline/train/jobs/launch.py", "--job", "j.json"])
     assert argv == ["msrun", "--worker_num=2", "--local_worker_num=2", "--master_addr=127.0.0.1",
                     "--master_port=8118", "--node_rank=0", "--log_dir=msrun_log", "--join=True",
-                    "--cluster_time_out=600", "pipeline/train/launch.py", "--job", "j.json"]
+                    "--cluster_time_out=600", "pipeline/train/jobs/launch.py", "--job", "j.json"]
 
 
 def test_msrun_owned_variables_are_never_inherited():
@@ -150,7 +150,7 @@ def test_entrypoint_dry_run_and_error(tmp_path):
     job = tmp_path / "run1" / "job.json"
     job.parent.mkdir()
     job.write_text(json.dumps({"world_size": 16, "tensor_parallel": 8}))
-    cmd = [sys.executable, "-m", "pipeline.train.launcher", "--dry-run", "--job", str(job)]
+    cmd = [sys.executable, "-m", "pipeline.train.jobs.launcher", "--dry-run", "--job", str(job)]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, cwd=REPO)
     assert res.returncode == 0, res.stderr
     out = json.loads(res.stdout)
@@ -168,7 +168,7 @@ def test_entrypoint_dry_run_and_error(tmp_path):
 # -- the job's parallel layout against the cluster ----------------------------------------------------------------
 
 def test_the_launcher_refuses_a_cluster_that_does_not_fit_the_jobs_layout(tmp_path):
-    from pipeline.train.launcher import check_job_layout
+    from pipeline.train.jobs.launcher import check_job_layout
 
     job = tmp_path / "job.json"
     job.write_text(json.dumps({"world_size": 16, "tensor_parallel": 8}))

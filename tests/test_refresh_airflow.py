@@ -25,7 +25,7 @@ def test_two_incremental_refreshes_and_a_continued_model_through_airflow(own_ass
 
     from pipeline.io import sha256_file
     from pipeline.tasks.pretrain import stage_dir
-    from pipeline.train.commit import commit_file
+    from pipeline.train.checkpoint.commit import commit_file
 
     path = tiny_config(tmp_path, approval="never", minhash={"use_index": True},
                        train={"steps": 8, "from_release": "weights", "replay_share": 0.25, "eval_tokens": 2048})

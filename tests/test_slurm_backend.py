@@ -33,7 +33,7 @@ def test_nodes_and_workers_are_checked_per_node():
 
 
 def test_the_batch_script_allocates_nodes_by_tasks_and_exports_the_job_id(tmp_path):
-    from pipeline.train.slurm import batch_script
+    from pipeline.train.jobs.slurm import batch_script
 
     text = batch_script(tmp_path / "job.json", tmp_path, nodes=4, tasks_per_node=8, python="/venv/bin/python",
                         env={"PATH": "/venv/bin:/usr/bin", "MINDLOOM_JOB_ID": "abc", "SECRET": "x"},
@@ -47,11 +47,11 @@ def test_the_batch_script_allocates_nodes_by_tasks_and_exports_the_job_id(tmp_pa
     assert "SECRET" not in text  # only what a rank needs is exported, not the submitter's whole environment
     assert "#SBATCH --export=NONE" in lines     # the job starts empty: nothing else of the worker's environment
     assert lines[-1].endswith(" --kill-on-bad-exit=1 --export=ALL --distribution=block /venv/bin/python -m "
-                              f"pipeline.train.slurm --job {tmp_path}/job.json")
+                              f"pipeline.train.jobs.slurm --job {tmp_path}/job.json")
 
 
 def test_an_ascend_sites_setup_runs_before_srun_with_its_variables_and_interpreter(tmp_path):
-    from pipeline.train.slurm import batch_script
+    from pipeline.train.jobs.slurm import batch_script
 
     text = batch_script(tmp_path / "job.json", tmp_path, nodes=16, tasks_per_node=8, python="/opt/venv/bin/python",
                         env={"PATH": "/usr/bin", "MINDLOOM_JOB_ID": "abc", "AIRFLOW__CORE__FERNET_KEY": "k",
@@ -70,14 +70,14 @@ def test_an_ascend_sites_setup_runs_before_srun_with_its_variables_and_interpret
 
 
 def test_the_master_port_stays_below_the_ephemeral_range():
-    from pipeline.train.slurm import master_port
+    from pipeline.train.jobs.slurm import master_port
 
     ports = [master_port(j) for j in range(0, 200_000, 7)]
     assert min(ports) >= 10_000 and max(ports) < 32_768
 
 
 def test_each_task_gets_its_rank_and_the_first_nodes_scheduler():
-    from pipeline.train.slurm import rank_env
+    from pipeline.train.jobs.slurm import rank_env
 
     env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "16", "SLURM_JOB_ID": "20123", "SLURM_LOCALID": "1",
            "SLURM_LAUNCH_NODE_IPADDR": "10.0.0.5", "MINDLOOM_JOB_ID": "abc"}
@@ -96,7 +96,7 @@ def test_each_task_gets_its_rank_and_the_first_nodes_scheduler():
                                               ("COMPLETED", "LOST")])
 def test_a_queued_job_waits_and_an_ended_one_without_a_status_is_lost(tmp_path, monkeypatch, slurm_says, want):
     from pipeline.tasks import pretrain
-    from pipeline.train import slurm
+    from pipeline.train.jobs import slurm
 
     monkeypatch.setattr(slurm, "state", lambda sid: slurm_says)
     (tmp_path / "launch.json").write_text(json.dumps({"job_id": "j1", "slurm_job_id": "77", "pid": None,
@@ -115,7 +115,7 @@ def test_a_running_slurm_job_without_a_lease_waits_past_the_local_grace(tmp_path
     """Ranks still sourcing CANN or meeting at the scheduler: RUNNING on Slurm without a lease is PENDING for
     ``SLURM_STARTUP_GRACE_S`` (MS_TOPO_TIMEOUT and a margin), not the local backend's 300 s."""
     from pipeline.tasks import pretrain
-    from pipeline.train import slurm
+    from pipeline.train.jobs import slurm
 
     monkeypatch.setattr(slurm, "state", lambda sid: "RUNNING")
     (tmp_path / "launch.json").write_text(json.dumps({"job_id": "j1", "slurm_job_id": "77", "pid": None,
@@ -134,7 +134,7 @@ def test_a_retry_reattaches_to_the_job_an_earlier_try_submitted(tmp_path, monkey
     the retry finds the queued job by its Slurm id, or by the job id in its name, and does not submit again."""
     from pipeline.tasks import submit
     from pipeline.tasks.pretrain import record_launch
-    from pipeline.train import slurm
+    from pipeline.train.jobs import slurm
 
     (tmp_path / "job.json").write_text(json.dumps({"stage": "main"}))
     argv = ["sbatch", "--parsable", str(tmp_path / slurm.SCRIPT)]
@@ -156,7 +156,7 @@ def test_a_lost_slurm_job_is_cancelled_before_the_task_fails(tmp_path, monkeypat
 
     from operators.training import TrainingStageOperator
     from pipeline.tasks import pretrain
-    from pipeline.train import slurm
+    from pipeline.train.jobs import slurm
 
     cancelled = []
     monkeypatch.setattr(slurm, "cancel", cancelled.append)

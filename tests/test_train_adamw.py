@@ -1,6 +1,6 @@
 """The trainer's optimizer is AdamW as PyTorch defines it: bias-corrected moments, decoupled weight decay.
 
-Same model (``benchmarks/torch_llama.py`` mirrors ``pipeline.train.model``), same initial weights, same data, same
+Same model (``benchmarks/torch_llama.py`` mirrors ``pipeline.train.model.model``), same initial weights, same data, same
 per-step LR table (warmup + cosine), global-norm clip 1.0, weight decay 0.1 on matrices only: the MindSpore training
 step and ``torch.optim.AdamW`` agree on every loss of 20 steps within 1e-5. With identical gradients fed to both
 optimizers the parameters agree within 1e-6; ``nn.AdamWeightDecay`` (no bias correction) does not.
@@ -49,7 +49,7 @@ def _batches():
 def _torch_run(ms_net, cfg, job, batches):
     from torch_llama import copy_weights, torch_model
 
-    from pipeline.train.optim import lr_table
+    from pipeline.train.optim.optim import lr_table
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -79,7 +79,7 @@ def _torch_run(ms_net, cfg, job, batches):
 def _ms_net(cfg):
     import mindspore as ms
 
-    from pipeline.train.model import Transformer
+    from pipeline.train.model.model import Transformer
 
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_seed(3)
@@ -88,8 +88,8 @@ def _ms_net(cfg):
 
 @pytest.mark.slow
 def test_training_matches_torch_adamw_over_20_steps():
-    from pipeline.train.model import CausalLMLoss
-    from pipeline.train.optim import TrainStep, build_optimizer
+    from pipeline.train.model.model import CausalLMLoss
+    from pipeline.train.optim.optim import TrainStep, build_optimizer
 
     cfg, job, batches = _cfg(), _job(), _batches()
     net = _ms_net(cfg)
@@ -106,8 +106,8 @@ def test_optimizer_alone_matches_torch_adamw_on_identical_gradients():
     import mindspore as ms
     from mindspore import Parameter, Tensor
 
-    from pipeline.train.adamw import AdamW
-    from pipeline.train.optim import lr_table
+    from pipeline.train.optim.adamw import AdamW
+    from pipeline.train.optim.optim import lr_table
 
     ms.set_context(mode=ms.GRAPH_MODE)
     job = _job()
@@ -152,11 +152,11 @@ def test_first_continue_update_equals_the_uninterrupted_optimizers_next_update(t
     import mindspore as ms
     from mindspore import Parameter, Tensor
 
-    from pipeline.train import checkpoint as ckpt
-    from pipeline.train.adamw import AdamW
+    from pipeline.train.checkpoint import checkpoint as ckpt
+    from pipeline.train.checkpoint.resume import _continue
     from pipeline.train.data import DataPosition
-    from pipeline.train.parallel import rank_layout
-    from pipeline.train.resume import _continue
+    from pipeline.train.model.parallel import rank_layout
+    from pipeline.train.optim.adamw import AdamW
 
     ms.set_context(mode=ms.GRAPH_MODE)
     rng = np.random.default_rng(1)
@@ -206,8 +206,8 @@ def test_a_checkpoint_from_before_adam_step_resumes_with_its_global_step(tmp_pat
     import mindspore as ms
     from mindspore import Parameter, Tensor
 
-    from pipeline.train import checkpoint as ckpt
-    from pipeline.train.adamw import AdamW
+    from pipeline.train.checkpoint import checkpoint as ckpt
+    from pipeline.train.optim.adamw import AdamW
 
     w = Parameter(Tensor(np.ones((2, 2), np.float32)), name="w")
     opt = AdamW([{"params": [w], "weight_decay": 0.0}], Tensor(np.full(8, 1e-3, np.float32)))

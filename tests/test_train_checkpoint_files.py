@@ -1,4 +1,4 @@
-"""Checkpoint files (pipeline/train/checkpoint.py, ckpt_write.py): weights and per-rank state apart, digests taken
+"""Checkpoint files (pipeline/train/checkpoint/checkpoint.py, ckpt_write.py): weights and per-rank state apart, digests taken
 while writing, each file read once on a load (hashed and parsed from the same bytes), and what a data-parallel
 rank > 0 reads when it resumes.
 
@@ -17,7 +17,7 @@ import os
 import numpy as np
 import pytest
 
-from pipeline.train import commit
+from pipeline.train.checkpoint import commit
 
 ms = pytest.importorskip("mindspore")
 
@@ -33,7 +33,7 @@ def _rchar() -> int:
 def _opt(seed: int):
     from mindspore import Parameter, Tensor
 
-    from pipeline.train.adamw import AdamW
+    from pipeline.train.optim.adamw import AdamW
 
     rng = np.random.default_rng(seed)
     ps = [Parameter(Tensor(rng.normal(size=(N, N)).astype(np.float32)), name=f"model.layers.{i}.w")
@@ -52,7 +52,7 @@ def _meta(dp_rank: int) -> dict:
 
 
 def test_the_writer_writes_mindspores_bytes_and_hashes_them_on_the_way(tmp_path):
-    from pipeline.train import ckpt_write
+    from pipeline.train.checkpoint import ckpt_write
 
     opt = _opt(0)
     extra = {"step": 7, "loss_scale_value": 2.5, "ms_rng_state": ms.get_rng_state()}
@@ -65,7 +65,7 @@ def test_the_writer_writes_mindspores_bytes_and_hashes_them_on_the_way(tmp_path)
 
 def test_a_save_splits_weights_from_state_and_never_reads_its_files_back(tmp_path):
     from pipeline.io import sha256_file
-    from pipeline.train import checkpoint as ckpt
+    from pipeline.train.checkpoint import checkpoint as ckpt
 
     opt = _opt(0)
     before = _rchar()
@@ -91,7 +91,7 @@ def test_a_save_splits_weights_from_state_and_never_reads_its_files_back(tmp_pat
 
 def _two_rank_step(out) -> tuple:
     """A committed ZeRO step of two data-parallel ranks, written by checkpoint.save as the trainer does."""
-    from pipeline.train import checkpoint as ckpt
+    from pipeline.train.checkpoint import checkpoint as ckpt
 
     opts = [_opt(0), _opt(1)]
     for r, opt in enumerate(opts):
@@ -101,8 +101,8 @@ def _two_rank_step(out) -> tuple:
 
 
 def _resume_rank1(marker) -> tuple[dict, int]:
-    from pipeline.train import resume
-    from pipeline.train.parallel import rank_layout
+    from pipeline.train.checkpoint import resume
+    from pipeline.train.model.parallel import rank_layout
 
     load = resume._full_state_loader(rank_layout(1, 2, 1), True, 1)
     load(marker)  # warm: lazy imports read files once
@@ -132,7 +132,7 @@ def test_a_data_parallel_rank_reads_its_own_state_and_the_weights_file_only(tmp_
 def test_a_marker_from_before_weights_files_still_resumes(tmp_path):
     """The older layout: rank 0's one file holds weights and its state, rank 1's its state; no ``weights`` entry."""
     from pipeline.io import sha256_file
-    from pipeline.train import checkpoint as ckpt
+    from pipeline.train.checkpoint import checkpoint as ckpt
 
     out = tmp_path / "s"
     opts = [_opt(0), _opt(1)]
@@ -170,7 +170,7 @@ def test_the_reader_returns_what_ms_load_checkpoint_returns(tmp_path, monkeypatc
     float scalars, the RNG state), for a tensor split over several slices, and for a file with MindSpore's crc tail."""
     from mindspore import Parameter, Tensor
 
-    from pipeline.train import ckpt_write
+    from pipeline.train.checkpoint import ckpt_write
 
     rng = np.random.default_rng(3)
     entries = [("w32", Parameter(Tensor(rng.normal(size=(33, 7)).astype(np.float32)), name="w32")),
@@ -197,7 +197,7 @@ def test_a_load_reads_each_file_once_and_refuses_a_torn_one_by_name(tmp_path):
     """Every load path (a committed step's file against its marker, a plain ``init_from`` file and its weights file
     against their sidecars, weights only) reads each file once. A truncated or rotten file fails on its digest
     with a message naming it, before anything is parsed."""
-    from pipeline.train import checkpoint as ckpt
+    from pipeline.train.checkpoint import checkpoint as ckpt
 
     opt = _opt(0)
     state = ckpt.save(opt, str(tmp_path / "s"), STEP, _meta(0))

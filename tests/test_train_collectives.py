@@ -16,8 +16,8 @@ pytest.importorskip("mindspore")
 
 from mindspore import nn, ops  # noqa: E402
 
-from pipeline.train.adamw import AdamW, ZeroShard  # noqa: E402
-from pipeline.train.tp_layers import GatherRows, native_collectives  # noqa: E402
+from pipeline.train.model.tp_layers import GatherRows, native_collectives  # noqa: E402
+from pipeline.train.optim.adamw import AdamW, ZeroShard  # noqa: E402
 
 
 def test_native_collectives_follow_the_jobs_device():
@@ -62,8 +62,8 @@ def test_distributed_optimizer_keeps_the_cpu_emulation_off_native_devices():
 @pytest.mark.parametrize("device, native", [("Ascend", True), ("CPU", False)])
 def test_build_parallel_chooses_once_from_the_job_device_and_logs_it(device, native, caplog):
     from pipeline.train.config import ModelConfig
-    from pipeline.train.layout import RankLayout
-    from pipeline.train.parallel_setup import build_parallel
+    from pipeline.train.model.layout import RankLayout
+    from pipeline.train.model.parallel_setup import build_parallel
 
     cfg = ModelConfig.from_preset("debug", n_layers=1, vocab_size=256, dim=64, n_heads=4, n_kv_heads=2)
     job = SimpleNamespace(device=device, distributed_optimizer=True, zero=True, precision="bf16", seed=3, steps=2,
@@ -75,7 +75,7 @@ def test_build_parallel_chooses_once_from_the_job_device_and_logs_it(device, nat
     assert [r.getMessage() for r in caplog.records if "collectives" in r.getMessage()] == [
         f"collectives (device {device}): {word}" + (" in sub-groups" if native else ": zero-padded all-reduce for "
                                                     "sub-group gathers, all-reduce + slice for reduce-scatter")]
-    from pipeline.train.model import CausalLMLoss
+    from pipeline.train.model.model import CausalLMLoss
 
     gathers = [CausalLMLoss(net).nll.gather, opt._gather]  # the vocabulary maxes over TP, the weights over DP
     assert [(g.emulated, g.op.group) for g in gathers] == [(not native, "tp_0"), (not native, "dp_1")]

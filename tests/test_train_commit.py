@@ -1,4 +1,4 @@
-"""Checkpoints commit across ranks (pipeline/train/commit.py, resume.py): markers, pruning, agreement on one step,
+"""Checkpoints commit across ranks (pipeline/train/checkpoint/commit.py, resume.py): markers, pruning, agreement on one step,
 layout refusals, and under msrun a rank killed between two ranks' saves and a corrupt rank file.
 
 The msrun runs use the tiny TP=2 model of test_train_parallel (6 steps, a checkpoint every 2): the reference runs
@@ -19,7 +19,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from pipeline.train import commit
+from pipeline.train.checkpoint import commit
 
 SEQ, STEPS = 32, 6
 TINY = {"preset": "debug", "vocab_size": 260, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
@@ -157,8 +157,8 @@ def test_ranks_that_pick_different_steps_are_refused(monkeypatch, mine, others):
 
 
 def test_no_verifying_marker_is_an_error_naming_every_marker(tmp_path, monkeypatch):
-    from pipeline.train import resume
-    from pipeline.train.parallel import rank_layout
+    from pipeline.train.checkpoint import resume
+    from pipeline.train.model.parallel import rank_layout
 
     for step in (2, 4):
         _fake_step(tmp_path / "s", step, 1)
@@ -192,7 +192,7 @@ def test_prune_after_a_fallback_resume_keeps_the_steps_it_writes(tmp_path):
 
 
 def test_check_layout_refuses_in_one_line_naming_file_and_field():
-    from pipeline.train.checkpoint import check_file_layout
+    from pipeline.train.checkpoint.checkpoint import check_file_layout
 
     with pytest.raises(commit.LayoutMismatch) as e:
         check_file_layout("/x/ranks/rank_00001/checkpoints/step_00000004.ckpt", {"tensor_parallel": 2, "tp_rank": 0},
@@ -220,8 +220,8 @@ def _job(tmp_path, **kw):
 ])
 def test_loads_with_a_mismatched_layout_are_refused_in_one_line(tmp_path, monkeypatch, case, match):
     """The bug this guards against: rank 1 loading rank 0's file (same shapes) trained on the wrong half."""
-    from pipeline.train import resume
-    from pipeline.train.parallel import rank_layout
+    from pipeline.train.checkpoint import resume
+    from pipeline.train.model.parallel import rank_layout
 
     monkeypatch.setattr(commit, "world_sum", lambda values, world: [v * world for v in values])  # all alike
     meta = {1: {"tp_rank": 0}} if case == "copied_rank0_file" else None
@@ -264,7 +264,7 @@ def test_resume_point_and_previous_checkpoint_use_commit_markers(tmp_path):
 # --- msrun: a rank killed between two ranks' saves, a corrupt rank file --------------------------------------
 
 def _msrun(job, tmp_path, name: str) -> int:
-    from pipeline.train.launch import env_with_venv, train_command
+    from pipeline.train.jobs.launch import env_with_venv, train_command
 
     job.to_json(tmp_path / f"{name}.json")
     with socket.socket() as s_:

@@ -72,8 +72,8 @@ def test_too_few_rows_and_misaligned_position_are_refused(ids_dir):
 
 
 def test_changed_global_batch_is_refused_naming_the_field():
+    from pipeline.train.checkpoint.resume import check_same_layout
     from pipeline.train.job import TrainJob
-    from pipeline.train.resume import check_same_layout
 
     job = TrainJob(stage="s", data_dir="d", out_dir="o", micro_batch=4, grad_accum=1)
     meta = {"global_batch": 8, "micro_batch": 4, "grad_accum": 1, "world_size": 2, "seq_len": 32,

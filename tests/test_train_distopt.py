@@ -48,7 +48,7 @@ def runs(tmp_path_factory):
     pytest.importorskip("mindspore")
     from bytes_data import pack_bytes, stdlib_text, write_mindrecord
 
-    from pipeline.train.launch import env_with_venv, train_command
+    from pipeline.train.jobs.launch import env_with_venv, train_command
     from pipeline.train.trainer import run_training
 
     root = tmp_path_factory.mktemp("distopt")
@@ -105,7 +105,7 @@ def test_sharded_16bit_optimizer_matches_the_unsharded_one_over_20_steps(runs):
 @pytest.mark.slow
 def test_overflow_is_one_decision_for_every_rank(runs):
     """Skipped steps halve the scale and leave the LR schedule alone; both ranks end with the same weights."""
-    from pipeline.train.optim import lr_at
+    from pipeline.train.optim.optim import lr_at
 
     rows = _metrics(runs["overflow"][1])
     skipped = [r["skipped"] for r in rows]
@@ -142,7 +142,7 @@ def test_bytes_per_rank_16bit_weights_and_sharded_master(runs):
 
 
 def _msrun(job_path, log_dir, cwd):
-    from pipeline.train.launch import env_with_venv, train_command
+    from pipeline.train.jobs.launch import env_with_venv, train_command
 
     with socket.socket() as s_:
         s_.bind(("127.0.0.1", 0))
@@ -196,7 +196,7 @@ def test_tensor_parallel_fp16_ranks_take_one_overflow_decision(tmp_path):
     pytest.importorskip("mindspore")
     from bytes_data import pack_bytes, stdlib_text, write_mindrecord
 
-    from pipeline.train.checkpoint import load_file
+    from pipeline.train.checkpoint.checkpoint import load_file
 
     write_mindrecord(pack_bytes(stdlib_text("argparse"), SEQ), str(tmp_path / "data"), shards=2)
     TrainJob(stage="tp2", data_dir=str(tmp_path / "data"), out_dir=str(tmp_path / "tp2"), model=TINY, steps=12,
@@ -222,7 +222,7 @@ def test_accumulation_keeps_fp32_blocks_and_matches_one_process(runs):
     here): the losses, skipped steps and loss scales of the one-process run of the same global batch, and the
     bytes the plan counts."""
     from pipeline.train.config import ModelConfig
-    from pipeline.train.memory_plan import Layout, plan
+    from pipeline.train.model.memory_plan import Layout, plan
 
     one, acc = _metrics(runs["unsharded"][1]), _metrics(runs["sharded_accum"][1])
     diff = np.abs(np.array([r["loss"] for r in one]) - np.array([r["loss"] for r in acc]))

@@ -1,5 +1,5 @@
-"""Fenced publication (pipeline/train/fenced.py) and what readers make of a late writer: markers and metric rows
-of a lease generation that a later one did not adopt are ignored (pipeline/train/commit.py); the lease's own
+"""Fenced publication (pipeline/train/jobs/fenced.py) and what readers make of a late writer: markers and metric rows
+of a lease generation that a later one did not adopt are ignored (pipeline/train/checkpoint/commit.py); the lease's own
 checks (no hostname shortcut, no-lock filesystems, a stale holder's late lease write, the stall timer)."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import time
 import pytest
 
 from pipeline.io import write_json
-from pipeline.train import commit, fenced
-from pipeline.train.lease import CLAIMS, Lease, LeaseLost, StageBusy, boot_id, read_lease
+from pipeline.train.checkpoint import commit
+from pipeline.train.jobs import fenced
+from pipeline.train.jobs.lease import CLAIMS, Lease, LeaseLost, StageBusy, boot_id, read_lease
 
 
 def _lost():
@@ -132,7 +133,7 @@ def test_a_stale_holders_late_lease_write_does_not_take_the_folder(tmp_path):
 
 
 def test_the_stall_timer_starts_with_the_first_step_not_with_the_lease(tmp_path, monkeypatch):
-    import pipeline.train.lease as lease_mod
+    import pipeline.train.jobs.lease as lease_mod
 
     ended = []
     monkeypatch.setattr(lease_mod.Lease, "_end", lambda self, msg, write=True: ended.append(msg))

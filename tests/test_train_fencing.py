@@ -30,7 +30,7 @@ from bytes_data import BYTE_VOCAB, pack_bytes, stdlib_text, write_mindrecord  # 
 from pipeline.io import write_json  # noqa: E402
 from pipeline.tasks.pretrain import job_state, launch_env  # noqa: E402
 from pipeline.train.job import TrainJob  # noqa: E402
-from pipeline.train.lease import CLAIMS, read_lease, request_cancel  # noqa: E402
+from pipeline.train.jobs.lease import CLAIMS, read_lease, request_cancel  # noqa: E402
 
 SEQ = 32
 TINY = {"preset": "debug", "vocab_size": BYTE_VOCAB, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,
@@ -169,7 +169,7 @@ def test_a_job_whose_lease_is_taken_stops_without_another_write(data, tmp_path):
 
 @pytest.mark.slow
 def test_cancel_stops_every_rank_of_a_two_rank_job(data, tmp_path):
-    from pipeline.train.launch import train_command
+    from pipeline.train.jobs.launch import train_command
 
     with socket.socket() as s_:
         s_.bind(("127.0.0.1", 0))
@@ -208,7 +208,7 @@ def test_a_job_paused_between_fence_and_rename_leaves_nothing_after_a_takeover(d
     """The step-4 save passes its fence, then the process stalls (``fail_mode="pause_after_fence"``) while another
     job takes the folder over. When it goes on, its rename is taken back: no step-4 file, sidecar or marker, the
     new holder's lease and the status row stay as they were, and the job stops with LeaseLost."""
-    from pipeline.train import commit
+    from pipeline.train.checkpoint import commit
     from pipeline.train.testing_hooks import PAUSED, RESUME
 
     out = tmp_path / "stage"

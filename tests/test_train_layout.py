@@ -1,12 +1,12 @@
-"""One description of a parallel layout (pipeline/train/layout.py) read by the config, the job, the memory plan
-and the launchers; and tensor parallel applied to a plain model by one step (pipeline/train/parallelize.py)."""
+"""One description of a parallel layout (pipeline/train/model/layout.py) read by the config, the job, the memory plan
+and the launchers; and tensor parallel applied to a plain model by one step (pipeline/train/model/parallelize.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from pipeline.train.layout import ParallelLayout
+from pipeline.train.model.layout import ParallelLayout
 
 
 def test_the_layout_checks_itself_and_places_every_rank():
@@ -25,7 +25,7 @@ def test_the_layout_checks_itself_and_places_every_rank():
 def test_config_job_and_memory_plan_describe_it_with_the_same_class():
     from pipeline.train.config import TrainConfig
     from pipeline.train.job import TrainJob
-    from pipeline.train.memory_plan import Layout, job_layout
+    from pipeline.train.model.memory_plan import Layout, job_layout
 
     cfg = TrainConfig(backend="slurm", nodes=2, workers=8, tensor_parallel=2, zero=True, model_overrides={
         "n_heads": 4, "n_kv_heads": 2})
@@ -45,11 +45,11 @@ def test_parallelize_turns_a_plain_model_into_this_ranks_shard():
     from mindspore.nn.utils import no_init_parameters
 
     from pipeline.train.config import ModelConfig
-    from pipeline.train.model import Transformer
-    from pipeline.train.parallel import split_axis, take_shard
-    from pipeline.train.parallelize import parallelize
-    from pipeline.train.shard_init import init_rank_weights
-    from pipeline.train.tp_layers import TPGroup
+    from pipeline.train.model.model import Transformer
+    from pipeline.train.model.parallel import split_axis, take_shard
+    from pipeline.train.model.parallelize import parallelize
+    from pipeline.train.model.shard_init import init_rank_weights
+    from pipeline.train.model.tp_layers import TPGroup
 
     cfg = ModelConfig.from_preset("debug", n_layers=2, vocab_size=260, dim=64, n_heads=4, n_kv_heads=2)
     with no_init_parameters():

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 
 from pipeline.train.config import PRESETS, ModelConfig
-from pipeline.train.memory_plan import (
+from pipeline.train.model.memory_plan import (
     PRESET_LAYOUTS,
     GiB,
     Layout,
@@ -70,7 +70,7 @@ def test_param_shapes_count_every_parameter_split_by_tp():
 
 def test_param_shapes_equal_the_built_model():
     pytest.importorskip("mindspore")
-    from pipeline.train.model import Transformer
+    from pipeline.train.model.model import Transformer
 
     cfg = ModelConfig.from_preset("debug")
     built = {p.name: tuple(p.shape) for p in Transformer(cfg).trainable_params()}
@@ -157,7 +157,7 @@ def test_the_plan_counts_the_attention_mask():
     assert plan(by_doc, layout).activations - plan(causal, layout).activations == s * s == GiB
     cpu = replace(layout, device="CPU")
     assert plan(by_doc, cpu).activations - plan(causal, cpu).activations == 4 * s * s
-    from pipeline.train.memory_plan import mask_bytes
+    from pipeline.train.model.memory_plan import mask_bytes
 
     debug = ModelConfig.from_preset("debug")
     assert mask_bytes(debug, replace(PRESET_LAYOUTS["debug"], device="CPU")) == 4 * debug.max_seq_len ** 2

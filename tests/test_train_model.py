@@ -31,7 +31,7 @@ def test_presets_cover_the_documented_sizes():
     {"n_kv_heads": 1, "vocab_size": 300, "dim": 64, "n_layers": 2, "ffn_hidden": 100},
 ])
 def test_closed_form_equals_built_cell(overrides):
-    from pipeline.train.model import Transformer, count_cell_params
+    from pipeline.train.model.model import Transformer, count_cell_params
 
     cfg = ModelConfig.from_preset("debug", **overrides)
     assert count_cell_params(Transformer(cfg)) == cfg.num_params()
@@ -85,7 +85,7 @@ def test_rope_scaling():
 def _tiny_net(**kw):
     import mindspore as ms
 
-    from pipeline.train.model import Transformer
+    from pipeline.train.model.model import Transformer
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(0)
@@ -97,7 +97,7 @@ def _tiny_net(**kw):
 def test_model_is_causal_and_attention_is_math_on_cpu():
     from mindspore import Tensor
 
-    from pipeline.train.model import attention_impl
+    from pipeline.train.model.model import attention_impl
 
     assert attention_impl() == "math"
     _, net = _tiny_net()
@@ -118,7 +118,7 @@ def test_a_document_packed_after_another_gets_its_logits_alone(mode):
     from mindspore import Tensor
 
     from pipeline.train.config import document_segments
-    from pipeline.train.model import Transformer
+    from pipeline.train.model.model import Transformer
 
     eod = 49
     rng = np.random.RandomState(3)
@@ -152,7 +152,7 @@ def test_eod_id_is_checked():
 def test_loss_shifts_and_ignores_pad():
     from mindspore import Tensor
 
-    from pipeline.train.model import CausalLMLoss
+    from pipeline.train.model.model import CausalLMLoss
 
     cfg, net = _tiny_net(pad_id=0)
     rows = np.random.RandomState(1).randint(1, 50, (2, 13)).astype(np.int32)

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from pipeline.train.job import TrainJob
-from pipeline.train.parallel import merge_tp, rank_layout, split_axis, take_shard
+from pipeline.train.model.parallel import merge_tp, rank_layout, split_axis, take_shard
 
 SEQ, STEPS = 32, 10
 TINY = {"preset": "debug", "vocab_size": 260, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "eod_id": 257,
@@ -68,7 +68,7 @@ def runs(tmp_path_factory):
     pytest.importorskip("mindspore")
     from bytes_data import pack_bytes, stdlib_paragraphs, write_mindrecord
 
-    from pipeline.train.launch import env_with_venv, train_command
+    from pipeline.train.jobs.launch import env_with_venv, train_command
     from pipeline.train.trainer import run_training
 
     root = tmp_path_factory.mktemp("par")
@@ -158,10 +158,10 @@ def test_tp2_checkpoint_merges_into_tp1_and_reproduces_the_loss(runs, tmp_path):
     import mindspore as ms
     from bytes_data import pack_bytes, stdlib_paragraphs
 
-    from pipeline.train.checkpoint import load_weights
+    from pipeline.train.checkpoint.checkpoint import load_weights
+    from pipeline.train.checkpoint.tp_merge import merge_checkpoints
     from pipeline.train.config import ModelConfig
-    from pipeline.train.model import CausalLMLoss, Transformer
-    from pipeline.train.tp_merge import merge_checkpoints
+    from pipeline.train.model.model import CausalLMLoss, Transformer
 
     info = merge_checkpoints(str(runs["tp2"][1]), str(tmp_path / "merged.ckpt"))
     assert info == {"step": STEPS, "tensor_parallel": 2, "tensors": 21, "dest": str(tmp_path / "merged.ckpt")}
@@ -182,7 +182,7 @@ def test_tp2_checkpoint_merges_into_tp1_and_reproduces_the_loss(runs, tmp_path):
 def test_tp2_resume_after_crash_is_exact(runs, tmp_path):
     """Crash both TP ranks after the step-5 checkpoint, rerun the same job: every rank restores its own shard
     (weights, moments, data position) and steps 6..10 equal the uninterrupted TP=2 run."""
-    from pipeline.train.launch import env_with_venv, train_command
+    from pipeline.train.jobs.launch import env_with_venv, train_command
 
     base = TrainJob.from_json(os.path.join(runs["tp2"][1], "job.json")).to_dict()
     base.update(out_dir=str(tmp_path / "tp2r"), fail_at_step=5)

@@ -10,7 +10,7 @@ import math
 import pytest
 
 from pipeline.train.job import TrainJob
-from pipeline.train.precision import SUPPORT, capability_table, check_precision
+from pipeline.train.optim.precision import SUPPORT, capability_table, check_precision
 
 SEQ = 32
 
@@ -48,8 +48,8 @@ def test_fp16_dynamic_loss_scaling_skips_overflowing_steps(small, tmp_path):
     global_step counts applied updates only)."""
     from bytes_data import BYTE_VOCAB
 
-    from pipeline.train.checkpoint import load_file
-    from pipeline.train.optim import lr_at
+    from pipeline.train.checkpoint.checkpoint import load_file
+    from pipeline.train.optim.optim import lr_at
     from pipeline.train.trainer import run_training
 
     out = tmp_path / "fp16"
@@ -83,7 +83,7 @@ def test_fp16_dynamic_loss_scaling_skips_overflowing_steps(small, tmp_path):
 def test_mfu_counts_every_device_of_the_job():
     """6 N FLOPs per token of global throughput over TP x DP devices: a TP=2 x DP=2 job at 4,000 tokens/s of a 1e9
     model on 1e14 FLOP/s chips is 6% utilised, not 12% (the DP ranks alone)."""
-    from pipeline.train.metrics import mfu
+    from pipeline.train.jobs.metrics import mfu
 
     assert mfu(10**9, 4000.0, 1e14, devices=2 * 2) == pytest.approx(0.06)
     assert mfu(10**9, 4000.0, 0.0, devices=4) is None

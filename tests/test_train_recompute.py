@@ -13,8 +13,8 @@ import mindspore as ms  # noqa: E402
 
 def test_recompute_trains_to_the_same_losses():
     from pipeline.train.job import TrainJob
-    from pipeline.train.model import CausalLMLoss, Transformer
-    from pipeline.train.optim import TrainStep, build_optimizer
+    from pipeline.train.model.model import CausalLMLoss, Transformer
+    from pipeline.train.optim.optim import TrainStep, build_optimizer
 
     ms.set_context(mode=ms.GRAPH_MODE)
     tokens = np.random.RandomState(1).randint(0, 256, (2, 33)).astype(np.int32)

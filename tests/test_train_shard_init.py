@@ -1,4 +1,4 @@
-"""Initial weights per parameter and per shard (pipeline/train/shard_init.py): every TP degree draws the same full
+"""Initial weights per parameter and per shard (pipeline/train/model/shard_init.py): every TP degree draws the same full
 tensors, a rank holds its shard plus one chunk while drawing, and the spreads are the model's."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from pipeline.train import shard_init
-from pipeline.train.parallel import split_axis, take_shard
+from pipeline.train.model import shard_init
+from pipeline.train.model.parallel import split_axis, take_shard
 
 
 @pytest.mark.parametrize("name, shape", [("layers.0.attention.wq.weight", (96, 40)),   # column-parallel: rows
@@ -46,7 +46,7 @@ def test_a_rank_holds_its_shard_and_one_chunk_while_drawing():
 def test_spreads_follow_the_model_and_norm_gains_are_ones():
     pytest.importorskip("mindspore")
     from pipeline.train.config import ModelConfig
-    from pipeline.train.model import Transformer
+    from pipeline.train.model.model import Transformer
 
     cfg = ModelConfig.from_preset("debug", n_layers=2)
     net = Transformer(cfg)
@@ -68,8 +68,8 @@ def test_spreads_follow_the_model_and_norm_gains_are_ones():
 def test_a_tp_change_reslices_from_the_overlapping_shards_only(prev_tp, tp):
     """``tp_merge.reslice`` equals merge-then-slice for every rank, and reads only the previous ranks whose slice
     overlaps (never the whole model when the degree goes down... or up)."""
-    from pipeline.train.parallel import merge_tp
-    from pipeline.train.tp_merge import reslice
+    from pipeline.train.checkpoint.tp_merge import reslice
+    from pipeline.train.model.parallel import merge_tp
 
     rng = np.random.default_rng(0)
     full = {"layers.0.attention.wq.weight": rng.normal(size=(16, 6)), "layers.0.feed_forward.w2.weight":

@@ -167,7 +167,7 @@ def local_run(corpus, tmp_path_factory):
 
 def test_two_stages_on_two_slurm_nodes_equal_local_and_a_killed_task_reattaches(slurm_conf, corpus, local_run,
                                                                                    tmp_path):
-    from pipeline.train import slurm
+    from pipeline.train.jobs import slurm
 
     cfg = _config(tmp_path, "slurm", 2)
     stages = tmp_path / "data" / "train" / "run1"
@@ -203,7 +203,7 @@ def test_two_stages_on_two_slurm_nodes_equal_local_and_a_killed_task_reattaches(
 
 
 def test_stopping_the_task_scancels_its_slurm_job(slurm_conf, corpus, tmp_path):
-    from pipeline.train import slurm
+    from pipeline.train.jobs import slurm
 
     cfg = _config(tmp_path, "slurm", 2)
     stage = tmp_path / "data" / "train" / "run2" / "warmup"
@@ -256,7 +256,7 @@ def test_a_killed_mindloom_train_reruns_onto_the_same_slurm_job(slurm_conf, corp
     """#50: ``mindloom train`` SIGKILLed (its process group, not the Slurm job) once the job runs and has logged a
     step, then run again: it reconnects to the same Slurm job (no second sbatch: Slurm knows one job in the stage
     folder, which holds one ``slurm-<id>.log``), follows it to the end and prints the stage's summary."""
-    from pipeline.train import slurm
+    from pipeline.train.jobs import slurm
 
     # ~0.2 s a step here; the rerun reattached 7 steps after the kill on an idle machine, 39 at load 6 on 2 cores
     steps = 200

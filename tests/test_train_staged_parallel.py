@@ -48,7 +48,7 @@ def run_stage(cfg, corpus, out_dir, stage: str, workers: int, log_dir, init_from
     """build_job + the launch the orchestrator does: in this process for one rank, msrun for more."""
     from pipeline.tasks.pretrain import build_job
     from pipeline.train.job import TrainJob
-    from pipeline.train.launch import env_with_venv, train_command
+    from pipeline.train.jobs.launch import env_with_venv, train_command
 
     path = build_job(cfg, corpus, out_dir, stage=stage, init_from=init_from)
     if workers == 1:
@@ -94,7 +94,7 @@ def staged(tmp_path_factory, corpus):
             run_stage(cfg, corpus, d, stage, kw.get("workers", 1), root / f"{name}_{stage}_log")
             out[name][stage] = losses(d)
     # weights-only across TP degrees: TP=2 main -> TP=1 long_context (merge), TP=1 main -> TP=2 (slice)
-    from pipeline.train.commit import commit_file
+    from pipeline.train.checkpoint.commit import commit_file
 
     for name, src, kw in (("tp2_to_tp1", "tp2", LAYOUTS["tp1"]), ("tp1_to_tp2", "tp1", LAYOUTS["tp2"])):
         cfg = _cfg(root, **kw)
@@ -129,7 +129,7 @@ def test_weights_only_stage_across_tp_degrees_merges_and_reslices(staged, layout
 
 @pytest.mark.slow
 def test_staged_runs_record_one_commit_per_checkpoint_with_every_rank(staged):
-    from pipeline.train import commit
+    from pipeline.train.checkpoint import commit
 
     root, _ = staged
     for name, files in (("tp1", 1), ("tp2", 2), ("dp2zero", 2)):

@@ -121,7 +121,7 @@ def test_find_eval_sets(tmp_path):
 
 
 def test_launch_accepts_an_argv_that_runs_this_job(tmp_path):
-    from pipeline.train.launch import train_command
+    from pipeline.train.jobs.launch import train_command
 
     job = str(tmp_path / "job.json")
     multi = ["msrun", "--worker_num=16", "--local_worker_num=8", "--master_addr=10.0.0.1", "--node_rank=1",
@@ -141,7 +141,7 @@ def test_evaluate_pools_exact_token_sums(monkeypatch):
 
     from pipeline.train.config import ModelConfig
     from pipeline.train.evaluate import evaluate, make_scorer
-    from pipeline.train.model import CausalLMLoss, Transformer
+    from pipeline.train.model.model import CausalLMLoss, Transformer
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_seed(0)
@@ -182,7 +182,7 @@ def corpus(tmp_path_factory):
 
 def test_stage_chain_warmup_main_long_context(tmp_path, corpus):
     from pipeline.tasks.pretrain import build_job, prepare_stage_data, repack_stages, stage_dir
-    from pipeline.train.checkpoint import load_file
+    from pipeline.train.checkpoint.checkpoint import load_file
     from pipeline.train.job import TrainJob
     from pipeline.train.trainer import run_training
 

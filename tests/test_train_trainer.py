@@ -148,7 +148,7 @@ def test_resume_after_crash_matches_uninterrupted(tmp_path, reference, crashed, 
         assert m[step]["data_sha1"] == ref[step]["data_sha1"], step  # the same samples, in the same order
     assert s["final_loss"] == pytest.approx(ref_summary["final_loss"], abs=1e-4)
     assert _read(out / "status.json")["state"] == "SUCCEEDED"
-    from pipeline.train.checkpoint import load_file
+    from pipeline.train.checkpoint.checkpoint import load_file
 
     _, meta = load_file(str(out / "checkpoints" / "step_00000006.ckpt"))
     assert meta["ms_rng_state"].shape == (16,) and meta["numpy_rng_keys"].shape == (624,)
@@ -267,7 +267,7 @@ def test_msrun_data_parallel_equals_single_process(data, tmp_path):
     single big batch; both ranks end with bit-identical parameters (sha256 per rank)."""
     import socket
 
-    from pipeline.train.launch import env_with_venv, train_command
+    from pipeline.train.jobs.launch import env_with_venv, train_command
 
     with socket.socket() as s_:
         s_.bind(("127.0.0.1", 0))

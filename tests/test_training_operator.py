@@ -150,7 +150,7 @@ def test_the_trigger_keeps_the_heartbeat_counter_between_polls(tmp_path, monkeyp
     import asyncio
     import threading
 
-    import pipeline.train.lease as lease_mod
+    import pipeline.train.jobs.lease as lease_mod
     from operators.triggers import TrainingJobTrigger
 
     monkeypatch.setattr(lease_mod, "LEASE_TIMEOUT_S", 0.6)
@@ -197,7 +197,7 @@ def test_a_refused_second_trainer_does_not_fail_the_running_job(tmp_path):
     """Job A runs (its lease, its RUNNING row); a second trainer B is refused and writes nothing; the operator polling
     A still sees RUNNING, and a task that launched B is told why B never ran."""
     from pipeline.tasks.pretrain import job_state
-    from pipeline.train.lease import Lease, StageBusy
+    from pipeline.train.jobs.lease import Lease, StageBusy
 
     out = tmp_path / "main"
     out.mkdir()

@@ -94,10 +94,10 @@ def score_references(job_path: str, tokenizer_model: str, references: str, batch
     import mindspore as ms
     import sentencepiece as spm
 
-    from pipeline.train import checkpoint
+    from pipeline.train.checkpoint import checkpoint
     from pipeline.train.evaluate import make_scorer
     from pipeline.train.job import TrainJob
-    from pipeline.train.model import CausalLMLoss, Transformer
+    from pipeline.train.model.model import CausalLMLoss, Transformer
 
     job = TrainJob.from_json(job_path)
     summary = json.loads((Path(job.out_dir) / "summary.json").read_text(encoding="utf-8"))

@@ -23,7 +23,7 @@ See ``docs/export.md``. Choices, each checked against mindformers by ``tests/tes
 * ``use_flash_attention`` only on Ascend (no CPU/GPU kernel); on CPU ``use_rope_slice: true``, because the default
   rotary path uses a broadcasting BatchMatMul that has no CPU kernel (same maths).
 * Padding: mindformers masks the loss where the *input* token is pad; mindloom where the *label* is (see
-  ``pipeline/train/model.py``). The pretraining YAML keeps mindformers' rule; with packed rows the two differ only
+  ``pipeline/train/model/model.py``). The pretraining YAML keeps mindformers' rule; with packed rows the two differ only
   at the one position per padded row that predicts the first pad.
 """
 

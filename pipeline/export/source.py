@@ -41,11 +41,11 @@ def final_checkpoint(stage_dir: str | Path) -> dict:
     "tensor_parallel"}``.
 
     The one lookup every export goes through: the stage finished (``summary.json``, written after its last save)
-    and its final step has a commit marker (``pipeline.train.commit``: every rank wrote and verified its file);
+    and its final step has a commit marker (``pipeline.train.checkpoint.commit``: every rank wrote and verified its file);
     ``shards`` are the weights files of tensor-parallel ranks ``0..t-1`` (an older marker: their one file each), as
     the marker lists them with their digests (each verified again when loaded); no optimizer state is read.
     """
-    from pipeline.train import commit
+    from pipeline.train.checkpoint import commit
 
     stage_dir = Path(stage_dir)
     summary_path = stage_dir / "summary.json"
@@ -91,8 +91,8 @@ def load_weights(src: StageSource) -> dict[str, np.ndarray]:
 
     Each shard is verified against the digest its commit marker recorded; only weights files are read.
     """
-    from pipeline.train import checkpoint as ckpt
-    from pipeline.train.parallel import merge_tp
+    from pipeline.train.checkpoint import checkpoint as ckpt
+    from pipeline.train.model.parallel import merge_tp
 
     want = model_params(src.model)
     shards = []

@@ -51,9 +51,9 @@ def previous_checkpoint(out_dir: str | Path, previous: str) -> str:
 
     A marker, not a file: with tensor parallelism or ZeRO every rank wrote its own file, and rank r of the next
     stage must load rank r's (or, for weights only with another TP degree, the merged shards); the marker lists
-    every rank's file with its digest (``pipeline.train.commit``).
+    every rank's file with its digest (``pipeline.train.checkpoint.commit``).
     """
-    from pipeline.train.commit import commit_file, committed_steps
+    from pipeline.train.checkpoint.commit import commit_file, committed_steps
 
     prev_dir = Path(out_dir).parent / previous
     summary = prev_dir / "summary.json"
@@ -147,8 +147,8 @@ def launch_argv(job_path: str | Path, workers: int | None = None, *, master_port
                 argv: list[str] | None = None) -> list[str]:
     """The command that runs a job: one process, or one-host ``msrun`` with one worker per rank (``workers``
     defaults to the job's ``world_size``) on a port free at launch (two jobs on one host never share one); a
-    multi-node ``argv`` from ``pipeline.train.launcher`` is checked and passed through."""
-    from pipeline.train.launch import free_port, train_command
+    multi-node ``argv`` from ``pipeline.train.jobs.launcher`` is checked and passed through."""
+    from pipeline.train.jobs.launch import free_port, train_command
 
     if workers is None:
         workers = max(1, int(read_json(job_path).get("world_size") or 1))
@@ -158,8 +158,8 @@ def launch_argv(job_path: str | Path, workers: int | None = None, *, master_port
 def launch_env(job_id: str | None = None) -> dict[str, str]:
     """Environment for the job: msrun starts workers with the ``python`` on PATH, so put ours first; and the job's
     id (``MINDLOOM_JOB_ID``, a new one unless given), which every rank reads and the lease holds."""
-    from pipeline.train.launch import env_with_venv
-    from pipeline.train.lease import JOB_ID_ENV, new_job_id
+    from pipeline.train.jobs.launch import env_with_venv
+    from pipeline.train.jobs.lease import JOB_ID_ENV, new_job_id
 
     return {**env_with_venv(), JOB_ID_ENV: job_id or new_job_id()}
 
@@ -168,7 +168,7 @@ def launch_env(job_id: str | None = None) -> dict[str, str]:
 #: the observer's own clock from when it first saw the launch without a lease.
 STARTUP_GRACE_S = 300.0
 #: The same while Slurm says the job runs: its ranks may still be sourcing CANN's setup, starting a container and
-#: meeting at the scheduler (``MS_TOPO_TIMEOUT``, 3,600 s by default in ``pipeline.train.slurm``); a rank that
+#: meeting at the scheduler (``MS_TOPO_TIMEOUT``, 3,600 s by default in ``pipeline.train.jobs.slurm``); a rank that
 #: gives up there ends the job, which Slurm then reports.
 SLURM_STARTUP_GRACE_S = 3600.0 + STARTUP_GRACE_S
 
@@ -205,7 +205,7 @@ def _read_job_state(out_dir: str | Path, launcher_pid: int | None = None, now: f
     """
     import socket
 
-    from pipeline.train.lease import LEASE_TIMEOUT_S, lease_state, pid_alive
+    from pipeline.train.jobs.lease import LEASE_TIMEOUT_S, lease_state, pid_alive
 
     out_dir = Path(out_dir)
     now = time.monotonic() if now is None else now
@@ -259,7 +259,7 @@ def _read_job_state(out_dir: str | Path, launcher_pid: int | None = None, now: f
 def _slurm_state(sid: str) -> str:
     """``queued``, ``active`` (running or completing) or the final Slurm state of job ``sid`` ("forgotten" when
     Slurm no longer knows it)."""
-    from pipeline.train import slurm
+    from pipeline.train.jobs import slurm
 
     st = slurm.state(sid)
     if st is None:
@@ -333,7 +333,7 @@ def resume_point(out_dir: str | Path) -> dict:
     it and falls back to an older committed step on every rank if one does not match), or None;
     ``stopped_at_step``: the last step the previous job reported; ``launched_by_try``: the task try that launched it.
     """
-    from pipeline.train.commit import committed_steps
+    from pipeline.train.checkpoint.commit import committed_steps
 
     out_dir = Path(out_dir)
     steps = committed_steps(str(out_dir))

@@ -16,7 +16,7 @@ def release_checkpoint(data_root: str | Path, corpus: dict, last_stage: str) -> 
     the newest training run (by its commit's time) whose corpus is the release this one extends; None when the
     corpus extends no release. A run's corpus is the ``data_dir`` of its stage's ``job.json``: one scan of the
     training runs' folders, no index to keep."""
-    from pipeline.train.commit import commit_file, committed_steps
+    from pipeline.train.checkpoint.commit import commit_file, committed_steps
 
     release = (corpus.get("extends_release") or {}).get("name")
     if not release:

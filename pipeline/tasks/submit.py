@@ -2,7 +2,7 @@
 
 * ``local``: ``python -m pipeline.train`` or one-host ``msrun`` in its own session (stdin closed), so the job
   outlives the process that started it; ``launch.json`` holds its launcher pid;
-* ``slurm``: one ``sbatch`` job of ``train.nodes`` nodes x ``workers / nodes`` tasks (``pipeline.train.slurm``);
+* ``slurm``: one ``sbatch`` job of ``train.nodes`` nodes x ``workers / nodes`` tasks (``pipeline.train.jobs.slurm``);
   ``launch.json`` holds the Slurm job id, which a later try reconnects to instead of submitting another.
 
 Either way ``launch.json`` is written before the job can start (so a try that dies right after knows a launch was
@@ -28,7 +28,7 @@ def start_stage_job(cfg: MindloomConfig, job_path: str | Path, out_dir: str | Pa
     out_dir = Path(out_dir)
     launched = time.time()
     if cfg.train.backend == "slurm":
-        from pipeline.train import slurm
+        from pipeline.train.jobs import slurm
 
         stage = read_json(job_path).get("stage") or "train"
         layout = cfg.train.layout(stage)
@@ -59,7 +59,7 @@ def stop_stage_job(out_dir: str | Path, ext: dict | None, reason: str) -> list[s
     """Ask the job to stop through its stage folder (every backend: the trainer polls the cancel request) and,
     for a Slurm job, ``scancel`` it, so its allocation is released even if no rank reads the request. What was
     done, one line each."""
-    from pipeline.train.lease import request_cancel
+    from pipeline.train.jobs.lease import request_cancel
 
     done = []
     out_dir = Path(out_dir)
@@ -68,7 +68,7 @@ def stop_stage_job(out_dir: str | Path, ext: dict | None, reason: str) -> list[s
         done.append(f"requested cancellation of the training job in {out_dir}")
     sid = (ext or {}).get("slurm_job_id") or _launched_slurm_id(out_dir)
     if sid:
-        from pipeline.train import slurm
+        from pipeline.train.jobs import slurm
 
         try:
             slurm.cancel(sid)
@@ -84,7 +84,7 @@ def launched_slurm_job(out_dir: str | Path) -> dict | None:
     A try can die after ``sbatch`` and before Airflow's task state store keeps the job's id (or even before
     ``launch.json`` does): the retry finds the job through ``launch.json`` (its Slurm id, else its job id in the
     Slurm job's name) and reattaches to it instead of submitting a second one."""
-    from pipeline.train import slurm
+    from pipeline.train.jobs import slurm
 
     out_dir = Path(out_dir)
     launch = read_json(out_dir / "launch.json") if (out_dir / "launch.json").exists() else {}
@@ -109,7 +109,7 @@ def start_or_reattach(cfg, build, out_dir: str | Path, log_name: str) -> tuple[d
     an earlier, killed start of this stage left running (:func:`launched_slurm_job`), refuse a folder another live
     job holds, else build the job (``build()``, returning its ``job.json``) and start it. Returns ``(ext, proc,
     what)``, ``what`` being ``"reattached"`` or ``"started"``."""
-    from pipeline.train.lease import live_lease, new_job_id
+    from pipeline.train.jobs.lease import live_lease, new_job_id
 
     if cfg.train.backend == "slurm" and (ext := launched_slurm_job(out_dir)):
         return ext, None, "reattached"

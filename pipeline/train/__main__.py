@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     from pipeline.io import write_json  # no MindSpore import yet: job errors are reported fast
 
     from .job import TrainJob
-    from .lease import LeaseLost, StageBusy, env_job_id, may_write
+    from .jobs.lease import LeaseLost, StageBusy, env_job_id, may_write
 
     job = None
     try:
@@ -74,7 +74,7 @@ def _may_record(out_dir: str) -> bool:
     process or another rank of the same job already wrote a final row (the first failure of a job is its reason)."""
     if os.environ.get("MS_ROLE") == "MS_SCHED":
         return False
-    from .lease import env_job_id
+    from .jobs.lease import env_job_id
 
     try:
         with open(os.path.join(out_dir, "status.json"), encoding="utf-8") as f:
@@ -92,7 +92,7 @@ def _status_without_job(job_path: str, msg: str, write_json) -> None:
     try:
         with open(job_path, encoding="utf-8") as f:
             out_dir = json.load(f)["out_dir"]
-        from .lease import env_job_id, may_write
+        from .jobs.lease import env_job_id, may_write
 
         if isinstance(out_dir, str) and out_dir and may_write(out_dir, env_job_id()):
             write_json(os.path.join(out_dir, "status.json"), {

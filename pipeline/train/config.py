@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from pipeline.configkit import ConfigError, _convert, _f
 
-from .precision import check_precision
+from .optim.precision import check_precision
 
 if TYPE_CHECKING:                # numpy loads with the model code, not with the config every task imports
     import numpy as np
@@ -369,7 +369,7 @@ class TrainConfig:
     def layout(self, stage: str | None = None):
         """The parallel layout of ``stage`` (default: ``train.*``): the one the job, the memory plan and the
         launchers use."""
-        from .layout import ParallelLayout
+        from .model.layout import ParallelLayout
 
         st = self.stage_settings(stage) if stage else {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         return ParallelLayout(tp=st["tensor_parallel"], dp=st["workers"] // st["tensor_parallel"], zero=st["zero"],

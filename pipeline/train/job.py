@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pipeline.io import write_json
 
 from .config import ModelConfig, TrainConfig
-from .precision import check_precision
+from .optim.precision import check_precision
 
 MODES = ("graph", "pynative")
 INIT_MODES = ("weights", "continue")
@@ -153,7 +153,7 @@ class TrainJob:
         if self.init_mode == "continue" and not self.init_from:
             raise bad("init_mode", "'continue' needs init_from (the previous stage's checkpoint)")
         cfg = self.model_config()  # validates the model dict; its error names the ModelConfig field
-        from .memory_plan import check_layout
+        from .model.memory_plan import check_layout
 
         check_layout(cfg, self.tensor_parallel)
         if self.seq_len > cfg.max_seq_len:
@@ -161,7 +161,7 @@ class TrainJob:
 
     def layout(self, world: int | None = None):
         """This job's parallel layout over ``world`` ranks (default: the ``world_size`` it was planned for)."""
-        from .layout import ParallelLayout
+        from .model.layout import ParallelLayout
 
         world = world or self.world_size or 1
         return ParallelLayout(tp=self.tensor_parallel, dp=max(1, world // self.tensor_parallel), zero=self.zero,

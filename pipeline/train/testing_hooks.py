@@ -59,7 +59,7 @@ def before_save(job, step: int, rank: int, writers: int) -> None:
     """``kill_between_saves``: the last writing rank dies once rank 0's file of this step is on disk."""
     if job.fail_mode != "kill_between_saves" or step != job.fail_at_step or writers == 1 or rank != writers - 1:
         return
-    from .commit import rank_file
+    from .checkpoint.commit import rank_file
 
     rank0 = rank_file(job.out_dir, 0, step)
     deadline = time.time() + 300

@@ -38,18 +38,20 @@ import numpy as np
 
 from pipeline.io import write_json
 
-from . import checkpoint as ckpt
-from . import commit, fenced, resume, testing_hooks
+from . import testing_hooks
+from .checkpoint import checkpoint as ckpt
+from .checkpoint import commit, resume
 from .data import TokenBatches
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
-from .lease import Lease, LeaseLost, env_job_id, new_job_id
-from .memory_plan import job_layout, require_fit
-from .metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
-from .model import CausalLMLoss, attention_impl, count_cell_params
-from .optim import TrainStep, apply_precision, build_scaler
-from .parallel import create_groups
-from .parallel_setup import build_parallel, grad_bytes, param_bytes
+from .jobs import fenced
+from .jobs.lease import Lease, LeaseLost, env_job_id, new_job_id
+from .jobs.metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
+from .model.memory_plan import job_layout, require_fit
+from .model.model import CausalLMLoss, attention_impl, count_cell_params
+from .model.parallel import create_groups
+from .model.parallel_setup import build_parallel, grad_bytes, param_bytes
+from .optim.optim import TrainStep, apply_precision, build_scaler
 from .pending_steps import PendingSteps, is_sync_point
 from .repack import stage_data
 

@@ -8,7 +8,7 @@ the first data-parallel replica (ranks ``0..t-1``) are concatenated along each p
 evaluation). A weights-only stage that changes the TP degree uses :func:`resliced_weights` instead, which reads
 only the previous shards overlapping each rank's new slice and never merges the whole model.
 
-    python -m pipeline.train.tp_merge OUT_DIR --out merged.ckpt [--step N]
+    python -m pipeline.train.checkpoint.tp_merge OUT_DIR --out merged.ckpt [--step N]
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import sys
 
 import numpy as np
 
+from ..model.parallel import merge_tp, split_axis
 from . import checkpoint as ckpt
 from . import commit
-from .parallel import merge_tp, split_axis
 
 
 def merged_weights(marker: dict) -> dict:
@@ -92,7 +92,7 @@ def merge_checkpoints(out_dir: str, dest: str, step: int | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.train.tp_merge", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.train.checkpoint.tp_merge", description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--out", required=True, help="merged TP=1 weights file")
     ap.add_argument("--step", type=int, default=None)

@@ -310,7 +310,7 @@ class Lease:
         except FileExistsError:
             raise StageBusy(f"stage folder {self.out_dir}: another trainer claimed lease generation {gen} at the "
                             f"same time; refusing to start a second trainer there") from None
-        from .commit import committed
+        from ..checkpoint.commit import committed
 
         adopted = [m["step"] for m in committed(str(self.out_dir))]   # what this generation takes over as valid
         with os.fdopen(fd, "w") as fh:

@@ -7,7 +7,7 @@ from one validated :class:`ClusterLayout`; each node differs only in ``node_rank
 
 The command is always a list (never a shell string), and the first word of the program must be ``python`` (the one
 on ``PATH``) or a ``.py`` script: ``msrun`` runs ``python <task_script> ...`` for anything else, so an absolute
-interpreter path would be run *as a script*.  ``python -m pipeline.train.launcher`` is the training image's entrypoint:
+interpreter path would be run *as a script*.  ``python -m pipeline.train.jobs.launcher`` is the training image's entrypoint:
 it reads the layout from flags or ``MINDLOOM_*`` variables (node rank also from Kubernetes' ``JOB_COMPLETION_INDEX``)
 and execs ``msrun``.  No MindSpore import here.
 """
@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEVICES = ("CPU", "Ascend", "GPU")
 MAX_WORLD = 4096  # set_auto_parallel_context(device_num=...) accepts [1, 4096]
 # Set by msrun itself for every worker; a value inherited from the launching process (an Airflow worker started
@@ -283,7 +283,7 @@ def layout_from_env(env: Mapping[str, str], overrides: Mapping | None = None) ->
 
 
 def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.train.launcher",
+    ap = argparse.ArgumentParser(prog="python -m pipeline.train.jobs.launcher",
                                  description="Validate a cluster layout and exec msrun for this node.")
     ap.add_argument("--job", help="TrainJob JSON (runs python -m pipeline.train --job JOB on every rank)")
     for name in ("nodes", "devices_per_node", "node_rank", "master_port", "cluster_time_out"):

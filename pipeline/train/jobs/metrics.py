@@ -23,8 +23,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from ..job import TrainJob
 from . import fenced
-from .job import TrainJob
 
 
 class MetricLogger(Protocol):

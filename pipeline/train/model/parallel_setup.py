@@ -10,10 +10,10 @@ import logging
 
 import numpy as np
 
-from . import commit
-from .adamw import ZeroShard, make_shard_norm
+from ..checkpoint import commit
+from ..optim.adamw import ZeroShard, make_shard_norm
+from ..optim.optim import build_optimizer, low_dtype
 from .model import Transformer
-from .optim import build_optimizer, low_dtype
 from .parallel import RankLayout, make_tp_global_norm, split_axis
 from .parallelize import parallelize
 from .shard_init import init_rank_weights

@@ -83,7 +83,7 @@ def batch_script(job_path: str | Path, out_dir: str | Path, *, nodes: int, tasks
         srun.append(f"--cpus-per-task={int(cpus_per_task)}")
     if container:
         srun.append(f"--container-image={container}")
-    lines.append(f"exec {' '.join(shlex.quote(a) for a in srun)} {shlex.quote(python)} -m pipeline.train.slurm "
+    lines.append(f"exec {' '.join(shlex.quote(a) for a in srun)} {shlex.quote(python)} -m pipeline.train.jobs.slurm "
                  f"--job {shlex.quote(str(job_path))}")
     return "\n".join(lines) + "\n"
 
@@ -163,7 +163,7 @@ def rank_main(argv: list[str] | None = None) -> int:
     """One srun task: start the scheduler on task 0, then become this rank's trainer."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 2 or argv[0] != "--job":
-        print("usage: python -m pipeline.train.slurm --job JOB.json (inside an srun task)", file=sys.stderr)
+        print("usage: python -m pipeline.train.jobs.slurm --job JOB.json (inside an srun task)", file=sys.stderr)
         return 2
     env, sched = rank_env(dict(os.environ))
     program = [sys.executable, "-m", "pipeline.train", "--job", argv[1]]

@@ -43,7 +43,8 @@ import re
 
 import mindspore as ms
 
-from . import ckpt_write, fenced
+from ..jobs import fenced
+from . import ckpt_write
 
 log = logging.getLogger("mindloom.train")
 

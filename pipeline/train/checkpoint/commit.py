@@ -27,7 +27,7 @@ import re
 
 from pipeline.io import read_json
 
-from . import fenced
+from ..jobs import fenced
 
 log = logging.getLogger("mindloom.train")
 

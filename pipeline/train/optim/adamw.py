@@ -37,7 +37,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
-from .tp_layers import GatherRows
+from ..model.tp_layers import GatherRows
 
 
 @dataclass(frozen=True)

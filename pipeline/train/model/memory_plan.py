@@ -38,7 +38,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from .config import ModelConfig, check_layout  # noqa: F401 - check_layout is part of this module's API
+from ..config import ModelConfig, check_layout  # noqa: F401 - check_layout is part of this module's API
 from .layout import ParallelLayout
 
 GiB = 1 << 30

@@ -25,11 +25,12 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
+from .. import testing_hooks
+from ..data import DataPosition
+from ..model.parallel import RankLayout, split_axis, take_shard
+from ..model.parallel_setup import ckpt_root, expected_file_layout, layout_meta, saves_weights, writers
 from . import checkpoint as ckpt
-from . import commit, testing_hooks
-from .data import DataPosition
-from .parallel import RankLayout, split_axis, take_shard
-from .parallel_setup import ckpt_root, expected_file_layout, layout_meta, saves_weights, writers
+from . import commit
 
 log = logging.getLogger("mindloom.train")
 
