@@ -1,6 +1,6 @@
 """The quality classifier (pipeline/quality/classifier.py) in its cross_domain mode (reference domains against
-others): trained in the run, cross-fitted, byte-identical for a seed, scored in the train step, decided in the quality
-task, cut per domain; a supplied model; off by default changes nothing.  The within-domain mode (the default):
+others): trained in the run, cross-fitted, byte-identical for a seed, the cut from each domain's cut sample scored in
+the train step, every document scored and decided in the quality task, cut per domain; a supplied model; off by default changes nothing.  The within-domain mode (the default):
 tests/test_quality_classifier_within.py."""
 
 from __future__ import annotations
@@ -24,8 +24,7 @@ from pipeline.quality.run import run_quality_shard, scores_path
 pytest.importorskip("floret")
 
 CHAINS = [{"domain": "*", "filters": ["length"]}]          # length is off by default: the classifier alone decides
-FILES = ("models/g0-f0.bin", "models/g0-f1.bin", "sample.parquet", "manifest.json", "scores/code-00000.parquet",
-         "scores/prose-00000.parquet", "scores/prose-00001.parquet")
+FILES = ("models/g0-f0.bin", "models/g0-f1.bin", "sample.parquet", "manifest.json", "cut_sample.parquet")
 
 
 def _shard(rdir: Path, shard: str, domain: str, texts: list[str], stage: str = "minhash") -> None:
@@ -85,11 +84,10 @@ def test_trains_scores_cross_fitted_and_reruns_byte_identical(corpus, tmp_path):
         assert m["train_docs"] == len(others) and m["positives"] == sum(r["class"] == "pos" for r in others)
     assert all(0.0 <= r["score"] <= 1.0 for r in sample)
     cut = found["cuts"]["code"]
-    code_scores = sorted((r[classifier.COLUMN] for shard in shards
-                          for r in read_parquet(out / "scores" / f"{shard}.parquet").to_pylist()
+    code_scores = sorted((r[classifier.COLUMN] for r in read_parquet(out / "cut_sample.parquet").to_pylist()
                           if r["domain"] == "code"), reverse=True)
-    assert cut["rule"] == "keep top 50 %" and cut["docs"] == cut["scored"] == 40
-    assert cut["cut"] == code_scores[19] and (cut["kept_docs"], cut["kept_share"]) == (20, 0.5)   # of every code file
+    assert cut["rule"] == "keep top 50 %" and cut["domain_docs"] == cut["sample_docs"] == 40       # all 40 files
+    assert cut["cut"] == code_scores[19] and (cut["sample_kept"], cut["sample_share"]) == (20, 0.5)
     # the score says which domain a document is from: reference against the rest learns the domain
     assert found["probe"]["pairs"][0]["domains"] == ["code", "prose"] and found["probe"]["max_separation"] >= 0.9
 
@@ -113,8 +111,10 @@ def test_the_quality_task_decides_every_document_by_its_domain_cut(corpus):
     code = run_quality_shard(q, rdir, "code-00000", input_stage="minhash")
     scores = read_parquet(scores_path(rdir, "code-00000"))
     values = scores.column(classifier.COLUMN).to_pylist()
-    assert values == read_parquet(rdir / "classifier" / "scores" / "code-00000.parquet").column(
-        classifier.COLUMN).to_pylist()                                   # the train step's scores, row by row
+    sample = {r["doc_id"]: r[classifier.COLUMN] for r in
+              read_parquet(rdir / "classifier" / "cut_sample.parquet").to_pylist()}
+    assert values == [sample[i] for i in scores.column("doc_id").to_pylist()]   # scored as the train step scored them
+    assert code["classifier"]["cut_counts"] == {"code": {"scored": 40, "kept": 20}}
     removed = [v for v in values if v < cut]
     assert code["in_docs"] == code["kept_docs"] + code["removed"]["classifier_low_score"]["docs"] == 40
     assert code["kept_docs"] == 20 and len(removed) == 20                # keep top 50 %: 20 of 40, measured
@@ -133,7 +133,7 @@ def test_the_quality_task_decides_every_document_by_its_domain_cut(corpus):
                                                  zip(values, scores.column("q_detail").to_pylist(), strict=True)]
     assert sum(d is not None for d in classifier.reapply(found, scores, min_score={"code": 1.0})) == \
         sum(v < 1.0 for v in values)
-    every = [r for f in sorted((rdir / "classifier" / "scores").glob("*.parquet")) for r in read_parquet(f).to_pylist()]
+    every = read_parquet(rdir / "classifier" / "cut_sample.parquet").to_pylist()
     assert sum(d is None for d in classifier.reapply({**found, "sample": every}, scores,
                                                      keep_top_percent={"code": 25})) == 10
 
@@ -151,7 +151,7 @@ def test_a_supplied_model_replaces_training(corpus, tmp_path):
                               "file": "given.bin", "sha256": hashlib.sha256(model.read_bytes()).hexdigest()}
     assert found["train"]["docs"] == 0 and not (other / "classifier" / "models").exists()
     assert found["held_out"]["docs"] == 96 and found["held_out"]["accuracy"] >= 0.9      # the whole sample
-    assert found["cuts"]["code"]["kept_docs"] == 20
+    assert found["cuts"]["code"]["sample_kept"] == 20
 
 
 def test_fasttext_format_is_read_with_fasttext_predict(corpus, tmp_path):
@@ -228,7 +228,7 @@ def test_reference_text_against_raw_web(tmp_path):
     assert found["held_out"]["accuracy"] >= 0.85
     web = run_quality_shard(q, rdir, "web-00000", input_stage="minhash")
     assert web["in_docs"] == web["kept_docs"] + web["removed"]["classifier_low_score"]["docs"] == 150
-    assert web["kept_docs"] == found["cuts"]["web"]["kept_docs"] == 45           # 30 % of web: ceil(0.3 * 150)
+    assert web["kept_docs"] == found["cuts"]["web"]["sample_kept"] == 45         # 30 % of web: ceil(0.3 * 150)
     assert found["probe"]["max_separation"] >= 0.9
     first = _digests(rdir / "classifier")
     shutil.rmtree(rdir / "classifier")

@@ -26,24 +26,31 @@ scored by a model that trained on it.  The held-out quality is the cross-fitted 
 
     models/g<i>-f<k>.bin   model set i (one per domain within domains), fold k
     sample.parquet         every training example: doc_id, domain, class, source, fold, split, cross-fitted score
-    scores/<shard>.parquet every input document, row by row: doc_id, domain, fold, q_classifier_score
-    manifest.json          settings, seed, inputs' digest, models, per domain the examples, held-out quality and
-                           the cut with the share it keeps (measured), the domain probe
+    cut_sample.parquet     every domain's cut sample, scored: doc_id, domain, fold, q_classifier_score
+    manifest.json          settings, seed, inputs' digest, models, per domain the examples, held-out quality, the
+                           cut sample and the cut (with the share it keeps of the sample), the domain probe
 
-It reads the shards three times: their doc id and domain columns (the sample's hashes), the sampled documents'
-text (labels, training), then every document's text to score it.  The cut of ``keep_top_percent`` is the domain's
-quantile over all its scored documents (:mod:`pipeline.quality.classifier_cut`), so it keeps that share, ties split
-by a hash; the manifest gives the share the cut keeps, counted over ``scores/``.  A rerun with the same inputs,
-settings and seed is skipped; a fresh run with the same seed writes the same bytes (``thread=1``).
+It never scores every document.  It reads the doc id and domain columns of every shard (the hashes), then the text
+of sampled documents only, twice: the training candidates (labels, training), then each domain's cut sample, the
+``cut_sample_docs`` documents of smallest hash of (seed, doc id) among all the domain's documents (a prefix of the
+same order as the candidates), scored cross-fitted like any document.  The cut of ``keep_top_percent`` is that
+sample's quantile (:func:`pipeline.quality.classifier_cut.cut_of`): exact when the sample is the whole domain,
+otherwise the kept share is the percentage up to sampling error, about sqrt(p (1 - p) / m) for a sample of m.  A
+rerun with the same inputs, settings and seed is skipped; a fresh run with the same seed writes the same bytes
+(``thread=1``).
 
-Memory: pass 1 keeps (u, doc id, shard, row) of ``2 * max_docs_per_class`` documents per domain; pass 2 one
-domain's examples (at most ``2 * max_docs_per_class``, ``max_chars`` characters each, plus corrupted copies) and
-one shard's text column; training one model (about 4 x ``dim`` x ``buckets`` bytes); pass 3 one shard's text column,
-one model set and an 8 MB score histogram per domain.
+Memory: pass 1 keeps (u, doc id, shard, row) of max(``2 * max_docs_per_class``, ``cut_sample_docs``) documents per
+domain; pass 2 one domain's examples (at most ``2 * max_docs_per_class``, ``max_chars`` characters each, plus
+corrupted copies) and the picked row groups of one shard; training one model (about 4 x ``dim`` x ``buckets``
+bytes); pass 3 the picked row groups of one shard, one model set, the sample's scores and an 8 MB score histogram
+per domain.  None of it grows with the corpus beyond the id scan's time.
 
-The quality task (:mod:`pipeline.quality.run`) reads ``scores/<shard>.parquet`` (no model is loaded there), stores
-``q_classifier_score`` and removes a document below its domain's cut after the chain's own rules (reason
-``classifier_low_score``).  :func:`reapply` re-decides from the stored column.
+The quality task (:mod:`pipeline.quality.run`, mapped per shard batch) loads the model sets (:class:`Decider`, one
+set at a time per process), scores every document of its shard with the model of the document's fold, stores
+``q_classifier_score``, removes a document below its domain's cut after the chain's own rules (reason
+``classifier_low_score``), and counts per domain the documents scored and those the cut keeps
+(``classifier.cut_counts`` in its stats); the quality report sums them into the share kept over the whole run
+(``classifier_cut`` per domain, :func:`measured_cut`).  :func:`reapply` re-decides from the stored column.
 
 Beside this module: :mod:`~pipeline.quality.classifier_sample` (the examples, their labels and corruptions),
 :mod:`~pipeline.quality.classifier_models` (training a model set, scoring), :mod:`~pipeline.quality.classifier_cut`
@@ -90,25 +97,37 @@ def _mode(cc: Any) -> str:
 
 
 # --------------------------------------------------------------------------------------------------------------
-# The quality task's side: decisions from the train step's scores
+# The quality task's side: every document of its shards scored, the cut applied and counted
 
 class Decider:
-    """The quality task's side: the cuts of the manifest, applied to the scores ``scores/<shard>.parquet`` holds."""
+    """The quality task's side: the run's model sets (loaded on first use, one set at a time) and the manifest's
+    cuts.  A document is scored by its domain's set with the model of its fold, the one that never trained on it
+    (documents that were no training example use their fold's model too)."""
 
     def __init__(self, directory: str | Path):
-        self.manifest = read_json(Path(directory) / "manifest.json")
+        self.dir = Path(directory)
+        self.manifest = read_json(self.dir / "manifest.json")
         self.seed = self.manifest["seed"]
         self.cuts = {d: c for d, c in self.manifest["cuts"].items() if c["cut"] is not None}
+        self.scorer = models_.Scorer(self.dir, self.manifest)
+
+    def score(self, text: str, domain: str, doc_id: str) -> float | None:
+        """The document's score (None: its domain has no model set)."""
+        return self.scorer.score(text, domain, doc_id)
+
+    def kept_by_cut(self, domain: str, doc_id: str, score: float | None) -> bool:
+        """Whether the domain's cut keeps a document with this score (no cut, or no score: kept)."""
+        return cut_.decide(score, self.cuts.get(domain), self.seed, doc_id)
 
     def decide(self, domain: str, doc_id: str, score: float | None) -> tuple[str, str] | None:
-        c = self.cuts.get(domain)
-        if cut_.decide(score, c, self.seed, doc_id):
+        if self.kept_by_cut(domain, doc_id, score):
             return None
-        return REASON, _detail(score, c)
+        return REASON, _detail(score, self.cuts[domain])
 
-    def apply(self, row: dict, score: float | None, domain: str, doc_id: str, drop: tuple | None,
+    def apply(self, row: dict, text: str, domain: str, doc_id: str, drop: tuple | None,
               enabled: bool) -> tuple[dict, Any]:
-        """The quality stage's hook: the row with the score column; the chain's drop, else the classifier's."""
+        """The quality stage's hook: the row with the document's score; the chain's drop, else the classifier's."""
+        score = self.score(text, domain, doc_id)
         row = {**row, COLUMN: score}
         if enabled and drop is None:
             drop = self.decide(domain, doc_id, score)
@@ -120,54 +139,53 @@ def _detail(score: float, c: dict) -> str:
     return f"{COLUMN}={score:.6f} < {c['cut']:.6f}{tie} ({c['rule']})"
 
 
-def scores_path(rdir: Path, shard: str) -> Path:
-    return classifier_dir(rdir) / "scores" / f"{shard}.parquet"
-
-
-def shard_scores(rdir: Path, shard: str, doc_ids: list[str]) -> list[float | None]:
-    """The classifier's score of every document of an input shard, in its order (the train step scored them)."""
-    from pipeline.io import read_parquet
-
-    path = scores_path(rdir, shard)
-    if not path.exists():
-        raise ConfigError(f"quality.classifier: no scores for shard {shard} at {path}; rerun the "
-                          "filter.train_classifier step")
-    table = read_parquet(path)
-    if table.column("doc_id").to_pylist() != list(doc_ids):
-        raise ConfigError(f"quality.classifier: {path} scores other documents than the input shard {shard}; rerun "
-                          "the filter.train_classifier step")
-    return table.column(COLUMN).to_pylist()
+def measured_cut(stats: list[dict]) -> dict[str, dict]:
+    """Per domain with a cut, over the quality tasks' stats (one per shard): the documents scored, those the cut
+    keeps and their share, the share the rule asked for, and whether the cut came from the whole domain or a sample.
+    The share the classifier's cut kept over the whole run, whatever the chain removed before it."""
+    out: dict[str, dict] = {}
+    for s in stats:
+        c = s.get("classifier") or {}
+        for domain, n in c.get("cut_counts", {}).items():
+            d = out.setdefault(domain, {"scored": 0, "kept": 0, "share": None, "rule": None, "cut": None,
+                                        "cut_from": None})
+            d["scored"] += n["scored"]
+            d["kept"] += n["kept"]
+            if rule := c.get("rules", {}).get(domain):
+                d.update(rule=rule["rule"], cut=rule["cut"], cut_from=rule["cut_from"])
+    for d in out.values():
+        d["share"] = round(d["kept"] / d["scored"], 6) if d["scored"] else None
+    return {k: v for k, v in sorted(out.items()) if v["rule"] is not None}
 
 
 # --------------------------------------------------------------------------------------------------------------
-# Training: the sample, the model sets, every document's score, the cuts
+# Training: the sample, the model sets, the cut samples' scores, the cuts
 
-def _cuts(cc: Any, hists: cut_.Histograms, out: Path, shards: list[str], seed: int) -> dict:
-    """Per domain with a rule: the cut, its tie split, and the documents it keeps, counted over the score files."""
+def _cuts(cc: Any, rows: list[dict], counts: dict[str, int], seed: int) -> dict:
+    """Per domain with a rule: the cut and its tie split (``keep_top_percent``: from the domain's cut sample), and
+    the documents of the sample it keeps."""
+    by: dict[str, list[tuple[str, float]]] = {}
+    for r in rows:
+        if r[COLUMN] is not None:
+            by.setdefault(r["domain"], []).append((r["doc_id"], r[COLUMN]))
     cuts: dict[str, dict] = {}
     for domain, value in sorted(cc.min_score.items()):
-        cuts[domain] = {"rule": f"min_score {value:g}", "cut": float(value), "tie_max": None}
+        cuts[domain] = {"rule": f"min_score {value:g}", "cut": float(value), "tie_max": None, "cut_from": "min_score"}
     for domain, pct in sorted(cc.keep_top_percent.items()):
-        c: dict = {"rule": f"keep top {pct:g} %", "cut": None, "tie_max": None}
-        if hists.docs(domain):
-            pc = cut_.percent_cut(hists.h[domain], pct)
-            c.update(cut=pc["cut"], target_docs=pc["keep"], at_cut=pc["at_cut"])
-            if pc["need"] < pc["at_cut"]:
-                def units(domain=domain, at=pc["cut"]):
-                    return (cut_.tie_unit(seed, i) for i, d, s in models_.score_rows(out, shards) if d == domain and s == at)
-                c["tie_max"] = cut_.tie_threshold(units, pc["need"])
+        c: dict = {"rule": f"keep top {pct:g} %", "cut": None, "tie_max": None, "cut_from": None}
+        got, n = by.get(domain, []), counts.get(domain, 0)
+        if got:
+            whole = len(got) == n
+            c.update(cut_.cut_of(got, pct, seed, whole),
+                     cut_from=f"all {n} documents" if whole else f"a sample of {len(got)} of {n} documents")
         else:
             log.warning("classifier: no scored document of domain %r: nothing is cut", domain)
         cuts[domain] = c
-    kept = {d: 0 for d in cuts}
-    docs = {d: 0 for d in cuts}
-    for doc_id, domain, score in models_.score_rows(out, shards):           # the measurement
-        if domain in cuts:
-            docs[domain] += 1
-            kept[domain] += cut_.decide(score, cuts[domain], seed, doc_id)
     for d, c in cuts.items():
-        c.update(docs=docs[d], scored=hists.docs(d), kept_docs=kept[d],
-                 kept_share=round(kept[d] / docs[d], 6) if docs[d] else None)
+        got = by.get(d, [])
+        kept = sum(cut_.decide(score, c, seed, doc_id) for doc_id, score in got)
+        c.update(domain_docs=counts.get(d, 0), sample_docs=len(got), sample_kept=kept,
+                 sample_share=round(kept / len(got), 6) if got else None)
     return cuts
 
 
@@ -181,12 +199,11 @@ def _inputs_digest(cc: Any, quality: Any, rdir: Path, shards: list[str], seed: i
 
 
 def train_classifier(cc: Any, rdir: Path, shards: list[str], seed: int, input_stage: str = "minhash",
-                     quality: Any = None, prescored: Callable[[str], Path] | None = None, workers: int = 1) -> dict:
+                     quality: Any = None, prescored: Callable[[str], Path] | None = None) -> dict:
     """Build ``<rdir>/classifier/`` (see the module docstring) and return its manifest; ``{"enabled": False}``
     when the classifier is off.  Skipped when a folder made from the same inputs, settings and seed exists.
     ``quality`` (the run's :class:`~pipeline.quality.config.QualityConfig`) gives the chains the within-domain
-    labels come from; ``prescored(shard)`` the path of MinHash stage 1's score rows, used where valid; ``workers``
-    the processes that score the shards (the output does not depend on it)."""
+    labels come from; ``prescored(shard)`` the path of MinHash stage 1's score rows, used where valid."""
     if not cc.enabled:
         return {"enabled": False}
     mode = _mode(cc)
@@ -208,20 +225,22 @@ def train_classifier(cc: Any, rdir: Path, shards: list[str], seed: int, input_st
                       "training": mode, "positive_label": pos_label, "negative_label": neg_label, "groups": []}
     k = 2 * cc.max_docs_per_class if mode == "within_domain" else cc.max_docs_per_class
     named = {*cc.positive_domains, *cc.negative_domains}
-    pools, counts = sample_.scan_ids(rdir, shards, input_stage, seed, k,
-                                     (lambda d: True) if mode == "within_domain" else named.__contains__)
+    # one pool per domain, smallest hash first: the training candidates and the cut sample are its prefixes
+    pools, counts = sample_.scan_ids(rdir, shards, input_stage, seed, lambda d: max(
+        k if mode == "within_domain" or d in named else 0, cc.cut_sample_docs))
+    candidates = {d: v[:k] for d, v in pools.items() if mode == "within_domain" or d in named}
     examples: list[dict] = []
     domains: dict[str, dict] = {d: {"docs": n} for d, n in counts.items()}
     if mode == "within_domain":
         for d in sorted(counts):
-            docs, labels = sample_.within_domain_sample(cc, quality, rdir, shards, input_stage, seed, d, pools[d],
-                                                        prescored)
+            docs, labels = sample_.within_domain_sample(cc, quality, rdir, shards, input_stage, seed, d,
+                                                        candidates[d], prescored)
             sample_.balance(cc, docs)
             _fit(cc, tmp, manifest, docs, seed, d, [d])
             domains[d].update(labels=labels, **_examples_report(docs))
             examples += _strip(docs)
     else:
-        docs = sample_.cross_domain_sample(cc, rdir, shards, input_stage, seed, pools)
+        docs = sample_.cross_domain_sample(cc, rdir, shards, input_stage, seed, candidates)
         if mode == "cross_domain":
             if missing := [name for c, name in (("pos", "positive"), ("neg", "negative"))
                            if not any(d["class"] == c for d in docs)]:
@@ -240,13 +259,16 @@ def train_classifier(cc: Any, rdir: Path, shards: list[str], seed: int, input_st
         manifest["sample_report"] = _examples_report(docs)
         examples += _strip(docs)
     scorer = models_.Scorer(tmp, manifest)
+    cut_rows = models_.score_sample(scorer, rdir, shards, input_stage,
+                                    {d: v[:cc.cut_sample_docs] for d, v in pools.items()})
     hists = cut_.Histograms()
-    manifest["scores"] = {"shards": len(shards),
-                          "digest": models_.score_shards(tmp, manifest, rdir, shards, input_stage, hists, workers)}
     for d in domains:
-        domains[d]["scored"] = hists.docs(d)
-        domains[d]["model_set"] = scorer.group(d)
-    manifest["cuts"] = _cuts(cc, hists, tmp / "scores", shards, seed)
+        scores = [r[COLUMN] for r in cut_rows if r["domain"] == d]
+        hists.add(d, scores)
+        domains[d].update(cut_sample=len(scores), model_set=scorer.group(d))
+    manifest["cut_sample"] = {d: {"domain_docs": counts[d], "sample_docs": hists.docs(d),
+                                  "whole_domain": hists.docs(d) == counts[d]} for d in domains if hists.docs(d)}
+    manifest["cuts"] = _cuts(cc, cut_rows, counts, seed)
     manifest["domains"] = domains
     manifest["probe"] = cut_.domain_probe(hists)
     manifest["held_out"] = held_out_quality([d for d in examples if d["score"] is not None])
@@ -255,16 +277,17 @@ def train_classifier(cc: Any, rdir: Path, shards: list[str], seed: int, input_st
                          "negatives": sum(d["class"] == "neg" for d in trained), "folds": cc.folds}
     manifest["model"] = _model_summary(manifest)
     _write_sample(tmp / "sample.parquet", examples)
+    _write_cut_sample(tmp / "cut_sample.parquet", cut_rows)
     manifest["digest"] = config_digest(manifest["model"]["sha256"], manifest["cuts"], manifest["settings"], pos_label,
-                                       manifest["scores"]["digest"], sha256_file(tmp / "sample.parquet"))
+                                       sha256_file(tmp / "cut_sample.parquet"), sha256_file(tmp / "sample.parquet"))
     write_json(tmp / "manifest.json", manifest)
     if final.exists():
         shutil.rmtree(final)
     os.replace(tmp, final)
-    log.info("classifier: %s, %d model sets, cross-fitted accuracy %s (AUC %s) on %d examples, kept shares %s, "
+    log.info("classifier: %s, %d model sets, cross-fitted accuracy %s (AUC %s) on %d examples, cuts %s, "
              "probe max separation %s", mode, sum(bool(g["models"]) for g in manifest["groups"]),
              manifest["held_out"]["accuracy"], manifest["held_out"]["auc"], manifest["held_out"]["docs"],
-             {d: c["kept_share"] for d, c in manifest["cuts"].items()}, manifest["probe"]["max_separation"])
+             {d: (c["cut"], c["cut_from"]) for d, c in manifest["cuts"].items()}, manifest["probe"]["max_separation"])
     return manifest
 
 
@@ -320,6 +343,17 @@ def _write_sample(path: Path, docs: list[dict]) -> None:
                             "score": pa.array([d.get("score") for d in ordered], pa.float64())}), path)
 
 
+def _write_cut_sample(path: Path, rows: list[dict]) -> None:
+    import pyarrow as pa
+
+    from pipeline.io import write_parquet
+
+    write_parquet(pa.table({"doc_id": pa.array([r["doc_id"] for r in rows], pa.string()),
+                            "domain": pa.array([r["domain"] for r in rows], pa.string()),
+                            "fold": pa.array([r["fold"] for r in rows], pa.int8()),
+                            COLUMN: pa.array([r[COLUMN] for r in rows], pa.float64())}), path)
+
+
 def manifest(cc: Any, rdir: Path) -> dict | None:
     """The run's classifier manifest for the quality stage (None when the classifier is off); an error when the
     ``train_classifier`` step has not run with these settings."""
@@ -339,25 +373,19 @@ def manifest(cc: Any, rdir: Path) -> dict | None:
 def reapply(found: dict, scores: Any, keep_top_percent: dict | None = None,
             min_score: dict | None = None) -> list[tuple[str, str] | None]:
     """The classifier's decision for every row of a stored scores table (``quality/scores/<shard>.parquet``) with
-    other cuts: ``min_score`` per domain as given, ``keep_top_percent`` from the scores of all the domain's
-    documents (pass the rows of ``<run>/classifier/scores/*.parquet``, each {doc_id, domain, q_classifier_score},
-    as ``found["sample"]``), else the manifest's."""
+    other cuts: ``min_score`` per domain as given, ``keep_top_percent`` from the domain's cut sample (pass the rows
+    of ``<run>/classifier/cut_sample.parquet``, each {doc_id, domain, q_classifier_score}, as ``found["sample"]``),
+    else the manifest's."""
     cuts = {d: c for d, c in found["cuts"].items() if c["cut"] is not None}
     seed = found["seed"]
     for domain, pct in (keep_top_percent or {}).items():
-        rows = [r for r in found.get("sample", []) if r["domain"] == domain and r[COLUMN] is not None]
-        hists = cut_.Histograms()
-        hists.add(domain, [r[COLUMN] for r in rows])
+        rows = [(r["doc_id"], r[COLUMN]) for r in found.get("sample", [])
+                if r["domain"] == domain and r[COLUMN] is not None]
         if not rows:
             cuts.pop(domain, None)
             continue
-        pc = cut_.percent_cut(hists.h[domain], pct)
-        c = {"rule": f"keep top {pct:g} %", "cut": pc["cut"], "tie_max": None}
-        if pc["need"] < pc["at_cut"]:
-            c["tie_max"] = cut_.tie_threshold(
-                lambda rows=rows, at=pc["cut"]: (cut_.tie_unit(seed, r["doc_id"]) for r in rows if r[COLUMN] == at),
-                pc["need"])
-        cuts[domain] = c
+        whole = found.get("cut_sample", {}).get(domain, {}).get("whole_domain", False)
+        cuts[domain] = {"rule": f"keep top {pct:g} %", **cut_.cut_of(rows, pct, seed, whole)}
     for domain, value in (min_score or {}).items():
         cuts[domain] = {"rule": f"min_score {value:g}", "cut": float(value), "tie_max": None}
     out = []

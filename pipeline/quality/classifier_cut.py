@@ -1,10 +1,12 @@
 """The quality classifier's arithmetic on scores: per-domain histograms, the cuts, the domain probe, held-out quality.
 
-Scores are stored rounded to 6 decimals, so a domain's scores are counted exactly in a histogram of 1,000,001 bins
-(8 MB per domain, whatever the corpus size); a percentage cut, the kept share and the domain probe are computed
-from the histograms.  Documents with the cut's score are split by a hash of (seed, doc id) (:func:`tie_unit`), so a
-``keep_top_percent`` cut keeps ``ceil(n * percent / 100)`` documents of the domain's ``n`` exactly, also when many
-documents share one score (a confident model gives many 1.000000).
+Scores are rounded to 6 decimals, so a domain's scores are counted exactly in a histogram of 1,000,001 bins (8 MB
+per domain); a percentage cut and the domain probe are computed from the histograms of each domain's cut sample
+(:func:`cut_of`).  Documents with the cut's score are split by a hash of (seed, doc id) (:func:`tie_unit`): when the
+sample is the whole domain, a ``keep_top_percent`` cut keeps ``ceil(n * percent / 100)`` of the domain's ``n``
+documents exactly, also when many share one score (a confident model gives many 1.000000); when it is a sample, the
+documents at the cut are kept with the probability that keeps that share of the sample's, so the expected share is
+the percentage.
 """
 
 from __future__ import annotations
@@ -88,6 +90,24 @@ def tie_threshold(units: Callable[[], Iterable[float]], need: int) -> float:
     b = int(np.searchsorted(cum, need))                  # the first bin with `need` units at or below it
     inside = sorted(u for u in units() if int(u * TIE_BINS) == b)
     return inside[need - int(cum[b] - counts[b]) - 1]
+
+
+def cut_of(rows: list[tuple[str, float]], percent: float, seed: int, whole: bool) -> dict:
+    """The cut of a top-``percent`` rule from a domain's scored (doc_id, score) rows: its score, the documents the
+    rows put above and at it, and ``tie_max``, the largest :func:`tie_unit` kept at the cut (None: all of them).
+    ``whole``: the rows are every document of the domain, so ``tie_max`` is the tie unit of the ``need``-th document
+    at the cut and the cut keeps :func:`keep_count` documents exactly; else the rows are a uniform sample and
+    ``tie_max`` is the share ``need / at_cut``: tie units are uniform, so that share of the domain's documents at
+    the cut's score is kept in expectation."""
+    hists = Histograms()
+    hists.add("d", [s for _, s in rows])
+    pc = percent_cut(hists.h["d"], percent)
+    out = {"cut": pc["cut"], "tie_max": None, "sample_target": pc["keep"], "above": pc["above"],
+           "at_cut": pc["at_cut"]}
+    if pc["need"] < pc["at_cut"]:
+        out["tie_max"] = (tie_threshold(lambda: (tie_unit(seed, i) for i, s in rows if s == pc["cut"]), pc["need"])
+                          if whole else pc["need"] / pc["at_cut"])
+    return out
 
 
 def decide(score: float | None, cut: dict | None, seed: int, doc_id: str) -> bool:

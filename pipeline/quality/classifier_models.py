@@ -1,8 +1,9 @@
 """The quality classifier's models: training a cross-fitted set, and scoring with the run's sets.
 
 A model set is ``folds`` floret models; model *k* trains on the examples of every other fold and scores the
-documents of fold *k* (:func:`pipeline.quality.classifier_sample.fold_of`).  :func:`score_shards` is the train
-step's pass over every document: a score file per shard, row by row, and every score counted per domain.
+documents of fold *k* (:func:`pipeline.quality.classifier_sample.fold_of`).  :func:`score_sample` is the train
+step's scoring of each domain's cut sample; the quality tasks score their own shards' documents with a
+:class:`Scorer` the same way (:mod:`pipeline.quality.run`).
 """
 
 from __future__ import annotations
@@ -11,9 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from pipeline.io import config_digest, read_json, sha256_file
+from pipeline.io import read_json, sha256_file
 from pipeline.quality import classifier_cut as cut_
 from pipeline.quality import classifier_sample as sample_
 
@@ -140,80 +139,22 @@ def score_examples(scorer: Scorer, g: int, examples: list[dict]) -> None:
                                        line_of(d["text"], scorer.max_chars))
 
 
-_WORKER: dict = {}
-
-
-def _init_scorer(directory: str, found: dict) -> None:
-    """A scoring worker's state: the run's models (loaded one set at a time, on first use)."""
-    _WORKER.clear()
-    _WORKER["scorer"] = Scorer(directory, found)
-
-
-def _score_shard(job: tuple[str, str, str, str]) -> tuple[str, dict]:
-    """Pass 3 for one shard: every document scored by the model of its domain's set and fold, written row by row to
-    ``<out>/<shard>.parquet``.  Returns the file's sha256 and per domain the (bins, counts) of its scores."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    from pipeline.io import write_parquet
-
-    rdir, shard, input_stage, out = job
-    scorer: Scorer = _WORKER["scorer"]
-    pf = pq.ParquetFile(Path(rdir) / input_stage / f"{shard}.parquet")
-    ids = pf.read(columns=["doc_id", "domain"])
-    doc_ids, domains = ids.column("doc_id").to_pylist(), ids.column("domain").to_pylist()
-    groups = [scorer.group(d) for d in domains]
-    idx = [i for i, g in enumerate(groups) if g is not None]
-    scores: list[float | None] = [None] * len(doc_ids)
-    folds: list[int | None] = [None] * len(doc_ids)
-    if idx:
-        texts = pf.read(columns=["text"]).column("text").take(idx).to_pylist()
-        for i, text in zip(idx, texts, strict=True):
-            folds[i] = scorer.fold(doc_ids[i])
-            scores[i] = scorer.score_line(scorer._models(groups[i])[folds[i]], line_of(text, scorer.max_chars))
-        del texts
-    counts = {}
-    for d in sorted(set(domains)):
-        values = [s for s, dd in zip(scores, domains, strict=True) if dd == d and s is not None]
-        if values:
-            counts[d] = np.unique(cut_.bins_of(values), return_counts=True)
-    sha = write_parquet(pa.table({"doc_id": pa.array(doc_ids, pa.string()), "domain": pa.array(domains, pa.string()),
-                                  "fold": pa.array(folds, pa.int8()), COLUMN: pa.array(scores, pa.float64())}),
-                        Path(out) / f"{shard}.parquet")
-    return sha, counts
-
-
-def score_shards(tmp: Path, found: dict, rdir: Path, shards: list[str], input_stage: str,
-                  hists: cut_.Histograms, workers: int) -> str:
-    """Pass 3 over every shard (``workers`` processes, one shard each at a time; the files do not depend on how
-    many): score files under ``tmp/scores/``, every score counted in ``hists``.  Returns the files' digest."""
-    out = tmp / "scores"
-    out.mkdir(parents=True, exist_ok=True)
-    jobs = [(str(rdir), shard, input_stage, str(out)) for shard in shards]
-    init = (str(tmp), found)
-    workers = min(workers, len(jobs))
-    if workers <= 1:
-        _init_scorer(*init)
-        results = map(_score_shard, jobs)
-    else:
-        from pipeline.pools import ordered_map
-
-        results = ordered_map(_score_shard, iter(jobs), workers, __name__, _init_scorer, init)
-    shas = []
-    try:
-        for sha, counts in results:
-            shas.append(sha)
-            for d, (bins, n) in counts.items():
-                hists.add_counts(d, bins, n)
-    finally:
-        _WORKER.clear()
-    return config_digest("classifier scores", shards, shas)
-
-
-def score_rows(out: Path, shards: list[str], columns: tuple[str, ...] = ("doc_id", "domain", COLUMN)):
-    """(doc_id, domain, score) of every row of the written score files, shard by shard."""
-    import pyarrow.parquet as pq
-
-    for shard in shards:
-        t = pq.read_table(out / f"{shard}.parquet", columns=list(columns))
-        yield from zip(*(t.column(c).to_pylist() for c in columns), strict=True)
+def score_sample(scorer: Scorer, rdir: Path, shards: list[str], input_stage: str,
+                 picks: dict[str, list[tuple]]) -> list[dict]:
+    """The cut sample's scores: per domain that has a model set, its picked (u, doc_id, shard index, row) documents
+    scored by the model of their fold, as the quality tasks score them.  One domain at a time (one model set
+    loaded), one shard's picked row groups at a time.  Returns {doc_id, domain, fold, q_classifier_score} rows, by domain and
+    doc id."""
+    out: list[dict] = []
+    for domain in sorted(picks):
+        g = scorer.group(domain)
+        if g is None:
+            continue
+        models = scorer._models(g)
+        rows = []
+        for doc_id, r in sample_.read_rows(rdir, shards, input_stage, picks[domain]):
+            fold = scorer.fold(doc_id)
+            rows.append({"doc_id": doc_id, "domain": domain, "fold": fold,
+                         COLUMN: scorer.score_line(models[fold], line_of(r["text"], scorer.max_chars))})
+        out += sorted(rows, key=lambda r: r["doc_id"])
+    return out

@@ -55,14 +55,16 @@ def smallest(pool: dict[str, list], key: str, k: int, u: float, item: tuple) -> 
         heapq.heapreplace(heap, (-u, item))
 
 
-def scan_ids(rdir: Path, shards: list[str], input_stage: str, seed: int, k: int,
-             wanted: Callable[[str], bool]) -> tuple[dict[str, list[tuple]], dict[str, int]]:
-    """One read of the doc id and domain columns of every shard: per wanted domain the ``k`` documents with the
-    smallest hash, as (u, doc_id, shard index, row) sorted by u; and every domain's document count."""
+def scan_ids(rdir: Path, shards: list[str], input_stage: str, seed: int,
+             k: Callable[[str], int]) -> tuple[dict[str, list[tuple]], dict[str, int]]:
+    """One read of the doc id and domain columns of every shard: per domain the ``k(domain)`` documents with the
+    smallest hash (none where it is 0), as (u, doc_id, shard index, row) sorted by u; and every domain's document
+    count.  The training candidates and the cut's score sample are prefixes of the same pool."""
     import pyarrow.parquet as pq
 
     pool: dict[str, list] = {}
     counts: dict[str, int] = {}
+    size: dict[str, int] = {}
     for s, shard in enumerate(shards):
         path = rdir / input_stage / f"{shard}.parquet"
         if not path.exists():
@@ -71,29 +73,38 @@ def scan_ids(rdir: Path, shards: list[str], input_stage: str, seed: int, k: int,
         for i, (doc_id, domain) in enumerate(zip(ids.column("doc_id").to_pylist(),
                                                  ids.column("domain").to_pylist(), strict=True)):
             counts[domain] = counts.get(domain, 0) + 1
-            if wanted(domain):
-                smallest(pool, domain, k, unit(seed, "sample", doc_id), (doc_id, s, i))
+            if (n := size.get(domain)) is None:
+                n = size[domain] = k(domain)
+            if n:
+                smallest(pool, domain, n, unit(seed, "sample", doc_id), (doc_id, s, i))
     return ({d: sorted((-nu, *item) for nu, item in heap) for d, heap in sorted(pool.items())},
             dict(sorted(counts.items())))
 
 
 def read_rows(rdir: Path, shards: list[str], input_stage: str, picks: list[tuple],
               columns: tuple[str, ...] = ("text",)) -> Iterator[tuple[str, dict]]:
-    """(doc_id, {column: value}) of the picked (u, doc_id, shard index, row) documents, one shard at a time (its
-    columns read, the picked rows kept), so only one shard's rows are held."""
+    """(doc_id, {column: value}) of the picked (u, doc_id, shard index, row) documents, one shard at a time, reading
+    only the row groups (1,024 rows) that hold picked rows, so only those rows of one shard are held."""
+    import numpy as np
     import pyarrow.parquet as pq
 
     by_shard: dict[int, list[tuple]] = {}
     for p in picks:
         by_shard.setdefault(p[2], []).append(p)
     for s in sorted(by_shard):
-        pf = pq.ParquetFile(rdir / input_stage / f"{shards[s]}.parquet")
+        pf = pq.ParquetFile(rdir / input_stage / f"{shards[s]}.parquet", pre_buffer=False)
         names = [c for c in columns if c in pf.schema_arrow.names]
-        rows = sorted(p[3] for p in by_shard[s])
-        table = pf.read(columns=names).take(rows)
+        rows = np.array(sorted(p[3] for p in by_shard[s]), dtype=np.int64)
+        md = pf.metadata
+        starts = np.cumsum([0] + [md.row_group(g).num_rows for g in range(md.num_row_groups)])
+        group_of = np.searchsorted(starts, rows, side="right") - 1
+        groups = np.unique(group_of)
+        table = pf.read_row_groups(groups.tolist(), columns=names, use_threads=False)
+        base = np.concatenate([[0], np.cumsum(starts[groups + 1] - starts[groups])])
+        table = table.take(base[np.searchsorted(groups, group_of)] + rows - starts[group_of])
         values = {c: table.column(c).to_pylist() for c in names}
         del table
-        at = {r: j for j, r in enumerate(rows)}
+        at = {int(r): j for j, r in enumerate(rows)}
         for _, doc_id, _, r in by_shard[s]:
             yield doc_id, {c: values[c][at[r]] for c in names}
 

@@ -62,8 +62,9 @@ class ClassifierConfig:
     each domain (documents passing every heuristic against documents failing two or more and corrupted copies),
     cross-fitted, a ``q_classifier_score`` column for every document, a per-domain cut.  Off by default."""
 
-    enabled: bool = _f(False, desc="Train (or load) the classifier before the quality stage, store its score for "
-                       "every document and remove documents below their domain's cut (reason classifier_low_score).")
+    enabled: bool = _f(False, desc="Train (or load) the classifier before the quality stage; the quality tasks "
+                       "score every document of their shards, store the score and remove documents below their "
+                       "domain's cut (reason classifier_low_score).")
     training: str = _f("within_domain", desc="within_domain: per domain, its documents passing every rule of its "
                        "quality chain against its documents failing two or more rules plus corrupted copies of "
                        "positives (a score that ranks documents inside a domain); cross_domain: positive_domains "
@@ -92,10 +93,17 @@ class ClassifierConfig:
     negative_domains: list[str] = _f(factory=lambda: ["web"], desc="cross_domain: domains whose documents are the "
                                      "negative examples (raw web).")
     keep_top_percent: dict = _f(factory=lambda: {"web": 30.0}, desc="Per domain, the percentage of its documents "
-                                "that the classifier keeps, the best-scored: the cut is the quantile of the scores of "
-                                "all the domain's documents (ties split by hash), and the manifest gives the share "
-                                "kept; the chain's own removals come out of that share. Domains in neither this nor "
-                                "`min_score` are scored, never removed.")
+                                "that the classifier keeps, the best-scored: the cut is the quantile of the "
+                                "cross-fitted scores of a uniform sample of the domain (`cut_sample_docs`; the whole "
+                                "domain when it has no more, then the share is exact), ties split by hash; the "
+                                "quality tasks count the share kept over the whole run (quality report, "
+                                "classifier_cut). The chain's own removals come out of that share. Domains in neither "
+                                "this nor `min_score` are scored, never removed.")
+    cut_sample_docs: int = _f(20_000, desc="Per domain, documents (by a hash of seed and doc id, from all its "
+                              "documents) that the train step scores to set the `keep_top_percent` cut and the "
+                              "domain probe; bounds that step's scoring and memory. A domain with no more documents "
+                              "is scored whole and cut exactly; a larger one's kept share is off by about "
+                              "sqrt(p(1-p)/n) (0.32 points at 30 % of 20,000).", ge=100)
     min_score: dict = _f(factory=dict, desc="Per domain, a fixed score threshold in [0, 1] instead of a percentage.")
     max_docs_per_class: int = _f(10_000, desc="Training examples per class (per domain with within_domain, which "
                                  "reads the chain's verdicts of twice as many candidates), sampled by a hash of doc "

@@ -23,10 +23,16 @@ the same with the rows MinHash stage 1 scored for its survivors (:mod:`pipeline.
 made with these settings; the documents it lacks are scored here.  ``prescored_docs`` in the stats counts them.
 Filters, parameters and sources: ``pipeline/quality/filters/``.
 
+With the quality classifier on (:mod:`pipeline.quality.classifier`), every document of the shard is scored here by
+its domain's model set, with the model of its fold, after the train step made the models and the cuts; the stats'
+``classifier.cut_counts`` count per domain the documents scored and those the cut keeps (the quality report sums
+them over the run).
+
 Memory: one shard at a time: its input table (text included, about the shard's text bytes), the kept rows and
 scores being built (about as much again), and per pool worker one batch of documents.  So about 2-3x the text of
 one shard (``ingest.shard_bytes``, 64 MiB by default) plus the workers' batches: set by the shard size, not the
-corpus.
+corpus.  The classifier adds one model set per process (``folds`` models of about 4 x ``dim`` x ``buckets`` bytes
+plus the vocabulary: about 2 x 17 MB at the defaults).
 """
 
 from __future__ import annotations
@@ -138,7 +144,7 @@ def _work_bytes(q: QualityConfig, chains: dict[str, Chain], domains: list[str], 
     when PII masking or decontamination reads them all.  MinHash stage 1 scores nearly every document, so most
     shards are decided from their scores, and shipping their text to pool workers and back cost more than it saved.
     """
-    if decont or q.pii.enabled:
+    if decont or q.pii.enabled or q.classifier.enabled:         # the classifier scores every document
         return sum(nbytes)
     rewrite = {d for d, c in chains.items() if any(f.modifies_text for f in c.filters)} if q.enabled else set()
     return sum(b for b, s, d in zip(nbytes, stored, domains, strict=True) if s is None or d in rewrite)
@@ -181,16 +187,18 @@ def _init_worker(q: QualityConfig, decont_dir: str | None = None, clf_dir: str |
     in its arguments every shard started a pool of its own that lived until the task ended: 29 shards, 58 idle
     workers, a 9.9 GB process tree in the 1 GB bench-scale run)."""
     masker = PiiMasker(q.pii.emails, q.pii.ips, q.pii.phones, q.pii.only_public_ips) if q.pii.enabled else None
+    old = _WORKER.get("clf")
     _WORKER.clear()
     decont = decontaminate.Decontaminator(decont_dir, q.decontamination.n) if decont_dir else None
     clf = classifier.Decider(clf_dir) if clf_dir else None
+    if clf and old and old.dir == clf.dir and old.manifest["digest"] == clf.manifest["digest"]:
+        clf = old                   # the task's next shard in its own process: the loaded model set stays
     _WORKER.update(q=q, masker=masker, chains={}, decont=decont, clf=clf)
 
 
-def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: dict, stored: dict | None,
-               clf_score: float | None = None) -> tuple:
+def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: dict, stored: dict | None) -> tuple:
     """(score row, drop or None, est. tokens in, final text or None when dropped, est. tokens kept, stats counts);
-    ``clf_score``: the document's classifier score (from the train step's ``classifier/scores/<shard>.parquet``)."""
+    with the classifier on, the row has the document's ``q_classifier_score`` (its domain's model of its fold)."""
     w = _WORKER
     q, chains = w["q"], w["chains"]
     chain = chains.get(domain) or chains.setdefault(domain, Chain.build(q, domain))
@@ -203,7 +211,7 @@ def _score_one(i: int, text: str, doc_id: str, domain: str, meta: Any, columns: 
                            f"{chain.names()} failed: {type(exc).__name__}: {exc}") from exc
     drop = chain.decide(row) if q.enabled else None
     if w["clf"]:                                                    # the last rule of every chain
-        row, drop = w["clf"].apply(row, clf_score, domain, doc_id, drop, q.enabled)
+        row, drop = w["clf"].apply(row, text, domain, doc_id, drop, q.enabled)
     if w["decont"] and (hit := w["decont"].first_hit(text)):       # eval text outranks every other reason
         row, drop = {**row, **hit}, decontaminate.drop_of(hit)
     if drop:
@@ -302,7 +310,11 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
         stats["decontamination"] = {k: decont[k] for k in ("items", "ngrams", "digest")} | {"n": q.decontamination.n}
     if clf:
         stats["classifier"] = {"model_sha256": clf["model"]["sha256"], "digest": clf["digest"],
-                               "training": clf["training"], "cuts": {d: c["cut"] for d, c in clf["cuts"].items()}}
+                               "training": clf["training"], "cuts": {d: c["cut"] for d, c in clf["cuts"].items()},
+                               "rules": {d: {k: c.get(k) for k in ("rule", "cut", "cut_from")}
+                                         for d, c in clf["cuts"].items() if c["cut"] is not None},
+                               "cut_counts": {}}
+        cutter = classifier.Decider(classifier.classifier_dir(rdir))       # counts only: no model is loaded
     cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
             for c in ("doc_id", "text", "source", "meta", *LANG_COLUMNS)}
     stored = (_load_scores(rdir, shard, table, chains) if reuse_scores
@@ -313,9 +325,8 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
     present = [c for c in LANG_COLUMNS if c in table.column_names]
     nbytes_col = _utf8_lengths(table.column("text")) if n else []
     workers = worker_count(q.workers) if _work_bytes(q, chains, domains, stored, nbytes_col, decont) >= PARALLEL_MIN_BYTES else 1
-    clf_scores = classifier.shard_scores(rdir, shard, cols["doc_id"]) if clf else [None] * n
     items = ((i, cols["text"][i], cols["doc_id"][i], domains[i], cols["meta"][i], {c: cols[c][i] for c in present},
-              stored[i], clf_scores[i]) for i in range(n))
+              stored[i]) for i in range(n))
 
     rows, keep, texts, removed = [], [], [], []
     init = (q, str(decontaminate.index_dir(rdir))) if decont else (q,)
@@ -327,6 +338,10 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
         nbytes, nchars = nbytes_col[i], len(text)
         for key, v in (("in_docs", 1), ("in_bytes", nbytes), ("in_chars", nchars), ("in_tokens_est", ntok)):
             _add(stats, key, v)
+        if clf and (score := row.get(classifier.COLUMN)) is not None:     # the cut's share, whatever the chain did
+            c = stats["classifier"]["cut_counts"].setdefault(domain, {"scored": 0, "kept": 0})
+            c["scored"] += 1
+            c["kept"] += cutter.kept_by_cut(domain, doc_id, score)
         rows.append({**row, "doc_id": doc_id, "domain": domain, "q_reason": drop[0] if drop else "",
                      "q_detail": drop[1] if drop else ""})
         keep.append(drop is None)

@@ -301,8 +301,9 @@ def minhash_release_band(band_spec: dict) -> dict:
 
 def train_classifier(specs: list[dict]) -> dict:
     """The quality classifier (:mod:`pipeline.quality.classifier`): trained on a sample of the deduplicated shards
-    (or a supplied model), then every document scored and each domain's cut set, before the quality tasks.  Off:
-    returns at once (no profile, no file)."""
+    (or a supplied model), then each domain's cut set from the scores of a sample of the domain
+    (``cut_sample_docs``), before the mapped quality tasks, which score their own shards' documents.  Off: returns
+    at once (no profile, no file)."""
     from pipeline.quality import classifier
 
     rdir = Path(specs[0]["run_dir"])
@@ -310,13 +311,11 @@ def train_classifier(specs: list[dict]) -> dict:
     if not cfg.quality.classifier.enabled:
         return {"enabled": False}
     from pipeline.dedup.minhash.layout import prescores_path
-    from pipeline.ingest.run import worker_count
 
     with measured(rdir, "train_classifier", "all"):
         _, shards = run_of(specs)
         found = classifier.train_classifier(cfg.quality.classifier, rdir, shards, cfg.seed, input_stage="minhash",
-                                            quality=cfg.quality, prescored=lambda shard: prescores_path(rdir, shard),
-                                            workers=worker_count(cfg.quality.workers))
+                                            quality=cfg.quality, prescored=lambda shard: prescores_path(rdir, shard))
     return {"enabled": True, "training": found["training"],
             "probe_max_separation": found["probe"]["max_separation"],
             **{k: found[k] for k in ("held_out", "cuts", "train")}}
@@ -390,6 +389,11 @@ def publish(specs: list[dict]) -> dict:
     summary = manifest_summary(Path(rdir), manifest)
     summary["manifest_sha256"] = hashlib.sha256(raw).hexdigest()     # what training checks at start
     summary["stats"] = collect_stats(rdir)
+    if cfg.quality.classifier.enabled:      # the share each domain's cut kept, counted by the quality tasks
+        from pipeline.quality.classifier import measured_cut
+        from pipeline.quality.filters.audit import quality_stats
+
+        summary["classifier_cut"] = measured_cut(quality_stats(rdir))
     empty = Path(rdir) / "empty_sources.json"
     summary["empty_sources"] = read_json(empty) if empty.exists() else []
     if cfg.minhash.enabled:     # later refreshes can deduplicate against what this run shipped

@@ -51,16 +51,26 @@ def write_removed(rdir: Path, shard: str, removed: list[dict], counts: dict[str,
                {reason: {**c, "sampled": sampled.get(reason, 0)} for reason, c in sorted(counts.items())})
 
 
+def quality_stats(rdir: str | Path) -> list[dict]:
+    """The quality stage's stats, one per shard, in shard order."""
+    return [read_json(f) for f in sorted((Path(rdir) / "stats" / "quality").glob("*.json"))]
+
+
 def quality_report(rdir: str | Path, examples: int = 3, snippet_chars: int = 160) -> dict:
-    """Per domain: documents/chars/est. tokens in and kept, and per removal reason the same plus example snippets.
+    """Per domain: documents/chars/est. tokens in and kept, and per removal reason the same plus example snippets;
+    with the quality classifier, ``classifier_cut``: the documents it scored, those its cut kept and their share,
+    over the whole run (:func:`pipeline.quality.classifier.measured_cut`).
 
     ``{domain: {"in_docs", "kept_docs", "in_chars", "kept_chars", "in_tokens", "kept_tokens", "chains",
-    "warnings", "pii", "rules": {reason: {"docs", "chars", "tokens", "docs_pct", "tokens_pct", "examples"}}}}``
+    "warnings", "pii", "rules": {reason: {"docs", "chars", "tokens", "docs_pct", "tokens_pct", "examples"}},
+    ["classifier_cut": {"scored", "kept", "share", "rule", "cut", "cut_from"}]}}``
     """
+    from pipeline.quality.classifier import measured_cut
+
     rdir = Path(rdir)
     report: dict[str, dict] = {}
-    for f in sorted((rdir / "stats" / "quality").glob("*.json")):
-        s = read_json(f)
+    stats = quality_stats(rdir)
+    for s in stats:
         d = report.setdefault(s["domain"], {"in_docs": 0, "kept_docs": 0, "in_chars": 0, "kept_chars": 0,
                                             "in_tokens": 0, "kept_tokens": 0, "chains": {}, "warnings": [],
                                             "pii": {}, "rules": {}})
@@ -77,6 +87,9 @@ def quality_report(rdir: str | Path, examples: int = 3, snippet_chars: int = 160
             r["docs"] += c["docs"]
             r["chars"] += c.get("chars", 0)
             r["tokens"] += c.get("tokens", 0)
+    for domain, c in measured_cut(stats).items():
+        if domain in report:
+            report[domain]["classifier_cut"] = c
     samples = _examples(rdir, examples, snippet_chars)
     for domain, d in report.items():
         for reason, r in d["rules"].items():
@@ -113,6 +126,9 @@ def render_quality_report(report: dict[str, Any], examples: int = 1) -> str:
             lines.append(f"    WARNING {w}")
         if d["pii"]:
             lines.append("    pii masked: " + ", ".join(f"{k} {v}" for k, v in sorted(d["pii"].items())))
+        if c := d.get("classifier_cut"):
+            lines.append(f"    classifier cut ({c['rule']}, from {c['cut_from']}): kept {c['kept']} of {c['scored']} "
+                         f"scored ({100 * c['share']:.1f} %)")
         for reason, r in sorted(d["rules"].items(), key=lambda kv: -kv[1]["docs"]):
             lines.append(f"    {reason:<34} {r['docs']:>6} docs {r['docs_pct']:5.1f} %  {r['tokens']:>10,} tokens "
                          f"{r['tokens_pct']:5.1f} %")
