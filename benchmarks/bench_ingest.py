@@ -83,7 +83,8 @@ t0 = time.perf_counter()
 if not full:
     docs = sum(1 for _ in reader().run())
 else:
-    steps = [reader()] + ([Trafilatura(favour_precision=True)] if kind == "warc" else []) + [JsonlWriter(out, compression=None)]
+    steps = ([reader()] + ([Trafilatura(favour_precision=True)] if kind == "warc" else [])
+             + [JsonlWriter(out, compression=None)])
     ex = LocalPipelineExecutor(pipeline=steps, tasks=tasks, workers=tasks, logging_dir=out + "-logs")
     stats = ex.run()
     docs = None
@@ -164,7 +165,8 @@ def machine() -> dict:
 MAIN_XPATH = {"python3.11-doc": "//div[@role='main']", "llvm-14-doc": "//div[@role='main']",
               "llvm-15-doc": "//div[@role='main']", "llvm-16-doc": "//div[@role='main']",
               "python-django-doc": "//div[@id='yui-main']", "apache2-doc": "//div[@id='page-content']",
-              "libreoffice-help-zh-cn": "//div[@id='DisplayArea']", "libreoffice-help-zh-tw": "//div[@id='DisplayArea']"}
+              "libreoffice-help-zh-cn": "//div[@id='DisplayArea']",
+              "libreoffice-help-zh-tw": "//div[@id='DisplayArea']"}
 BOILERPLATE = {"navheader", "navfooter", "toc", "related", "sphinxsidebar", "toplang", "bottomlang", "quickview",
                "nosearch", "banner", "headerlink", "footer", "page-header", "path", "up", "breadcrumb", "breadcrumbs"}
 
@@ -239,19 +241,20 @@ def markdown(res: dict, ext: dict | None) -> str:
     for c in res["cases"]:
         lines.append(f"| {c['tool']} | {c['case']} | {c['mb']} | {c['processes']} | {c['docs'] or '–'} | "
                      f"{c['wall_s']} | {c['mb_s']} | {c['mb_s_per_core']} | {c['mb_per_cpu_s'] or '–'} |")
-    lines += ["", "mindloom `ingest` does more than a datatrove reader: normalization, language ID, hashing, zstd Parquet, "
-              "rejects and stats; mindloom `reader only` for WARC includes HTML extraction (Resiliparse), datatrove's "
-              "does not.  datatrove's WarcReader yields 346 of the 506 records: without a "
-              "`WARC-Identified-Payload-Type` header it sniffs the body with libmagic and silently drops the 80 "
-              "pages per copy it calls `text/xml` (60) or `application/javascript` (20), ignoring their HTTP `Content-Type: text/html`; "
-              "mindloom keeps all 506 and counts every skip.  (The shared datatrove venv lacked `lxml_html_clean`, "
-              "so its Trafilatura step failed on every page; it was added before this run.)"]
+    lines += ["", "mindloom `ingest` does more than a datatrove reader: normalization, language ID, hashing, zstd "
+              "Parquet, rejects and stats; mindloom `reader only` for WARC includes HTML extraction (Resiliparse), "
+              "datatrove's does not.  datatrove's WarcReader yields 346 of the 506 records: without a "
+              "`WARC-Identified-Payload-Type` header it sniffs the body with libmagic and silently drops the 80 pages "
+              "per copy it calls `text/xml` (60) or `application/javascript` (20), ignoring their HTTP `Content-Type: "
+              "text/html`; mindloom keeps all 506 and counts every skip.  (The shared datatrove venv lacked "
+              "`lxml_html_clean`, so its Trafilatura step failed on every page; it was added before this run.)"]
     if ext:
         lines += ["", f"HTML main-content extraction on the {ext['pages']} pages of `web_html` ({ext['mb']} MB), "
                   "bag-of-words against each page's own main-content element (`--extractors`):", "",
                   "| Extractor | Precision | Recall | F1 | ms/page | MB/s |", "|---|---|---|---|---|---|"]
         for name, e in ext["extractors"].items():
-            lines.append(f"| {name} | {e['precision']} | {e['recall']} | {e['f1']} | {e['ms_per_page']} | {e['mb_s']} |")
+            lines.append(f"| {name} | {e['precision']} | {e['recall']} | {e['f1']} | {e['ms_per_page']} "
+                         f"| {e['mb_s']} |")
     return "\n".join(lines) + "\n"
 
 

@@ -92,7 +92,8 @@ def compare(runs: list[dict]) -> list[dict]:
     floor = {}
     for r in runs:
         if r["layout"].startswith("floor_"):
-            floor[r["workers"]] = max(r["measured"]["peak_rss_bytes"]) - max(r["plan"]["total"], r["plan"]["host_init"])
+            floor[r["workers"]] = (max(r["measured"]["peak_rss_bytes"])
+                                   - max(r["plan"]["total"], r["plan"]["host_init"]))
     for r in runs:
         p, m = r["plan"], r["measured"]
         r["exact"] = {"param_bytes": all(v == p["weights"] for v in m["param_bytes"]),

@@ -98,7 +98,8 @@ def compare_writers(rows, work: Path, repeats: int, batches: tuple[int, ...] = (
             f.unlink()
 
     cases = {"numpy_tofile": lambda: rows.tofile(work / "rows.bin"),
-             "write_shard": lambda: (clean("ours.mindrecord"), write_shard(str(work / "ours.mindrecord"), seq_len, rows))}
+             "write_shard": lambda: (clean("ours.mindrecord"),
+                                     write_shard(str(work / "ours.mindrecord"), seq_len, rows))}
     for b in batches:
         cases[f"filewriter_batch{b}"] = lambda b=b: filewriter_batched(work / f"fw{b}.mindrecord", rows, b)
     write_shard(str(work / "warm.mindrecord"), seq_len, rows[:2])      # imports (MindSpore) outside the timings

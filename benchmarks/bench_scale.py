@@ -122,8 +122,8 @@ def run_size(size_gb: float, a: argparse.Namespace) -> dict:
     home = run / "airflow"
     home.mkdir(parents=True)
     cfg_path = run / "config.yaml"
-    cfg_path.write_text(yaml.safe_dump(chain_config(corpus_dir, run / "data", a.seq_len, a.parallelism, f"scale-{tag}"),
-                                       sort_keys=False))
+    cfg_path.write_text(yaml.safe_dump(
+        chain_config(corpus_dir, run / "data", a.seq_len, a.parallelism, f"scale-{tag}"), sort_keys=False))
     env = airflow_env(home, cfg_path, a.work)
     airflow = str(Path(sys.executable).parent / "airflow")
     t0 = time.perf_counter()

@@ -51,8 +51,8 @@ TINY_DOCS = [
 
 
 def _inputs(work: Path, mb: float) -> dict[str, Path]:
-    """``{case: source folder}``: one ``<domain>.jsonl`` each, the first documents of the source up to ``mb`` MB, and one
-    short document."""
+    """``{case: source folder}``: one ``<domain>.jsonl`` each, the first documents of the source up to ``mb`` MB, and
+    one short document."""
     src = source_corpus()
     if src is None:
         raise SystemExit("bench_task_cost: no ../shared/corpora and no demo corpus (make corpus)")

@@ -2,10 +2,10 @@
 
 Why one process for the throughput comparison: on a shared 2-core machine back-to-back processes measured anything
 from 0.27x to 0.98x (docs notes §11); interleaving short blocks of steps of the three variants in one process, with
-the same thread count, exposes them to the same load. The PyTorch model mirrors ``pipeline.train.model.model`` parameter
-for parameter and starts from the *same weights* (copied from the MindSpore model), and the script checks that the
-first-step losses agree, so the comparison is of the same computation: fp32, AdamW (0.9/0.95, wd 0.1 on matrices),
-global-norm clip 1.0, batch 4 x 256 tokens.
+the same thread count, exposes them to the same load. The PyTorch model mirrors ``pipeline.train.model.model``
+parameter for parameter and starts from the *same weights* (copied from the MindSpore model), and the script checks
+that the first-step losses agree, so the comparison is of the same computation: fp32, AdamW (0.9/0.95, wd 0.1 on
+matrices), global-norm clip 1.0, batch 4 x 256 tokens.
 
 Memory: each recompute setting runs in a fresh GRAPH-mode subprocess; peak RSS is sampled every 2 ms during the
 steady steps (after the compile step, which has its own transient peak), minus the RSS before the first step.
@@ -16,7 +16,8 @@ a saving (a 16-op chain in 4 recomputed cells: -5 % in GRAPH, -36 % in PYNATIVE)
 Run (PyTorch lives in its own venv, never the project's; a .pth file there adds the project venv's packages)::
 
     python3.11 -m venv .cache/bench-venvs/torch && .cache/bench-venvs/torch/bin/pip install torch==2.13.0 numpy==1.26.4
-    echo "$PWD/.venv/lib/python3.11/site-packages" > .cache/bench-venvs/torch/lib/python3.11/site-packages/zz-mindloom.pth
+    site=.cache/bench-venvs/torch/lib/python3.11/site-packages
+    echo "$PWD/.venv/lib/python3.11/site-packages" > $site/zz-mindloom.pth
     .cache/bench-venvs/torch/bin/python benchmarks/bench_train.py
 """
 
@@ -188,7 +189,8 @@ def memory_child(recompute: bool, threads: int, steps: int) -> dict:
     ms.set_context(mode=ms.GRAPH_MODE)
     ms.set_device("CPU")
     threads_num(threads)
-    job = TrainJob(stage="m", data_dir="-", out_dir="-", model={"preset": "debug", **MEM_MODEL, "recompute": recompute},
+    job = TrainJob(stage="m", data_dir="-", out_dir="-",
+                   model={"preset": "debug", **MEM_MODEL, "recompute": recompute},
                    steps=steps + 1, micro_batch=4, warmup_steps=1)
     cfg = job.model_config()
     ms.set_seed(0)
@@ -248,7 +250,8 @@ def activation_child(recompute: bool, mode: str, threads: int, steps: int) -> di
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     threads_num(threads)
-    job = TrainJob(stage="a", data_dir="-", out_dir="-", model={"preset": "debug", **ACT_MODEL, "recompute": recompute},
+    job = TrainJob(stage="a", data_dir="-", out_dir="-",
+                   model={"preset": "debug", **ACT_MODEL, "recompute": recompute},
                    steps=steps + 1, micro_batch=1, warmup_steps=1)
     cfg = job.model_config()
     ms.set_seed(0)
@@ -340,8 +343,8 @@ def main() -> int:
     import mindspore
     import torch
 
-    res = {"machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(), "platform": platform.platform(),
-                       "mindspore": mindspore.__version__, "torch": torch.__version__,
+    res = {"machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(),
+                       "platform": platform.platform(), "mindspore": mindspore.__version__, "torch": torch.__version__,
                        "loadavg_start": os.getloadavg()},
            "command": " ".join([os.path.relpath(sys.executable, REPO), "benchmarks/bench_train.py", *sys.argv[1:]]),
            "model": MODEL | {"batch": BATCH, "seq_len": SEQ}}

@@ -82,7 +82,8 @@ def parallel_metrics(runs: list[dict]) -> list[dict]:
 
 
 def memory_plan_metrics(runs: list[dict]) -> list[dict]:
-    """Per layout: plan bytes == allocated bytes (exact), predicted vs measured peak RSS and its error (target 15 %)."""
+    """Per layout: plan bytes == allocated bytes (exact), predicted vs measured peak RSS and its error (target
+    15 %)."""
     res = runs[-1].get("memory_plan.json", {}) if runs else {}
     out = []
     for r in res.get("runs", []):
@@ -105,7 +106,8 @@ def memory_plan_metrics(runs: list[dict]) -> list[dict]:
     for h in res.get("host_build", []):
         lay = f"{h['preset']}_tp{h['tensor_parallel']}_rank{h['tp_rank']}"
         out.append(metric("memory_plan", f"host_build_{lay}_mb", "MB", [h["measured_bytes"] / 2**20],
-                          compared=f"peak RSS above the framework while rank {h['tp_rank']} of TP {h['tensor_parallel']} "
+                          compared=f"peak RSS above the framework while rank {h['tp_rank']} "
+                                   f"of TP {h['tensor_parallel']} "
                                    f"builds and draws its {h['preset']} shard ({h['shard_bytes'] / 2**20:.0f} MB); "
                                    f"building the whole model to slice it held "
                                    f"{h['whole_model_before_bytes'] / 2**20:.0f} MB"))
@@ -194,9 +196,10 @@ def scaling_metrics(runs: list[dict]) -> list[dict]:
     return scaling.metrics(runs[-1].get("scaling.json", {})) if runs else []
 
 
-SCALE_UNITS = {"parallelism_64_over_8_cpu": "×", "sweep_outputs_identical": "bool", "run_4gb_completes": "bool", "peak_task_rss_mb": "MB", "peak_rss_move": "share",
-               "chain_mb_per_cpu_s": "MB/CPU-s", "cost_exponent": "exponent", "tokenize_1_to_2_processes": "×",
-               "mindrecord_vs_filewriter": "×", "vs_datatrove_mb_per_cpu_s": "×"}
+SCALE_UNITS = {"parallelism_64_over_8_cpu": "×", "sweep_outputs_identical": "bool", "run_4gb_completes": "bool",
+               "peak_task_rss_mb": "MB", "peak_rss_move": "share", "chain_mb_per_cpu_s": "MB/CPU-s",
+               "cost_exponent": "exponent", "tokenize_1_to_2_processes": "×", "mindrecord_vs_filewriter": "×",
+               "vs_datatrove_mb_per_cpu_s": "×"}
 
 
 def scale_metrics(runs: list[dict]) -> list[dict]:

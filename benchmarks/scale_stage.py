@@ -116,8 +116,8 @@ def run_step(rdir: Path, step: str) -> dict:
     children it waits for), wall seconds and peak tree RSS."""
     for rel in OUTPUTS[step]:
         shutil.rmtree(rdir / rel, ignore_errors=True)
-    r = run_measured([sys.executable, "-c", STEPS[step], str(rdir), *ARGS.get(step, ())], cwd=REPO, log=rdir.parent / f"{step}.log",
-                     timeout=3600)
+    r = run_measured([sys.executable, "-c", STEPS[step], str(rdir), *ARGS.get(step, ())], cwd=REPO,
+                     log=rdir.parent / f"{step}.log", timeout=3600)
     if r["rc"]:
         raise RuntimeError(f"{step} on {rdir} exited {r['rc']}; see {rdir.parent / f'{step}.log'}")
     return r

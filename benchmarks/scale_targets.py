@@ -119,7 +119,8 @@ def dedup_and_stage_targets(ok: list[dict], small, large, two: bool) -> list[dic
                       f"; {r['stage']} {r['cpu_small']} → {r['cpu_large']} CPU-s (exponent {r['exponent']}) is "
                       f"under the {MIN_STAGE_CPU_S:g} CPU-s floor" for r in tiny)
                       + (f"; each interleaved pair of runs: {', '.join(map(str, worst['values']))}"
-                         if worst.get("values") else "") + _worst_in_a_pair(rows, tiny)) if worst else "needs two sizes",
+                         if worst.get("values") else "") + _worst_in_a_pair(rows, tiny))
+                  if worst else "needs two sizes",
                   values=worst.get("values") if worst else None))
     truths = [r["dedup_truth"] for r in ok if r.get("dedup_truth")]
     rec = min((t["exact"]["recall"] for t in truths if t["exact"]["recall"] is not None), default=None)
@@ -182,12 +183,14 @@ def sweep_point(run: dict) -> dict:
     one run, and with two repeats that is the cheaper one."""
     inst = run.get("task_states") or {}
     point = {"parallelism": run.get("parallelism"), "size_gb": run["size_gb"], "corpus_mb": run["corpus_mb"],
-             "rc": run.get("rc"), "cpu_s": run["cpu_s"], "wall_s": run["wall_s"], "mb_per_cpu_s": run.get("mb_per_cpu_s"),
+             "rc": run.get("rc"), "cpu_s": run["cpu_s"], "wall_s": run["wall_s"],
+             "mb_per_cpu_s": run.get("mb_per_cpu_s"),
              "task_instances": sum(inst.values()), "tasks_cpu_s": run.get("tasks_cpu_s"),
              "profile_cpu_s": round(sum(s["cpu_s"] for s in run.get("stages_profile") or []), 1),
              "tokens": run.get("tokens"), "outputs_sha256": run.get("outputs_sha256"),
              "peak_task_rss_mb": run.get("peak_task_rss_mb"),
-             "yardstick_cpu_s": round(sum(run["yardstick"]) / len(run["yardstick"]), 3) if run.get("yardstick") else None}
+             "yardstick_cpu_s": (round(sum(run["yardstick"]) / len(run["yardstick"]), 3)
+                                 if run.get("yardstick") else None)}
     runs = ((run.get("spread") or {}).get("cpu_s") or {}).get("values") or []
     return point | {"cpu_s_runs": runs} if len(runs) > 1 else point
 

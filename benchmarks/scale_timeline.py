@@ -57,7 +57,8 @@ def attribute(samples: list[tuple], start: float, end: float) -> dict:
     inside = [s for s in samples if start <= s[0] <= end]
     before = [s for s in samples if s[0] <= start][-1:] or samples[:1]
     after = [s for s in samples if s[0] >= end][:1] or samples[-1:]
-    return {"peak_rss_mb": round(max(s[1] for s in inside or before + after), 1), "rss_start_mb": round(before[0][1], 1),
+    return {"peak_rss_mb": round(max(s[1] for s in inside or before + after), 1),
+            "rss_start_mb": round(before[0][1], 1),
             "cpu_s": round(max(_cpu_at(samples, end) - _cpu_at(samples, start), 0.0), 2), "samples": len(inside)}
 
 
@@ -84,7 +85,8 @@ def _ts(v) -> float | None:
 def task_instances(db: Path, dag_id: str = "corpus_build") -> tuple[str, list[dict]]:
     con = sqlite3.connect(db)
     try:
-        run_id = con.execute("SELECT run_id FROM dag_run WHERE dag_id=? ORDER BY id DESC LIMIT 1", (dag_id,)).fetchone()[0]
+        run_id = con.execute("SELECT run_id FROM dag_run WHERE dag_id=? ORDER BY id DESC LIMIT 1",
+                             (dag_id,)).fetchone()[0]
         rows = con.execute("SELECT task_id, map_index, state, start_date, end_date, try_number FROM task_instance "
                            "WHERE dag_id=? AND run_id=? ORDER BY start_date", (dag_id, run_id)).fetchall()
     finally:
@@ -121,7 +123,8 @@ def profile_rows(rdir: Path, corpus_mb: float) -> list[dict]:
         units = [json.loads(f.read_text()) for f in sorted(d.glob("*.json"))]
         if units:
             cpu = round(sum(u.get("cpu_s", 0) for u in units), 2)
-            out.append({"stage": d.name, "tasks": len(units), "wall_s": round(sum(u.get("wall_s", 0) for u in units), 2),
+            out.append({"stage": d.name, "tasks": len(units),
+                        "wall_s": round(sum(u.get("wall_s", 0) for u in units), 2),
                         "cpu_s": cpu, "peak_rss_mb": max(u.get("peak_rss_mb", 0) for u in units),
                         "input_mb": round(sum(u.get("input_bytes", 0) for u in units) / 1e6, 2) or None,
                         "mb_per_cpu_s": round(corpus_mb / cpu, 2) if cpu > 0 else None, "source": "profile/"})

@@ -16,10 +16,10 @@ five).  Scale k adds k − 1 copies of it with controlled edits, decided per (do
 
 Every copy gets a new id.  Each scale runs in a fresh process with the default config (configs/default.yaml:
 quality chains, tokenizer, packing, mixture, validation split) over those files; every function of
-``pipeline.tasks.corpus`` that ``run_all`` calls is timed, with the peak resident memory of the process and its children
-while it runs (sampled, plus the exact high-water mark of the process, reset per stage).  Memory a stage leaves
-allocated in the process is part of the next stage's baseline, as in ``mindloom corpus``; the table shows the RSS at
-the start of each stage too.  Documents per stage come from the stage stats files.
+``pipeline.tasks.corpus`` that ``run_all`` calls is timed, with the peak resident memory of the process and its
+children while it runs (sampled, plus the exact high-water mark of the process, reset per stage).  Memory a stage
+leaves allocated in the process is part of the next stage's baseline, as in ``mindloom corpus``; the table shows the
+RSS at the start of each stage too.  Documents per stage come from the stage stats files.
 
 The exponent is the least-squares slope of log(seconds) on log(input MB): 1 is linear.  Fixed costs (imports, the
 tokenizer trained on a fixed-size sample, MindSpore start-up) pull it below 1 at small sizes, so the slope of the

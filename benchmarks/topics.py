@@ -50,8 +50,8 @@ def _bench(script: str, full: list[str], quick: list[str]):
 TOPICS: dict[str, dict] = {
     "ingest": {"title": "Ingest throughput vs datatrove", "issue": 3, "python": "project", "needs": [],
                "peers": ["datatrove"], "needs_shared": True, "files": ["ingest.json", "html_extractors.json"],
-               "argv": lambda q, r: [["benchmarks/bench_ingest.py"]] + ([] if q else
-                                                                        [["benchmarks/bench_ingest.py", "--extractors"]]),
+               "argv": lambda q, r: [["benchmarks/bench_ingest.py"]] + (
+                   [] if q else [["benchmarks/bench_ingest.py", "--extractors"]]),
                "once": (1,), "outer_runs": lambda r: r, "metrics": ingest_metrics},
     "filters": {"title": "Quality filters vs datatrove", "issue": 4, "python": "project", "needs": ["datatrove"],
                 "files": ["filters.json"], "argv": _bench("bench_filters.py", ["--mb", "4", "--repeats", "{r}"],
@@ -106,9 +106,9 @@ TOPICS: dict[str, dict] = {
     # opt-in (not in run_all's default topics): hours at 1 + 4 GB; `make bench-scale` runs it
     "scale": {"title": "The corpus DAG at scale (1 GB, 4 GB) vs datatrove", "issue": 13, "python": "project",
               "needs": [], "peers": ["datatrove"], "files": ["scale.json"], "timeout": 12 * 3600,
-              "argv": lambda q, r: [["benchmarks/bench_scale.py", *(["--quick", "--out", "benchmarks/results/scale.json"]
-                                                                    if q else ["--sizes", os.environ.get(
-                                                                        "SCALE_SIZES", "1,4")])]],
+              "argv": lambda q, r: [["benchmarks/bench_scale.py",
+                                     *(["--quick", "--out", "benchmarks/results/scale.json"]
+                                       if q else ["--sizes", os.environ.get("SCALE_SIZES", "1,4")])]],
               "outer_runs": lambda r: 1, "metrics": scale_metrics},
 }
 

@@ -10,9 +10,10 @@ folder; every per-shard stage is mapped over ``parallelism`` batch handles of it
 the task count per stage is fixed whatever the corpus size.  The sink is a shuffle: each
 shard's training copies are scattered to output files by their order key, then the writer tasks (mapped over
 batches of output files) pack and write one MindRecord file each, and ``write_mindrecord`` assembles the set.
-Outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs have no logical date).  The last task publishes the MindRecord set as the ``mindloom_corpus`` Asset, which
-schedules the ``pretrain`` DAG.  Before it, ``approve`` waits for a person (``approval`` in the config: by default
-``corpus_refresh`` runs wait and ``corpus_build`` runs pass through; ``operators/approval.py``).
+Outputs live under ``<data_root>/runs/<run_id>/`` (never ``ds``: UI and API runs have no logical date).  The last task
+publishes the MindRecord set as the ``mindloom_corpus`` Asset, which schedules the ``pretrain`` DAG.  Before it,
+``approve`` waits for a person (``approval`` in the config: by default ``corpus_refresh`` runs wait and
+``corpus_build`` runs pass through; ``operators/approval.py``).
 """
 
 from __future__ import annotations

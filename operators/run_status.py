@@ -4,8 +4,9 @@ which stage failed, with its error, the last lines of its log inline and the log
 The address is text, not a link: the Airflow UI shows this page in a sandboxed iframe, and the sandbox blocks a
 link that navigates the top window ("The frame attempting navigation of the top-level window is sandboxed").
 
-Kept apart from the plugin so it can be rendered and tested without an api-server: :func:`status_page` takes plain
-rows (``task_id``, ``state``, ``try_number``, ``map_index``, optional ``log_tail`` lines) and the run's stage folders.  Every value is escaped.
+Kept apart from the plugin so it can be rendered and tested without an api-server: :func:`status_page` takes plain rows
+(``task_id``, ``state``, ``try_number``, ``map_index``, optional ``log_tail`` lines) and the run's stage folders.
+Every value is escaped.
 """
 
 from __future__ import annotations
@@ -74,5 +75,5 @@ def status_page(dag_id: str, run_id: str, run_state: str | None, run_name: str |
                     f"({e('report' if dag_id == 'pretrain' else 'publish')}) when the run succeeds.</p>")
         if running:
             body.append(f"<p>In progress: {e(', '.join(sorted(running)))}</p>")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title><style>{CSS}{EXTRA_CSS}</style>"
-            f"</head><body>{''.join(body)}</body></html>")
+    return (f"<!doctype html><html><head><meta charset='utf-8'><title>{e(title)}</title>"
+            f"<style>{CSS}{EXTRA_CSS}</style></head><body>{''.join(body)}</body></html>")

@@ -16,7 +16,8 @@ import typing
 from .config import MindloomConfig
 from .switches import markdown_table
 
-SWITCHES_INTRO = """Where and how a deployment, a training image or the test harness runs, never what a run does (that is the
+SWITCHES_INTRO = """\
+Where and how a deployment, a training image or the test harness runs, never what a run does (that is the
 config above). Declared once in `pipeline/switches.py`; a test fails on any `MINDLOOM_*` name the code reads that
 is not declared there.
 """

@@ -235,7 +235,8 @@ def write_stats(rdir: Path, stage: str, shard: str, stats: dict) -> dict:
     """Persist one shard's accounting after checking in = kept + removed (documents and bytes)."""
     removed_docs = sum(v["docs"] for v in stats["removed"].values())
     removed_bytes = sum(v["bytes"] for v in stats["removed"].values())
-    if stats["in_docs"] != stats["kept_docs"] + removed_docs or stats["in_bytes"] != stats["kept_bytes"] + removed_bytes:
+    if (stats["in_docs"] != stats["kept_docs"] + removed_docs
+            or stats["in_bytes"] != stats["kept_bytes"] + removed_bytes):
         raise AssertionError(f"{stage}/{shard}: accounting mismatch {stats}")
     stats = {"stage": stage, "shard": shard, **stats}
     write_json(stats_path(rdir, stage, shard), stats)

@@ -45,7 +45,8 @@ SWITCHES: tuple[Switch, ...] = (
     Switch("MINDLOOM_HOME", "/opt/mindloom", "image", "Where the images install the repository."),
     # -- set for the training ranks ------------------------------------------------------------------------------
     Switch("MINDLOOM_JOB_ID", "", "job",
-           "The launch's job id, set by the launcher for every rank: status rows, metric rows and the lease carry it."),
+           "The launch's job id, set by the launcher for every rank: status rows, metric rows and the lease "
+           "carry it."),
     Switch("MINDLOOM_MASTER_ADDR", "", "job",
            "The scheduler's host: the training image's entrypoint (required there) and, on Slurm, instead of "
            "the batch node's address."),
@@ -55,8 +56,10 @@ SWITCHES: tuple[Switch, ...] = (
            "The training image's entrypoint: this node's rank (else `JOB_COMPLETION_INDEX` or `VC_TASK_INDEX`)."),
     Switch("MINDLOOM_MASTER_PORT", "8118", "job", "The training image's entrypoint: the scheduler's port."),
     Switch("MINDLOOM_MSRUN_LOG_DIR", "", "job", "The training image's entrypoint: msrun's log folder."),
-    Switch("MINDLOOM_CLUSTER_TIME_OUT", "600", "job", "The training image's entrypoint: msrun's cluster time-out (s)."),
-    Switch("MINDLOOM_BIND_CORE", "", "job", "The training image's entrypoint: msrun's `--bind_core` (true, false, JSON)."),
+    Switch("MINDLOOM_CLUSTER_TIME_OUT", "600", "job",
+           "The training image's entrypoint: msrun's cluster time-out (s)."),
+    Switch("MINDLOOM_BIND_CORE", "", "job",
+           "The training image's entrypoint: msrun's `--bind_core` (true, false, JSON)."),
     Switch("MINDLOOM_DEVICE", "", "job", "The training image's entrypoint: the device target (e.g. `Ascend`)."),
     # -- the test harness -----------------------------------------------------------------------------------------
     Switch("MINDLOOM_STRICT", "", "tests", "`1`: a skipped test fails (CI), except the allowed skips."),

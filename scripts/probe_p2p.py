@@ -26,7 +26,8 @@ def attempt(name, fn):
         out = fn()
         print(f"PROBE {mode} {name} rank{r}: OK {out}", flush=True)
     except Exception as e:
-        print(f"PROBE {mode} {name} rank{r}: FAIL {type(e).__name__}: {' | '.join(ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith('-'))[:700]}", flush=True)
+        detail = " | ".join(ln.strip() for ln in str(e).splitlines() if ln.strip() and not ln.startswith("-"))
+        print(f"PROBE {mode} {name} rank{r}: FAIL {type(e).__name__}: {detail[:700]}", flush=True)
 
 class SendNet(nn.Cell):
     def __init__(self):

@@ -102,7 +102,8 @@ class AirflowRest:
                  lines: int = 30) -> str:
         """The last ``lines`` of a task's log, read over REST (events, levels and exceptions, one per line)."""
         r = self.api("GET", f"/dags/{dag_id}/dagRuns/{q(run_id)}/taskInstances/{task_id}/logs/{try_number}",
-                     params={"full_content": "true", "map_index": map_index}, headers_extra={"Accept": "application/json"})
+                     params={"full_content": "true", "map_index": map_index},
+                     headers_extra={"Accept": "application/json"})
         if r.status_code != 200:
             return f"(log unavailable: HTTP {r.status_code} {r.text[:200]})"
         text = []

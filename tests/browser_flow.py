@@ -29,7 +29,8 @@ def open_browser(p):
 
 #: Form titles and sections of the Params that do not come from the config (operators/params.py).
 EXTRA_FIELDS = {"corpus_run": ("Corpus", "Corpus run"), "fail_at_step": ("Testing", "Fail at step"),
-                "fail_stage": ("Testing", "Stage that fails"), "fail_for_good": ("Testing", "Fail every automatic try")}
+                "fail_stage": ("Testing", "Stage that fails"),
+                "fail_for_good": ("Testing", "Fail every automatic try")}
 
 
 def form_field(dialog, page, dag_id: str, name: str, opened: list[str]):

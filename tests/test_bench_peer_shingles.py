@@ -16,7 +16,8 @@ before = set(sys.modules)
 import minhash_peers, topics
 via_peers, via_topics = minhash_peers.mindloom_shingles(), topics._load_shingles()
 loaded = sorted(set(sys.modules) - before)
-installed = sorted({m.split(".")[0] for m in loaded if "site-packages" in str(getattr(sys.modules[m], "__file__", ""))})
+installed = sorted({m.split(".")[0] for m in loaded
+                    if "site-packages" in str(getattr(sys.modules[m], "__file__", ""))})
 text = "The quick brown fox, 2024: snake_case — café x2 jumps over the lazy dog again and again"
 print(json.dumps({"loaded": loaded, "installed": installed, "file": sys.modules[via_peers.__module__].__file__,
                   "same": via_peers is via_topics, "shingles": via_peers(text, "word", 5)}))

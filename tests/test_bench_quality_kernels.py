@@ -27,8 +27,9 @@ def _spread(*runs: float) -> dict:
 def _result() -> dict:
     return {"scoring": {"mb": 10.0, "docs": 100, "reference": _spread(5.0, 6.0), "kernels": _spread(2.0, 2.5),
                         "kernels_mb_per_cpu_s": _spread(5.0, 4.0), "reference_over_kernels": _spread(2.5, 2.4)},
-            "classifier": {"cpu": _spread(1.0, 1.5), "load_cpu": _spread(0.1, 0.1), "mb_per_cpu_s": _spread(10.0, 6.67),
-                           "over_heuristics": _spread(0.5, 0.6), "mb_read": 4.0, "train_cpu": 3.0,
+            "classifier": {"cpu": _spread(1.0, 1.5), "load_cpu": _spread(0.1, 0.1),
+                           "mb_per_cpu_s": _spread(10.0, 6.67), "over_heuristics": _spread(0.5, 0.6), "mb_read": 4.0,
+                           "train_cpu": 3.0,
                            "train": {"docs": 400}, "held_out": {"docs": 40, "accuracy": 0.9},
                            "settings": {"max_chars": 20000}},
             "decontamination": {"cpu": _spread(0.5, 0.5), "load_cpu": _spread(0.1, 0.1),

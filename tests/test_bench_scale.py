@@ -26,7 +26,8 @@ import scale_timeline  # noqa: E402
 
 POEMS = ["床前明月光，疑是地上霜。\n举头望明月，低头思故乡。", "白日依山尽，黄河入海流。\n欲穷千里目，更上一层楼。",
          "春眠不觉晓，处处闻啼鸟。\n夜来风雨声，花落知多少。", "红豆生南国，春来发几枝。\n愿君多采撷，此物最相思。",
-         "千山鸟飞绝，万径人踪灭。\n孤舟蓑笠翁，独钓寒江雪。", "独在异乡为异客，每逢佳节倍思亲。\n遥知兄弟登高处，遍插茱萸少一人。"]
+         "千山鸟飞绝，万径人踪灭。\n孤舟蓑笠翁，独钓寒江雪。",
+         "独在异乡为异客，每逢佳节倍思亲。\n遥知兄弟登高处，遍插茱萸少一人。"]
 
 
 @pytest.fixture(scope="module")
@@ -39,7 +40,8 @@ def source(tmp_path_factory) -> Path:
 
 
 def _docs(folder: Path, domain: str) -> list[dict]:
-    return [json.loads(x) for f in sorted((folder / domain).glob("*.jsonl")) for x in f.read_text("utf-8").splitlines()]
+    return [json.loads(x) for f in sorted((folder / domain).glob("*.jsonl"))
+            for x in f.read_text("utf-8").splitlines()]
 
 
 def test_corpus_is_deterministic_by_seed(source, tmp_path):

@@ -191,7 +191,8 @@ def test_a_lost_train_worker_reconnects_to_the_job_and_marking_failed_cancels_it
     assert job_state(stage)["state"] == "RUNNING"           # the job keeps its lease
     stack.restart_worker("worker-train")
     deadline = time.time() + 300                           # heartbeat timeout (20 s) + retry delay + restart
-    while time.time() < deadline and not (_ti(dep, run).get("try_number") == 2 and _ti(dep, run)["state"] == "running"):
+    while time.time() < deadline and not (_ti(dep, run).get("try_number") == 2
+                                          and _ti(dep, run)["state"] == "running"):
         time.sleep(2)
     ti = _ti(dep, run)
     assert (ti["try_number"], ti["state"]) == (2, "running"), ti

@@ -127,7 +127,8 @@ def test_a_config_names_a_base_and_only_what_it_changes(tmp_path):
     assert cfg.data_root == str(tmp_path / "data")                      # the base's path, from the base's folder
     assert [(s.domain, s.paths) for s in cfg.sources] == [("prose", [str(tmp_path / "site" / "prose.jsonl")])]
     (tmp_path / "base.yaml").write_text(yaml.safe_dump({"base": "site/site.yaml"}))
-    with pytest.raises(ConfigError, match=r"site\.yaml: base: files include each other \(.*site\.yaml -> .*base\.yaml -> .*site\.yaml\)"):
+    with pytest.raises(ConfigError, match=r"site\.yaml: base: files include each other "
+                                          r"\(.*site\.yaml -> .*base\.yaml -> .*site\.yaml\)"):
         load_config(tmp_path / "site" / "site.yaml")
     (tmp_path / "site" / "site.yaml").write_text(yaml.safe_dump({"base": 3}))
     with pytest.raises(ConfigError, match=r"site\.yaml: base: expected the path of another config file, got 3"):

@@ -64,7 +64,8 @@ def test_code_domain_is_deterministic_and_has_provenance(tmp_path: Path) -> None
 
 
 def test_main_cli_code_only(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    rc = dc.main(["--out", str(tmp_path / "o"), "--cache", str(tmp_path / "c"), "--domains", "code", "--max-docs", "3"])
+    rc = dc.main(["--out", str(tmp_path / "o"), "--cache", str(tmp_path / "c"), "--domains", "code",
+                  "--max-docs", "3"])
     assert rc == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["docs"] == {"code": 3} and Path(summary["files"]["code"]).is_file()

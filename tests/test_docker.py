@@ -422,7 +422,8 @@ def test_init_refuses_weak_secrets_naming_the_env_variable():
     bad = {**_good_secrets(), "AIRFLOW__API_AUTH__JWT_SECRET": "x" * 63, "AIRFLOW__CORE__FERNET_KEY": "not-a-key",
            "AIRFLOW_ADMIN_PASSWORD": "admin"}
     problems = init.check_secrets(bad)
-    assert [p.split(":")[0] for p in problems] == ["AIRFLOW_JWT_SECRET", "AIRFLOW_FERNET_KEY", "AIRFLOW_ADMIN_PASSWORD"]
+    assert [p.split(":")[0] for p in problems] == ["AIRFLOW_JWT_SECRET", "AIRFLOW_FERNET_KEY",
+                                                   "AIRFLOW_ADMIN_PASSWORD"]
     assert "at least 64 bytes (got 63)" in problems[0]
     same = _good_secrets()
     same["AIRFLOW__API__SECRET_KEY"] = same["AIRFLOW__API_AUTH__JWT_SECRET"]

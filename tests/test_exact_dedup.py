@@ -21,7 +21,8 @@ def ingested(tmp_path_factory) -> tuple[pathlib.Path, list[str], list[dict]]:
     prose, code = prose_records(20), stdlib_records(6)
     # a: 20 docs with 2 internal copies; b: copies of a's docs 0-2 (one normalizes to the same text); code: own copy
     write_jsonl(tmp / "a.jsonl", prose + [prose[4], prose[9]])
-    write_jsonl(tmp / "b.jsonl", [prose[0], {**prose[1], "text": prose[1]["text"] + "\n\n\n   "}, prose[2]] + prose[15:])
+    write_jsonl(tmp / "b.jsonl",
+                [prose[0], {**prose[1], "text": prose[1]["text"] + "\n\n\n   "}, prose[2]] + prose[15:])
     write_jsonl(tmp / "code.jsonl", code + [code[0]])
     cfg = config_from_dict({"data_root": str(tmp), "ingest": {"docs_per_shard": 8, "workers": 1},
                             "sources": [{"domain": "a", "paths": [str(tmp / "a.jsonl")]},

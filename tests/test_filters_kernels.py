@@ -81,7 +81,8 @@ def test_kernel_ngram_counts_equal_the_reference():
     rnd = random.Random(2)
     # repetitive texts too: the duplicate-n-gram scan and the top n-gram tie rule need repeats to be tested
     texts = [t for _, t in _real_texts()] + _random_texts(1000, 12)
-    texts += [" ".join(rnd.choice(["a", "b", "cc", "中", "."]) for _ in range(rnd.randint(0, 60))) for _ in range(3000)]
+    texts += [" ".join(rnd.choice(["a", "b", "cc", "中", "."]) for _ in range(rnd.randint(0, 60)))
+              for _ in range(3000)]
     for text in texts:
         doc = Doc(text)
         ref = split_words(text)
@@ -191,7 +192,8 @@ def test_c4_line_cleaning_equals_the_plain_loop():
     parts = ["word", "two words here", "[1]", "[edit]", "[citation needed]", "[x]", "Privacy Policy", "uses cookies",
              "JavaScript", "lorem ipsum", "{", "中文字符", "。", ". ", "end.", "ok!", " ", "a b c d", "[12]" * 3]
     texts = [t for _, t in _real_texts()]
-    texts += ["\n".join(" ".join(rnd.choice(parts) for _ in range(rnd.randint(0, 6))) for _ in range(rnd.randint(0, 8)))
+    texts += ["\n".join(" ".join(rnd.choice(parts) for _ in range(rnd.randint(0, 6)))
+                        for _ in range(rnd.randint(0, 8)))
               for _ in range(3000)]
     for params in (C4Params(), dataclasses.replace(C4Params(), filter_no_terminal_punct=True, min_words_per_line=1,
                                                    max_word_length=8, remove_citations=False)):

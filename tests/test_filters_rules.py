@@ -375,7 +375,8 @@ def test_array_word_measures_equal_the_per_word_loops():
         symbol_mask,
     )
 
-    poem = "《感遇・其一》\n作者：张九龄\n兰叶春葳蕤，桂华秋皎洁。\n欣欣此生意，自尔为佳节。ゝ゛・ー ２０２３年 ½ ²x _x 𠀀"
+    poem = ("《感遇・其一》\n作者：张九龄\n兰叶春葳蕤，桂华秋皎洁。\n欣欣此生意，自尔为佳节。"
+            "ゝ゛・ー ２０２３年 ½ ²x _x 𠀀")
     texts = [r["text"] for r in prose_records(10) + stdlib_records(4)] + [poem, EMMA, "a b", "", "x", "¶ -- ... 3rd"]
     for text in texts:
         doc = Doc(text)
@@ -396,7 +397,8 @@ def test_line_rules_over_the_whole_text_equal_the_per_line_loops():
     from pipeline.quality.filters.gopher import BULLETS, _bullet_lines, _ellipsis_lines
 
     rnd = random.Random(3)
-    pieces = ["a", " ", "\t", "\n", "\r", "\u3000", "\xa0", "\x1f", "...", "…", "-", "•", ".", "\x0b", "\u2028", "\n\n"]
+    pieces = ["a", " ", "\t", "\n", "\r", "\u3000", "\xa0", "\x1f", "...", "…", "-", "•", ".", "\x0b", "\u2028",
+              "\n\n"]
     for _ in range(20000):
         text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 20)))
         lines = text.splitlines()

@@ -199,9 +199,11 @@ def test_object_storage_on_a_real_s3_server(tmp_path, s3_server):
     local_dir, local_specs, _ = run_all(tmp_path / "local-run", sources(str(local), {}))
     assert list(dict.fromkeys((u["path"], u["rel"]) for s in remote_specs if s["domain"] == "prose"
                               for u in s["units"])) == [
-        ("s3://lake/corpus/part-0.jsonl", "part-0.jsonl"), ("s3://lake/corpus/sub/part-1.jsonl.zst", "sub/part-1.jsonl.zst"),
+        ("s3://lake/corpus/part-0.jsonl", "part-0.jsonl"),
+        ("s3://lake/corpus/sub/part-1.jsonl.zst", "sub/part-1.jsonl.zst"),
         ("s3://lake/corpus/absent/*.jsonl", "absent")]
-    remote = [r for s in remote_specs for r in pq.read_table(remote_dir / "ingest" / f"{s['shard']}.parquet").to_pylist()]
+    remote = [r for s in remote_specs
+              for r in pq.read_table(remote_dir / "ingest" / f"{s['shard']}.parquet").to_pylist()]
     here = [r for s in local_specs for r in pq.read_table(local_dir / "ingest" / f"{s['shard']}.parquet").to_pylist()]
     assert len(remote) == 16 and [r["doc_id"] for r in remote] == [r["doc_id"] for r in here]
     assert [r["text"] for r in remote] == [r["text"] for r in here]

@@ -104,7 +104,8 @@ def test_truncated_compressed_file(tmp_path, suffix):
     kept = len(out["docs"])
     assert 0 < kept < 20 and (name, where, reason) == (path.name, f"line {kept + 1}", "truncated_file")
     assert "ends" in out["rejects"][0]["detail"]
-    assert f"{path}:line {kept + 1}: truncated_file" in strict_message(tmp_path, [{"domain": "c", "paths": [str(path)]}])
+    assert f"{path}:line {kept + 1}: truncated_file" in strict_message(tmp_path,
+                                                                       [{"domain": "c", "paths": [str(path)]}])
 
 
 def test_empty_and_zero_byte_files(tmp_path):
@@ -125,7 +126,8 @@ def test_empty_and_zero_byte_files(tmp_path):
     assert {r["detail"] for r in out["rejects"] if r["reason"] == "empty_file"} == {
         "file holds no data (0 bytes)", "file holds no data after decompression", "file is empty (0 bytes)"}
     # blank lines are a policy skip, an empty file is not
-    assert "empty.jsonl.gz: empty_file: file holds no data after decompression" in strict_message(tmp_path, [{"domain": "j", "paths": [str(folder / "*.jsonl*")]}])
+    assert "empty.jsonl.gz: empty_file: file holds no data after decompression" in strict_message(
+        tmp_path, [{"domain": "j", "paths": [str(folder / "*.jsonl*")]}])
 
 
 def test_single_100mb_line_is_streamed_not_held(tmp_path):

@@ -74,8 +74,8 @@ def test_shortcuts_of_normalize_text_change_nothing():
     from pipeline.ingest.normalize import normalize_text
 
     rnd = random.Random(7)
-    pieces = ["a", "Z", " ", "\t", "\n", "\r", "\r\n", "\u3000", "\xa0", "\x00", "\x07", "\x7f", "\x85", "\x9f", "\xad",
-              "\u2028", "\x1b[31m", "é", "e\u0301", "\x0b", "\u200b", "中", "\u2005", "\ufeff"]
+    pieces = ["a", "Z", " ", "\t", "\n", "\r", "\r\n", "\u3000", "\xa0", "\x00", "\x07", "\x7f", "\x85", "\x9f",
+              "\xad", "\u2028", "\x1b[31m", "é", "e\u0301", "\x0b", "\u200b", "中", "\u2005", "\ufeff"]
     for _ in range(20000):
         text = "".join(rnd.choice(pieces) for _ in range(rnd.randint(0, 25)))
         assert normalize_text(text) == _plain_normalize(text), repr(text)

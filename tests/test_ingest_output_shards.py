@@ -72,7 +72,8 @@ def test_compressed_jsonl_larger_than_shard_bytes_gives_several_output_shards(tm
     want = expected_parts(lines, limit)
     parts = output_shards(rdir, spec["shard"])
     assert len(want) == 5 and parts == ["d-00000"] + [f"d-00000_{k:05d}" for k in range(1, len(want))]
-    assert stats[0]["parts"] == parts and {p.rsplit("-", 1)[0] for p in parts} == {"d"}   # the domain, as stages read it
+    # the domain, as stages read it
+    assert stats[0]["parts"] == parts and {p.rsplit("-", 1)[0] for p in parts} == {"d"}
     rows = []
     for name, idx in zip(parts, want, strict=True):
         st = read_json(rdir / "stats" / "ingest" / f"{name}.json")

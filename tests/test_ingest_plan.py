@@ -153,7 +153,8 @@ def test_crlf_no_trailing_newline_and_empty_file(tmp_path):
         {"path": str(tmp_path / "empty.jsonl"), "rel": "empty.jsonl", "size": 0, "bytes": 0, "docs_estimate": 1,
          "start": 0, "end": 0}]
     _, docs, rejects = ingest(tmp_path / "r3", str(tmp_path / "empty.jsonl"))
-    assert docs == [] and [(r["reason"], r["detail"]) for r in rejects] == [("empty_file", "file holds no data (0 bytes)")]
+    assert docs == []
+    assert [(r["reason"], r["detail"]) for r in rejects] == [("empty_file", "file holds no data (0 bytes)")]
 
 
 class _Counting:

@@ -130,7 +130,8 @@ def test_cancellation_from_another_process_stops_the_job_after_its_step(tmp_path
     assert proc.wait(timeout=30) == 3, proc.stdout.read()
     assert time.time() - t0 < 5
     st = job_state(tmp_path)
-    assert st["state"] == "FAILED" and "cancelled after step" in st["error"] and "marked failed in the UI" in st["error"]
+    assert st["state"] == "FAILED"
+    assert "cancelled after step" in st["error"] and "marked failed in the UI" in st["error"]
 
 
 def test_a_step_that_never_ends_is_ended_after_the_cancel_grace(tmp_path):

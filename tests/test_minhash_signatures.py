@@ -64,7 +64,8 @@ def test_real_documents_match_datasketch(engine, scheme, kind):
 
 
 _ALPHABET = st.sampled_from(list("abcXYZ  \t\n.,;:!?-_()[]=+*/'\"0123456789") +
-                            list("éÀßİıσΣ中文字测试。，日本語カナ한국٣٤") + ["\u00a0", "\u3000", "\U0001F600", "\ufb01"])
+                            list("éÀßİıσΣ中文字测试。，日本語カナ한국٣٤") +
+                            ["\u00a0", "\u3000", "\U0001F600", "\ufb01"])
 
 
 @settings(max_examples=120, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow])

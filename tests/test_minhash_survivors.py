@@ -28,7 +28,8 @@ def test_default_survivor_is_one_the_filters_keep(tmp_path):
     """Duplicated 5-gram shares: long 0.1534, mid 0.1524, lo 0.1531 (the rule drops > 0.153)."""
     docs = cluster_docs()
     kept, verdicts = {}, {}
-    for name, q in (("blind", None), ("mid_passes", quality(len(docs["mid"]))), ("none_pass", quality(len(docs["lo"])))):
+    for name, q in (("blind", None), ("mid_passes", quality(len(docs["mid"]))),
+                    ("none_pass", quality(len(docs["lo"])))):
         rdir = tmp_path / name
         write_shard(rdir, "web-00000", [{"id": n, "text": t} for n, t in docs.items()])
         rep = run_minhash(rdir, ["web-00000"], MinhashConfig(), tmp_path, quality=q)

@@ -78,7 +78,8 @@ def test_words_normalisation_and_cjk_characters():
     assert words(ascii_text) == ["x", "ray", "0", "0", "don", "t", "stop", "0abc", "a0b0", "see", "http", "x", "org",
                                  "a", "b"]
     assert words(ascii_text + " é") == [*words(ascii_text), "e"]          # the byte path = the Unicode path
-    assert words("東京は日本の首都です。Tokyo") == ["東", "京", "は", "日", "本", "の", "首", "都", "で", "す", "tokyo"]
+    assert words("東京は日本の首都です。Tokyo") == ["東", "京", "は", "日", "本", "の", "首", "都", "で", "す",
+                                                  "tokyo"]
 
 
 def test_planted_item_is_removed_neighbours_kept_and_audit_names_it(tmp_path):

@@ -133,7 +133,8 @@ def test_wikitext_in_jsonl_reads_as_the_dump_reader_does(tmp_path):
                                              "options": opts}]})
         rdir = tmp_path / f"data-{markup}" / "run"
         stats = [run_ingest_shard(cfg, rdir, s) for s in plan_ingest(cfg)]
-        texts = [r["text"] for s in stats for r in pq.read_table(rdir / "ingest" / f"{s['shard']}.parquet").to_pylist()]
+        texts = [r["text"] for s in stats
+                 for r in pq.read_table(rdir / "ingest" / f"{s['shard']}.parquet").to_pylist()]
         return texts, {k: v["docs"] for st in stats for k, v in st["removed"].items()}
 
     converted, removed = read("wikitext")

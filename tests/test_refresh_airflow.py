@@ -81,5 +81,5 @@ def test_two_incremental_refreshes_and_a_continued_model_through_airflow(own_ass
     assert set(old) == {"code", "prose"} and set(reported[1]) == {"code"} | {f"{d}@{r1.name}" for d in old}
     for d in old:
         assert reported[1][f"{d}@{r1.name}"]["tokens"] == old[d]["tokens"] > 0
-        print(f"\nheld-out {d} of release 1: {old[d]['loss']:.4f} before, {reported[1][d + '@' + r1.name]['loss']:.4f} "
-              f"after release 2")
+        print(f"\nheld-out {d} of release 1: {old[d]['loss']:.4f} before, "
+              f"{reported[1][d + '@' + r1.name]['loss']:.4f} after release 2")

@@ -70,7 +70,8 @@ def test_megatron_cores_own_reader_sees_the_same_documents(written):
               "out = []\n"
               "for p in json.loads(sys.argv[1]):\n"
               "    ds = IndexedDataset(p, multimodal=False, mmap=True)\n"
-              "    out.append({'n': len(ds), 'docs': int(ds.document_indices.shape[0]) - 1, 'dtype': str(ds.index.dtype),\n"
+              "    out.append({'n': len(ds), 'docs': int(ds.document_indices.shape[0]) - 1,\n"
+              "                'dtype': str(ds.index.dtype),\n"
               "                'tokens': [ds[i].astype('int64').tolist() for i in range(len(ds))]})\n"
               "print(json.dumps(out))\n")
     r = subprocess.run([sys.executable, "-c", script, json.dumps(prefixes)], capture_output=True, text=True,

@@ -3,9 +3,10 @@
 Synthetic tokenized shards (real packing, real MindRecord files) at 1x and 2x the tokens, with the same
 ``pack.shard_mb``: the corpus doubles the number of output files, never the size of one, and each of the two
 scatter tasks merges twice the shards into its part (its runs set to two shards' tokens, so both sizes write
-several).  Each scatter and writer task runs in a fresh process: the writers' peak RSS of the process tree (:func:`pipeline.profile.measured`; a writer
-verifies its file in a child) and each scatter process's own high-water mark (``VmHWM``) are compared.
-The old single-task sink held every token (about 37 bytes per token: 16M tokens would add ~600 MB), so it fails this.
+several).  Each scatter and writer task runs in a fresh process: the writers' peak RSS of the process tree
+(:func:`pipeline.profile.measured`; a writer verifies its file in a child) and each scatter process's own high-water
+mark (``VmHWM``) are compared.  The old single-task sink held every token (about 37 bytes per token: 16M tokens would
+add ~600 MB), so it fails this.
 """
 
 from __future__ import annotations

@@ -68,4 +68,5 @@ def test_scatter_and_writers_over_4096_shards_under_ulimit_256(tmp_path):
     assert res["limit"] == 256 and res["files"] == 2
     got = read_rows(tmp_path / "mindrecord")
     assert np.array_equal(np.concatenate(got), expected_stream(docs, 63, "drop", False))
-    assert sum(len(r) for r in got) == res["samples"] == read_json(tmp_path / "mindrecord" / "manifest.json")["samples"]
+    assert (sum(len(r) for r in got) == res["samples"]
+            == read_json(tmp_path / "mindrecord" / "manifest.json")["samples"])

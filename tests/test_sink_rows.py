@@ -99,7 +99,8 @@ def test_rows_straddle_buckets_and_files_straddle_documents(tmp_path):
     stream = sum(len(t) + 1 for ts in docs.values() for t in ts)
     counts = [s["samples"] for s in m["shards"]]
     assert len(counts) == 5 and sum(counts) == stream // 128 and max(counts) - min(counts) <= 1
-    assert np.array_equal(np.concatenate(read_rows(tmp_path / "mindrecord")), expected_stream(docs, 127, "drop", False))
+    assert np.array_equal(np.concatenate(read_rows(tmp_path / "mindrecord")),
+                          expected_stream(docs, 127, "drop", False))
 
 
 def test_a_scatter_task_merges_its_shards_into_one_part_and_the_rows_do_not_depend_on_the_parts(tmp_path,

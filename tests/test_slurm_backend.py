@@ -20,7 +20,8 @@ def test_nodes_and_workers_are_checked_per_node():
     assert _train(backend="slurm", nodes=2, workers=16).workers == 16  # 8 per node = max_workers
     for kw, msg in ((dict(nodes=2, workers=4), "train.nodes: the local backend runs one node"),
                     (dict(backend="slurm", nodes=3, workers=4), r"train.nodes: must divide train.workers \(4\)"),
-                    (dict(backend="slurm", nodes=2, workers=32), r"train.workers: 32 is more than this deployment launches over 2 nodes \(16 per node"),
+                    (dict(backend="slurm", nodes=2, workers=32),
+                     r"train.workers: 32 is more than this deployment launches over 2 nodes \(16 per node"),
                     (dict(backend="slurm", nodes=2, workers=4, tensor_parallel=4, model_overrides={"n_heads": 4,
                           "n_kv_heads": 4}), r"train.tensor_parallel: must divide the ranks of one node"),
                     (dict(backend="slurm", slurm_args=["--time=1:00:00", "-N 4"]), r"train.slurm_args: .*'-N 4'"),

@@ -1,9 +1,9 @@
 """The trainer's optimizer is AdamW as PyTorch defines it: bias-corrected moments, decoupled weight decay.
 
-Same model (``benchmarks/torch_llama.py`` mirrors ``pipeline.train.model.model``), same initial weights, same data, same
-per-step LR table (warmup + cosine), global-norm clip 1.0, weight decay 0.1 on matrices only: the MindSpore training
-step and ``torch.optim.AdamW`` agree on every loss of 20 steps within 1e-5. With identical gradients fed to both
-optimizers the parameters agree within 1e-6; ``nn.AdamWeightDecay`` (no bias correction) does not.
+Same model (``benchmarks/torch_llama.py`` mirrors ``pipeline.train.model.model``), same initial weights, same data,
+same per-step LR table (warmup + cosine), global-norm clip 1.0, weight decay 0.1 on matrices only: the MindSpore
+training step and ``torch.optim.AdamW`` agree on every loss of 20 steps within 1e-5. With identical gradients fed to
+both optimizers the parameters agree within 1e-6; ``nn.AdamWeightDecay`` (no bias correction) does not.
 """
 
 from __future__ import annotations

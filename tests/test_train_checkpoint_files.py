@@ -1,5 +1,5 @@
-"""Checkpoint files (pipeline/train/checkpoint/checkpoint.py, ckpt_write.py): weights and per-rank state apart, digests taken
-while writing, each file read once on a load (hashed and parsed from the same bytes), and what a data-parallel
+"""Checkpoint files (pipeline/train/checkpoint/checkpoint.py, ckpt_write.py): weights and per-rank state apart, digests
+taken while writing, each file read once on a load (hashed and parsed from the same bytes), and what a data-parallel
 rank > 0 reads when it resumes.
 
 The read tests measure bytes with the kernel's own counter (``rchar`` of ``/proc/self/io``: every byte this

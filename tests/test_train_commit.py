@@ -1,5 +1,5 @@
-"""Checkpoints commit across ranks (pipeline/train/checkpoint/commit.py, resume.py): markers, pruning, agreement on one step,
-layout refusals, and under msrun a rank killed between two ranks' saves and a corrupt rank file.
+"""Checkpoints commit across ranks (pipeline/train/checkpoint/commit.py, resume.py): markers, pruning, agreement on one
+step, layout refusals, and under msrun a rank killed between two ranks' saves and a corrupt rank file.
 
 The msrun runs use the tiny TP=2 model of test_train_parallel (6 steps, a checkpoint every 2): the reference runs
 uninterrupted; the crashed run dies in the middle of the step-6 save (rank 0's file written, rank 1 SIGKILLed before

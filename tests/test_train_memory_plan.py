@@ -35,8 +35,8 @@ def test_shipped_layout_fits_64gb_devices(name):
 
 def test_70b_fits_with_the_distributed_optimizer_and_not_without():
     """16-bit weights and gradients split by TP 8 (8 KV heads: TP cannot go higher), fp32 master weights and moments
-    split by TP 8 x DP 16, the gradients reduced in fp32: 49.96 GiB of the 57.60 usable. With fp32 weights (ZeRO-1 only) it needs 106 GiB, and the
-    refusal names the distributed optimizer."""
+    split by TP 8 x DP 16, the gradients reduced in fp32: 49.96 GiB of the 57.60 usable. With fp32 weights (ZeRO-1
+    only) it needs 106 GiB, and the refusal names the distributed optimizer."""
     cfg, layout = ModelConfig.from_preset("70b"), PRESET_LAYOUTS["70b"]
     assert (layout.tp, layout.dp, layout.zero, layout.distributed_optimizer) == (8, 16, True, True)
     assert layout.micro_batch * layout.grad_accum * layout.dp * layout.seq_len == 1 << 20  # 1M tokens per step

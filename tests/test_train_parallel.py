@@ -1,8 +1,9 @@
 """Tensor parallel, ZeRO-1 and the TP -> TP=1 merge, verified against one process on CPU (msrun, mccl).
 
 The msrun runs use the tiny model of test_train_trainer (dim 64, 2 layers, 4 heads / 2 KV heads, seq 32; vocab
-260 = the 258 byte ids rounded up so the vocabulary splits 4 ways; attention masked by document at EOS 257, the
-source cut at blank lines into short documents), 10 steps at lr 3e-3 with warmup and clipping, so every part of the step (norm, clip, AdamW) is exercised.
+260 = the 258 byte ids rounded up so the vocabulary splits 4 ways; attention masked by document at EOS 257, the source
+cut at blank lines into short documents), 10 steps at lr 3e-3 with warmup and clipping, so every part of the step
+(norm, clip, AdamW) is exercised.
 """
 
 from __future__ import annotations
@@ -148,7 +149,8 @@ def test_tp_halves_parameter_bytes_and_zero_halves_optimizer_bytes(runs):
     assert z[0]["params_sha256"] == z[1]["params_sha256"]  # ZeRO all-gather leaves identical replicas
     four = _rank_files(runs["tp2dp2"][1], 4)
     assert [r["param_bytes"] for r in four] == [tp[0]["param_bytes"]] * 4
-    assert [r["optimizer_bytes"] for r in four] == [one["optimizer_bytes_per_rank"] // 4 + norms // 2] * 4  # norms: split by DP only
+    # norms: split by DP only
+    assert [r["optimizer_bytes"] for r in four] == [one["optimizer_bytes_per_rank"] // 4 + norms // 2] * 4
     assert four[0]["params_sha256"] == four[2]["params_sha256"]  # same TP shard in both DP replicas
     assert four[1]["params_sha256"] == four[3]["params_sha256"]
 

@@ -1,5 +1,5 @@
-"""Initial weights per parameter and per shard (pipeline/train/model/shard_init.py): every TP degree draws the same full
-tensors, a rank holds its shard plus one chunk while drawing, and the spreads are the model's."""
+"""Initial weights per parameter and per shard (pipeline/train/model/shard_init.py): every TP degree draws the same
+full tensors, a rank holds its shard plus one chunk while drawing, and the spreads are the model's."""
 
 from __future__ import annotations
 

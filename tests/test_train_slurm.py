@@ -122,8 +122,9 @@ def _env(cfg: Path) -> dict:
 
 def _try(tmp: Path, cfg: Path, run: str, stage: str, try_number: int, corpus: Path) -> subprocess.Popen:
     log = open(tmp / f"{run}.{stage}.try{try_number}.log", "wb")  # noqa: SIM115 - the child holds it
-    return subprocess.Popen([sys.executable, str(REPO / "tests" / "operator_try.py"), str(tmp / f"{run}.{stage}.state"),
-                             run, stage, str(try_number), str(corpus)], stdout=log, stderr=subprocess.STDOUT,
+    return subprocess.Popen([sys.executable, str(REPO / "tests" / "operator_try.py"),
+                             str(tmp / f"{run}.{stage}.state"), run, stage, str(try_number), str(corpus)],
+                            stdout=log, stderr=subprocess.STDOUT,
                             env=_env(cfg), cwd=str(REPO))
 
 

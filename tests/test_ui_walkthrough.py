@@ -226,7 +226,8 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
         page.get_by_role("button", name="Press shift+c to clear").click()
         page.get_by_role("dialog").get_by_role("button", name="Confirm").click()
         deadline = time.time() + 60
-        while time.time() < deadline and made.api("GET", f"/dags/pretrain/dagRuns/{q(run)}").json()["state"] == "failed":
+        while (time.time() < deadline
+               and made.api("GET", f"/dags/pretrain/dagRuns/{q(run)}").json()["state"] == "failed"):
             time.sleep(1)
         assert made.wait_run("pretrain", run)["state"] == "success", made.logs_tail()
         resumed = made.xcom("pretrain", run, "train_main")

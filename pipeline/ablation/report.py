@@ -143,8 +143,8 @@ def markdown(report: dict) -> str:
     cloze = report.get("cloze") or {}
     if cloze:
         domains = sorted({d for c in cloze.values() for d in c["domains"]})
-        lines += ["", "Last-word cloze, 4-way (distractors: the domain's other last words with as many letters; chance "
-                  "25 %), accuracy averaged over seeds:", "",
+        lines += ["", "Last-word cloze, 4-way (distractors: the domain's other last words with as many letters; "
+                  "chance 25 %), accuracy averaged over seeds:", "",
                   "| arm | items | all | " + " | ".join(domains) + " |", "|---|---|---|" + "---|" * len(domains)]
         for arm, c in cloze.items():
             cells = [f"{100 * c['domains'][d]:.1f} %" if d in c["domains"] else "" for d in domains]

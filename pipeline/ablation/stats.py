@@ -97,8 +97,8 @@ def paired_difference(baseline: dict[int, list[DocScore]], treatment: dict[int, 
     with a 95 % interval: ``mean +- t * se``, where ``se`` is the standard deviation of ``replicates`` two-level
     bootstrap draws (seeds, then sources), widened by ``sqrt(n / (n - 1))`` for the n seeds, and ``t`` the
     Student quantile at ``n - 1`` degrees of freedom. A percentile interval over 3 to 5 seeds is too narrow (a
-    synthetic A/A pair of tests/test_ablation_stats.py covered zero in 49 of 60 draws); this one keeps the bootstrap's source clustering and the
-    small-sample width.
+    synthetic A/A pair of tests/test_ablation_stats.py covered zero in 49 of 60 draws); this one keeps the bootstrap's
+    source clustering and the small-sample width.
 
     ``baseline`` and ``treatment`` map a seed to its checkpoint's scores; both arms must have the same seeds and
     score the same documents. ``domain`` restricts to one domain's references.

@@ -96,7 +96,8 @@ def partition_of(text_hash: str, n_partitions: int) -> int:
 
 
 def _groups(shards: list[str], n_batches: int) -> list[list[str]]:
-    """``shards`` cut into ``n_batches`` contiguous groups whose sizes differ by at most one (as the plan's batches)."""
+    """``shards`` cut into ``n_batches`` contiguous groups whose sizes differ by at most one (as the plan's
+    batches)."""
     n = max(1, min(int(n_batches), len(shards)))
     bounds = [k * len(shards) // n for k in range(n + 1)]
     return [shards[bounds[k]: bounds[k + 1]] for k in range(n)]
@@ -221,7 +222,8 @@ def run_exact_partition(rdir: Path, n_batches: int, partition: int, n_partitions
     _check_partitions(n_partitions)
     out = _partition_path(rdir, partition, n_partitions)
     markers = [_input_marker(_hash_path(rdir, b, n_batches), f"hashes of batch {b} of {n_batches}",
-                             "run the exact-hash step (every batch, same parallelism) first") for b in range(n_batches)]
+                             "run the exact-hash step (every batch, same parallelism) first")
+               for b in range(n_batches)]
     digest = config_digest("exact_partition", partition, n_partitions, enabled, [m["sha256"] for m in markers])
     if done := completed(out, digest):
         return done["info"]
@@ -311,7 +313,8 @@ def attach_drops(rdir: Path, batch: int, n_batches: int, specs: list[dict],
     _check_partitions(n_partitions)
     parts = _partitions_digest(rdir, n_partitions)
     drops = [{"partitions": parts, "rows": [], "ids": []} for _ in specs]
-    if all(completed(rdir / "exact_dedup" / f"{s['shard']}.parquet", _shard_digest(rdir, s["shard"], n_partitions, parts))
+    if all(completed(rdir / "exact_dedup" / f"{s['shard']}.parquet",
+                     _shard_digest(rdir, s["shard"], n_partitions, parts))
            for s in specs):
         return [{**s, "exact_drops": d} for s, d in zip(specs, drops, strict=True)]
     for p in range(n_partitions):
@@ -320,8 +323,8 @@ def attach_drops(rdir: Path, batch: int, n_batches: int, specs: list[dict],
         ords, rows = t.column("ord").to_numpy(), t.column("row").to_numpy()
         if len(ords) and int(ords.max()) >= len(specs):
             raise ValueError(f"{_partition_path(rdir, p, n_partitions)}: batch {batch} of {n_batches} has shard "
-                             f"ordinal {int(ords.max())} but the batch lists {len(specs)} shards; rerun the exact-hash "
-                             f"step with this plan")
+                             f"ordinal {int(ords.max())} but the batch lists {len(specs)} shards; rerun the "
+                             f"exact-hash step with this plan")
         for k in np.unique(ords).tolist():
             sel = ords == k
             drops[k]["rows"] += rows[sel].tolist()

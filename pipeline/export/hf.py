@@ -2,10 +2,10 @@
 
 The tokenizer is the corpus' own SentencePiece model (``tokenizer.model``) with a ``tokenizer_config.json`` for
 ``LlamaTokenizer``: ``legacy: true`` (plain ``SentencePieceProcessor.encode``, which is how the corpus was
-tokenized), and a ``tokenizer.json`` for the fast tokenizer (see :func:`fast_tokenizer_json`); the special tokens and pad read from the model, ``add_bos_token`` as the corpus packer did
-(``pack.add_bos``). A NTK long-context stage is exported with its pre-scaled theta as ``rope_theta`` (mindloom
-raises theta by ``f ** (d / (d - 2))``, which no transformers ``rope_type`` reproduces); linear scaling is
-transformers' ``linear`` rope type.
+tokenized), and a ``tokenizer.json`` for the fast tokenizer (see :func:`fast_tokenizer_json`); the special tokens and
+pad read from the model, ``add_bos_token`` as the corpus packer did (``pack.add_bos``). A NTK long-context stage is
+exported with its pre-scaled theta as ``rope_theta`` (mindloom raises theta by ``f ** (d / (d - 2))``, which no
+transformers ``rope_type`` reproduces); linear scaling is transformers' ``linear`` rope type.
 """
 
 from __future__ import annotations

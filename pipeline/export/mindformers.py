@@ -23,8 +23,8 @@ See ``docs/export.md``. Choices, each checked against mindformers by ``tests/tes
 * ``use_flash_attention`` only on Ascend (no CPU/GPU kernel); on CPU ``use_rope_slice: true``, because the default
   rotary path uses a broadcasting BatchMatMul that has no CPU kernel (same maths).
 * Padding: mindformers masks the loss where the *input* token is pad; mindloom where the *label* is (see
-  ``pipeline/train/model/model.py``). The pretraining YAML keeps mindformers' rule; with packed rows the two differ only
-  at the one position per padded row that predicts the first pad.
+  ``pipeline/train/model/model.py``). The pretraining YAML keeps mindformers' rule; with packed rows the two differ
+  only at the one position per padded row that predicts the first pad.
 """
 
 from __future__ import annotations
@@ -116,8 +116,8 @@ def megatron_pretrain_config(src: StageSource, model: dict, folder: Path, blend:
     true (the dataset gives ``input_ids``/``labels`` already shifted); ``create_attention_mask: false`` leaves the
     causal mask to the model and gives mindformers' four default columns for this loader (so a continued run in
     mindformers attends across documents, where mindloom's ``train.document_attention`` masks by document; that
-    loader's ``reset_attention_mask`` is not tried here); ``eod``/``pad`` are the corpus' EOS and pad, so ``loss_mask`` drops
-    positions whose *label* is pad, as mindloom does. ``sizes[0]`` is the stage's sample count (steps x batch).
+    loader's ``reset_attention_mask`` is not tried here); ``eod``/``pad`` are the corpus' EOS and pad, so ``loss_mask``
+    drops positions whose *label* is pad, as mindloom does. ``sizes[0]`` is the stage's sample count (steps x batch).
     """
     cfg = dict(model["model_config"], input_sliced_sig=True)
     columns = ["input_ids", "labels", "loss_mask", "position_ids"]

@@ -6,8 +6,8 @@ training-state scalars are left out by construction (they are not model paramete
 
 mindformers' ``LlamaForCausalLM`` uses mindloom's names except three (checked against mindformers 1.9.0); Hugging
 Face's ``LlamaForCausalLM`` renames every module. Both use the half-split ``rotate_half`` RoPE layout mindloom
-uses (``pipeline/train/model/model.py``), and both store Dense/Linear weights as ``[out, in]``, so no tensor is permuted
-or transposed: every export is a rename.
+uses (``pipeline/train/model/model.py``), and both store Dense/Linear weights as ``[out, in]``, so no tensor is
+permuted or transposed: every export is a rename.
 """
 
 from __future__ import annotations

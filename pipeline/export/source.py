@@ -41,9 +41,9 @@ def final_checkpoint(stage_dir: str | Path) -> dict:
     "tensor_parallel"}``.
 
     The one lookup every export goes through: the stage finished (``summary.json``, written after its last save)
-    and its final step has a commit marker (``pipeline.train.checkpoint.commit``: every rank wrote and verified its file);
-    ``shards`` are the weights files of tensor-parallel ranks ``0..t-1`` (an older marker: their one file each), as
-    the marker lists them with their digests (each verified again when loaded); no optimizer state is read.
+    and its final step has a commit marker (``pipeline.train.checkpoint.commit``: every rank wrote and verified its
+    file); ``shards`` are the weights files of tensor-parallel ranks ``0..t-1`` (an older marker: their one file each),
+    as the marker lists them with their digests (each verified again when loaded); no optimizer state is read.
     """
     from pipeline.train.checkpoint import commit
 

@@ -274,7 +274,8 @@ def _process_batch(batch: list) -> list:
             res = Rejection("parse_error", f"{type(exc).__name__}: {exc}")
         if isinstance(res, Rejection):
             res.rel, res.where, res.nbytes = item.rel, item.where, item.nbytes
-            res.snippet = res.snippet or snippet_of(item.payload if isinstance(item.payload, bytes | bytearray | str) else "")
+            res.snippet = res.snippet or snippet_of(
+                item.payload if isinstance(item.payload, bytes | bytearray | str) else "")
         out.append((res, item.nbytes))
     return out
 

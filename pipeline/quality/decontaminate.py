@@ -10,7 +10,8 @@ row is caught; an exact-text hash is not.  What is different here:
   dropped (datatrove's ``simplify_text`` defaults, except that datatrove makes ``3.14`` one ``0``).  Words are
   runs of letters and digits, except that **every Han or kana character is a word of its own** (as everywhere in
   mindloom, ``pipeline/quality/filters/text.py``): Chinese and Japanese have no spaces, so a 13-gram there is 13
-  characters, about 6-8 Chinese words.  Hangul is written with spaces and splits like Latin script.  No tokenizer model is needed (datatrove uses nltk).
+  characters, about 6-8 Chinese words.  Hangul is written with spaces and splits like Latin script.  No tokenizer model
+  is needed (datatrove uses nltk).
 - **What is indexed**: an item's ``text_fields`` joined in order (context, question, choices, answer, text), so
   n-grams inside the question, inside the answer and across the two all count.  This is datatrove with
   ``find_query_ngrams=True`` (its default indexes the answer and the question/answer overlap only) and GPT-3's

@@ -34,7 +34,8 @@ def quality_digest(quality: Any) -> str:
     every document against the index itself); nor ``classifier``: the quality stage scores with it itself."""
     if quality is None:
         return ""
-    settings = {k: v for k, v in dataclasses.asdict(quality).items() if k not in ("workers", "decontamination", "classifier")}
+    settings = {k: v for k, v in dataclasses.asdict(quality).items()
+                if k not in ("workers", "decontamination", "classifier")}
     return hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()
 
 

@@ -30,8 +30,9 @@ the stream from the parts' markers alone and reads only the buckets its rows fal
 Memory: one tokenized shard being read, about 30 bytes per token of the shard (the Parquet column, its copy
 reordered by key), plus the shards held for the next run: ``RUN_TOKENS`` tokens at 4 bytes, twice while the run is
 put in bucket order, and 24 bytes per copy for keys and indices; the merge holds one bucket of the part (the
-part's copies over the number of files) and maps about ``MERGE_TOKENS`` tokens of its runs at a time.  It does not depend on the corpus size.  The tokenized input is identified by its marker's digest, the mixture decisions are hashed as they
-are read.
+part's copies over the number of files) and maps about ``MERGE_TOKENS`` tokens of its runs at a time.  It does not
+depend on the corpus size.  The tokenized input is identified by its marker's digest, the mixture decisions are hashed
+as they are read.
 """
 
 from __future__ import annotations
@@ -174,7 +175,8 @@ def _write_run(path: Path, held: list[ShardScatter], n_files: int) -> None:
     else:
         bucket = np.concatenate([np.repeat(np.arange(n_files), np.diff(h.bounds)) for h in held])
         order = np.argsort(bucket, kind="stable")
-        table = pa.table({"key": np.concatenate([h.keys for h in held]), "domain": np.concatenate([h.dom for h in held]),
+        table = pa.table({"key": np.concatenate([h.keys for h in held]),
+                          "domain": np.concatenate([h.dom for h in held]),
                           "tokens": pa.concat_arrays([h.tokens for h in held])}, schema=schema).take(pa.array(order))
     np.save(_offsets_path(path), np.searchsorted(bucket[order], np.arange(n_files + 1)).astype(np.int64))
     batch = table.combine_chunks().to_batches()

@@ -1,7 +1,8 @@
 """The sink's tasks: mixture plan, scatter into key ranges, one writer task per batch of output files, the
 training set's manifest, and the held-out validation sets.
 
-Each is one call of the ``corpus_build`` DAG (and of ``mindloom corpus``), through :func:`pipeline.tasks.corpus.run_step`.
+Each is one call of the ``corpus_build`` DAG (and of ``mindloom corpus``), through
+:func:`pipeline.tasks.corpus.run_step`.
 """
 
 from __future__ import annotations

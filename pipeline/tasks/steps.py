@@ -103,7 +103,8 @@ STEPS: tuple[Step, ...] = (
     Step("release_band", "near_dedup", "map", "minhash_release_band", over="near_dedup.bands",
          after=("filter.quality_filter",), label="band-{band:03d}"),
     Step("publish", None, "run", "publish",
-         after=("sink.write_mindrecord", "sink.write_validation", "near_dedup.dedup_report", "near_dedup.release_band"),
+         after=("sink.write_mindrecord", "sink.write_validation", "near_dedup.dedup_report",
+                "near_dedup.release_band"),
          outlet=True),
 )
 

@@ -15,7 +15,8 @@ class TokenizerConfig:
     vocab_size: int = _f(4000, desc="SentencePiece vocabulary size.", ge=300, le=262144)
     model_type: str = _f("bpe", desc="SentencePiece model type (byte fallback and split digits are always on).",
                          choices=("bpe", "unigram"))
-    sample_chars: int = _f(3_000_000, desc="Characters of text sampled (stratified by domain) for training.", ge=10_000)
+    sample_chars: int = _f(3_000_000, desc="Characters of text sampled (stratified by domain) for training.",
+                           ge=10_000)
     min_domain_share: float = _f(0.05, desc="Floor on each domain's share of the training sample, so a small "
                                  "domain (e.g. zh) still gets its characters into the vocabulary.", ge=0, le=0.5)
     character_coverage: float = _f(0.9995, desc="Share of characters covered; the rest fall back to bytes.",

@@ -15,9 +15,10 @@ the chosen documents only.  Training uses ``train_threads`` (0: every core for B
 for any thread count; one thread for unigram, whose model changes with the thread count).
 
 Encoding runs in ``encode_workers`` processes (0: every core; this one and forkserver workers that a task's
-shards share, :class:`Encoder`) over chunks of about 1 MB of text (order preserved), each with a single-threaded SentencePiece that sees
-only the chunk's whitespace segments it has not met before (:mod:`pipeline.tokenizer.segments`: the same ids as
-encoding whole texts, 2.6x less CPU); per-shard stats count tokens, bytes and byte-fallback tokens per domain.
+shards share, :class:`Encoder`) over chunks of about 1 MB of text (order preserved), each with a single-threaded
+SentencePiece that sees only the chunk's whitespace segments it has not met before (:mod:`pipeline.tokenizer.segments`:
+the same ids as encoding whole texts, 2.6x less CPU); per-shard stats count tokens, bytes and byte-fallback tokens per
+domain.
 
 Memory:
 

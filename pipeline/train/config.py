@@ -90,7 +90,8 @@ class ModelConfig:
             raise bad("init_std", "must be > 0")
         if not isinstance(self.pad_id, int) or self.pad_id >= self.vocab_size:
             raise bad("pad_id", f"must be an int < vocab_size={self.vocab_size} (negative = no padding)")
-        if not isinstance(self.eod_id, int) or isinstance(self.eod_id, bool) or not -1 <= self.eod_id < self.vocab_size:
+        if (not isinstance(self.eod_id, int) or isinstance(self.eod_id, bool)
+                or not -1 <= self.eod_id < self.vocab_size):
             raise bad("eod_id", f"must be -1 (causal mask only) or a token id < vocab_size={self.vocab_size}")
 
     @property
@@ -332,7 +333,8 @@ class TrainConfig:
         for i, st in enumerate(self.stages):
             where = f"train.stages[{i}]"
             if not re.fullmatch(r"[a-z0-9][a-z0-9_-]{0,63}", st.name or ""):
-                raise ConfigError(f"{where}.name: must be 1-64 of a-z 0-9 _ - (starting alphanumeric), got {st.name!r}")
+                raise ConfigError(f"{where}.name: must be 1-64 of a-z 0-9 _ - (starting alphanumeric), "
+                                  f"got {st.name!r}")
             if st.name in seen:
                 raise ConfigError(f"{where}.name: duplicate stage name {st.name!r}")
             seen.add(st.name)
@@ -397,7 +399,8 @@ class TrainConfig:
 
 
 _NOT_PER_STAGE = ("preset", "model_overrides", "stages", "from_release", "replay_share", "backend", "nodes",
-                  "slurm_partition", "slurm_args", "slurm_setup", "slurm_container", "slurm_cpus_per_task", "python", "env")
+                  "slurm_partition", "slurm_args", "slurm_setup", "slurm_container", "slurm_cpus_per_task", "python",
+                  "env")
 
 
 def check_layout(cfg: ModelConfig, tp: int, where: str = "TrainJob.tensor_parallel") -> None:

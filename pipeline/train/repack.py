@@ -12,10 +12,10 @@ own rows instead of requiring a corpus packed at that length.
 "Consecutive" must mean consecutive in the packed token stream, or a long row would glue unrelated text. The
 corpus sink (``pipeline/sink/shards.py``) packs every file as its own stream (manifest ``layout: contiguous``):
 :func:`stream_rows` reads the files in manifest order and checks the per-file ``rows_sha256`` digests (joined,
-the set's ``rows_sha256``; reported as ``contiguous_verified``).  Sets written by :func:`pipeline.sink.writer.write_rows`
-(and corpus sets from before the streaming sink) deal stream rows round-robin over their files; :func:`stream_rows`
-undoes that interleave and checks the manifest's ``rows_sha256``. A folder without such a manifest is read file by file in name
-order (``contiguous_verified: false``).
+the set's ``rows_sha256``; reported as ``contiguous_verified``).  Sets written by
+:func:`pipeline.sink.writer.write_rows` (and corpus sets from before the streaming sink) deal stream rows round-robin
+over their files; :func:`stream_rows` undoes that interleave and checks the manifest's ``rows_sha256``. A folder
+without such a manifest is read file by file in name order (``contiguous_verified: false``).
 
 The re-packed set is written once per stage (``<out_dir>/data/seq<N>/``, temp folder + rename, idempotent by a
 fingerprint of the source), by the ``repack_<stage>`` task of the ``pretrain`` DAG before the job starts, else by

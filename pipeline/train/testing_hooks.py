@@ -3,12 +3,12 @@
 Why they exist: the resume path (checkpoint, retry, Airflow clear) can only be tested by a run that dies at a known
 step.  With ``fail_at_step`` set, the run stops right after that step (and after its checkpoint, when one is due):
 A job that resumed past ``fail_at_step`` stops after its first step at or past it, so a testing switch can
-fail every try of a stage (the orchestrator decides which tries get the switch).  ``fail_mode="raise"`` raises :class:`SimulatedCrash` (the normal error path, FAILED status); ``"kill"`` SIGKILLs
-the process (no cleanup at all, like an OOM kill or a lost node).  ``"kill_between_saves"`` dies in the middle of
-the step-``fail_at_step`` checkpoint instead: the last rank that writes a file waits until rank 0's file of that
-step exists and SIGKILLs itself before writing its own (with one writing rank: rank 0 dies after its file, before
-the commit marker), so the step is half written and never committed.  Production jobs leave ``fail_at_step``
-null, and then nothing here does anything.
+fail every try of a stage (the orchestrator decides which tries get the switch).  ``fail_mode="raise"`` raises
+:class:`SimulatedCrash` (the normal error path, FAILED status); ``"kill"`` SIGKILLs the process (no cleanup at all,
+like an OOM kill or a lost node).  ``"kill_between_saves"`` dies in the middle of the step-``fail_at_step`` checkpoint
+instead: the last rank that writes a file waits until rank 0's file of that step exists and SIGKILLs itself before
+writing its own (with one writing rank: rank 0 dies after its file, before the commit marker), so the step is half
+written and never committed.  Production jobs leave ``fail_at_step`` null, and then nothing here does anything.
 """
 
 from __future__ import annotations

@@ -54,7 +54,8 @@ class ShingleRule:
 
 @dataclass
 class MinhashConfig:
-    """Near-duplicate removal: signatures → band buckets → clusters → removal (see pipeline/dedup/minhash/__init__.py)."""
+    """Near-duplicate removal: signatures → band buckets → clusters → removal (see
+    pipeline/dedup/minhash/__init__.py)."""
 
     enabled: bool = _f(True, desc="Run MinHash near-duplicate removal after exact dedup.")
     preset: str = _f("", desc="Named setting (PRESETS) whose values replace fields left at their defaults.",

@@ -9,8 +9,8 @@ sub-folders that never match ``minhash/*.parquet``::
     cc/bands/                    stage 2: runs of candidate edges (a, b) of each band, by the slot of a, and a
                                  marker per band task (:mod:`pipeline.dedup.minhash.clusters.runs`)
     cc/plan.json, cc/<step>/     stage 3: the clustering tasks and every step's runs and task markers
-                                 (:mod:`pipeline.dedup.minhash.clusters`); ``cc/check/`` keeps every checked pair
-                                 with its similarity and verdict (:func:`~pipeline.dedup.minhash.clusters.checked_pairs`)
+                                 (:mod:`pipeline.dedup.minhash.clusters`); ``cc/check/`` keeps every checked pair with
+                                 its similarity and verdict (:func:`~pipeline.dedup.minhash.clusters.checked_pairs`)
     clusters/summary.json        stage 3's counts and report examples, added up from its task markers
     clusters/<shard>.parquet     stage 4: removed rows of one shard: row, doc_id, cluster (smallest global id of
                                  its current members), kept_doc_id (``<release>:<doc_id>`` when an earlier

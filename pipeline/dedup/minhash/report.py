@@ -5,9 +5,9 @@ A reviewer should be able to see *why* documents went: per domain and reason the
 S-curve of the configured bands × rows, and a few example clusters with the spans where a removed document
 differs from the one that was kept (word-level diff, context included).
 
-Cost: one small stats JSON per shard, plus two rows per example.  Stage 3 chooses the example clusters while
-its decisions are in memory (:func:`pipeline.dedup.minhash.clusters.decide.select_examples`, stored in the clusters summary with the global ids of the
-rows to compare), so this task opens no decisions file and reads no doc-id column.
+Cost: one small stats JSON per shard, plus two rows per example.  Stage 3 chooses the example clusters while its
+decisions are in memory (:func:`pipeline.dedup.minhash.clusters.decide.select_examples`, stored in the clusters summary
+with the global ids of the rows to compare), so this task opens no decisions file and reads no doc-id column.
 """
 
 from __future__ import annotations

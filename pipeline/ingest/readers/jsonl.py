@@ -237,7 +237,8 @@ def doc_from_record(rec: dict, text_field: str, id_field: str, opts) -> ParsedDo
         return Rejection("missing_text_field", f"no field {text_field!r}")
     text = rec[text_field]
     if not isinstance(text, str):
-        return Rejection("wrong_text_type", f"field {text_field!r} is {'null' if text is None else type(text).__name__}, not a string")
+        return Rejection("wrong_text_type",
+                         f"field {text_field!r} is {'null' if text is None else type(text).__name__}, not a string")
     if opts.markup == "wikitext":
         if m := _REDIRECT.match(text):
             return Rejection("wiki_redirect", f"redirects to {m.group(1).strip()!r}", policy=True)

@@ -126,7 +126,8 @@ class MediawikiReader(Reader):
 
 
 def _after(n: int, last, where: str) -> str:
-    return f"after {n} pages" + (f" (last page id {last})" if last is not None else "") + (f" of {where}" if where else "")
+    return (f"after {n} pages" + (f" (last page id {last})" if last is not None else "")
+            + (f" of {where}" if where else ""))
 
 
 def _next(last, where: str) -> str:

@@ -45,7 +45,8 @@ CLOSE = b"</mediawiki>\n"
 
 def index_path(path: str) -> str | None:
     """Where Wikimedia puts the index of a multistream dump: ``…-multistream.xml.bz2`` →
-    ``…-multistream-index.txt.bz2`` (and ``…-multistream1.xml-p1p41242.bz2`` → ``…-multistream-index1.txt-p1p41242.bz2``)."""
+    ``…-multistream-index.txt.bz2`` (and ``…-multistream1.xml-p1p41242.bz2`` →
+    ``…-multistream-index1.txt-p1p41242.bz2``)."""
     folder, _, name = path.rpartition("/")
     if "multistream" not in name or ".xml" not in name:
         return None

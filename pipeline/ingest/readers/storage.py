@@ -204,14 +204,16 @@ class Storage:
                     key = (est.st_dev, est.st_ino)
                     if key in ancestors:
                         problems.append(Problem(entry.path, rel, "symlink_loop",
-                                                f"symbolic link back to an enclosing folder ({os.readlink(entry.path)!r})"
+                                                "symbolic link back to an enclosing folder "
+                                                f"({os.readlink(entry.path)!r})"
                                                 if entry.is_symlink() else "folder cycle"))
                         continue
                     stack.append((entry.path, rel + "/", ancestors + (key,)))
                 elif stat.S_ISREG(est.st_mode):
                     files.append(FileRef(entry.path, rel, est.st_size))
                 else:
-                    problems.append(Problem(entry.path, rel, "unreadable_file", "not a regular file (device, fifo or socket)"))
+                    problems.append(Problem(entry.path, rel, "unreadable_file",
+                                            "not a regular file (device, fifo or socket)"))
         return files, problems
 
     def _list_remote(self, pattern: str, root: str, glob: str) -> tuple[list[FileRef], list[Problem]]:

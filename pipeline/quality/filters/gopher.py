@@ -1,10 +1,10 @@
 """Gopher quality and Gopher repetition rules (Rae et al. 2021, App. A), as datatrove 0.10.1 implements them.
 
 Rule order and reason names are datatrove's, so drop counts compare one to one.  Differences, all deliberate:
-words come from :func:`pipeline.quality.filters.text.split_words` (no spaCy), an empty document is a reason instead of a
-ZeroDivisionError, n-grams are compared as word tuples (datatrove joins words without a separator, so "ab"+"c"
-equals "a"+"bc"), and CJK documents use per-character words, the FineWeb-2 Mandarin stop words and no
-mean-word-length rule (a per-character mean is always about 1).
+words come from :func:`pipeline.quality.filters.text.split_words` (no spaCy), an empty document is a reason instead of
+a ZeroDivisionError, n-grams are compared as word tuples (datatrove joins words without a separator, so "ab"+"c" equals
+"a"+"bc"), and CJK documents use per-character words, the FineWeb-2 Mandarin stop words and no mean-word-length rule (a
+per-character mean is always about 1).
 """
 
 from __future__ import annotations

@@ -49,7 +49,8 @@ def _is_phone(s: str) -> bool:
 
 
 class PiiMasker:
-    """Masks the kinds switched on in a :class:`~pipeline.quality.filters.params.PiiConfig`; counts what it replaced."""
+    """Masks the kinds switched on in a :class:`~pipeline.quality.filters.params.PiiConfig`; counts what it
+    replaced."""
 
     def __init__(self, emails: bool = True, ips: bool = True, phones: bool = True, only_public_ips: bool = True):
         ip_ok: Callable[[str], bool] = _is_public_ip if only_public_ips else (lambda s: True)

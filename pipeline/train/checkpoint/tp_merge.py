@@ -2,11 +2,11 @@
 
 Why: a model trained with ``tensor_parallel=t`` leaves ``t`` shards per committed step (rank 0 in
 ``out_dir/checkpoints``, rank r in ``out_dir/ranks/rank_<r>/checkpoints``, each a ``step_X.weights.ckpt`` listed
-with its digest in the step's commit marker); evaluation, export and a follow-up stage of another TP degree want the whole model. The weights of
-the first data-parallel replica (ranks ``0..t-1``) are concatenated along each parameter's split axis
-(``parallel.split_axis``); Adam moments are not merged (a merged file is for ``init_mode="weights"`` and
-evaluation). A weights-only stage that changes the TP degree uses :func:`resliced_weights` instead, which reads
-only the previous shards overlapping each rank's new slice and never merges the whole model.
+with its digest in the step's commit marker); evaluation, export and a follow-up stage of another TP degree want the
+whole model. The weights of the first data-parallel replica (ranks ``0..t-1``) are concatenated along each parameter's
+split axis (``parallel.split_axis``); Adam moments are not merged (a merged file is for ``init_mode="weights"`` and
+evaluation). A weights-only stage that changes the TP degree uses :func:`resliced_weights` instead, which reads only
+the previous shards overlapping each rank's new slice and never merges the whole model.
 
     python -m pipeline.train.checkpoint.tp_merge OUT_DIR --out merged.ckpt [--step N]
 """
@@ -92,7 +92,8 @@ def merge_checkpoints(out_dir: str, dest: str, step: int | None = None) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m pipeline.train.checkpoint.tp_merge", description=__doc__.splitlines()[0])
+    ap = argparse.ArgumentParser(prog="python -m pipeline.train.checkpoint.tp_merge",
+                                 description=__doc__.splitlines()[0])
     ap.add_argument("out_dir")
     ap.add_argument("--out", required=True, help="merged TP=1 weights file")
     ap.add_argument("--step", type=int, default=None)

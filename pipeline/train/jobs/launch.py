@@ -6,8 +6,8 @@ the orchestrator does not hard-code msrun flags. Workers use the ``python`` on `
 MindSpore venv's ``bin/`` first (``env_with_venv``). No MindSpore import here.
 
 Multi-node layouts (master address, node rank, devices per node, auto-parallel settings) are built by
-``pipeline/train/jobs/launcher.py`` (``msrun_argv(layout, program)``); ``train_command(..., argv=...)`` takes such an argv,
-checks that it is an argument list that runs this very job, and returns it unchanged, so the callers
+``pipeline/train/jobs/launcher.py`` (``msrun_argv(layout, program)``); ``train_command(..., argv=...)`` takes such an
+argv, checks that it is an argument list that runs this very job, and returns it unchanged, so the callers
 (``pipeline.tasks.pretrain.launch_argv``, the Airflow operator) have one entry point for both cases.
 """
 
@@ -21,8 +21,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(os.p
 
 def train_command(job_path: str, workers: int = 1, python: str = sys.executable, log_dir: str | None = None,
                   master_port: int = 8118, cluster_timeout_s: int = 600, argv: list[str] | None = None) -> list[str]:
-    """argv that runs ``job_path``: ``python -m pipeline.train`` for 1 worker, else one-host ``msrun``; or the
-    given ``argv`` (e.g. a multi-node msrun command from ``pipeline.train.jobs.launcher``) after checking it runs this job."""
+    """argv that runs ``job_path``: ``python -m pipeline.train`` for 1 worker, else one-host ``msrun``; or the given
+    ``argv`` (e.g. a multi-node msrun command from ``pipeline.train.jobs.launcher``) after checking it runs this
+    job."""
     if argv is not None:
         return checked_argv(argv, job_path)
     if workers <= 1:

@@ -7,9 +7,9 @@ from one validated :class:`ClusterLayout`; each node differs only in ``node_rank
 
 The command is always a list (never a shell string), and the first word of the program must be ``python`` (the one
 on ``PATH``) or a ``.py`` script: ``msrun`` runs ``python <task_script> ...`` for anything else, so an absolute
-interpreter path would be run *as a script*.  ``python -m pipeline.train.jobs.launcher`` is the training image's entrypoint:
-it reads the layout from flags or ``MINDLOOM_*`` variables (node rank also from Kubernetes' ``JOB_COMPLETION_INDEX``)
-and execs ``msrun``.  No MindSpore import here.
+interpreter path would be run *as a script*.  ``python -m pipeline.train.jobs.launcher`` is the training image's
+entrypoint: it reads the layout from flags or ``MINDLOOM_*`` variables (node rank also from Kubernetes'
+``JOB_COMPLETION_INDEX``) and execs ``msrun``.  No MindSpore import here.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def _check_host(addr, nodes: int) -> None:
     except ValueError:
         ip = None
         if len(addr) > 253 or not all(_HOST_LABEL.match(label) for label in addr.rstrip(".").split(".")):
-            raise LaunchError("master_addr", f"is neither an IP address nor a valid host name (got {addr!r})") from None
+            raise LaunchError("master_addr",
+                              f"is neither an IP address nor a valid host name (got {addr!r})") from None
     if ip is not None and ip.is_unspecified:
         raise LaunchError("master_addr", f"{addr} is not an address a worker can connect to; use the master's IP")
     loopback = ip.is_loopback if ip is not None else addr.lower().rstrip(".") == "localhost"

@@ -152,7 +152,8 @@ def rank_env(env: dict) -> tuple[dict, bool]:
     """(this task's MindSpore environment, whether it also starts the scheduler) from the Slurm task variables."""
     rank, world = int(env["SLURM_PROCID"]), int(env["SLURM_NTASKS"])
     host = env.get("MINDLOOM_MASTER_ADDR") or env.get("SLURM_LAUNCH_NODE_IPADDR") or "127.0.0.1"
-    common = {"MS_WORKER_NUM": str(world), "MS_SCHED_HOST": host, "MS_SCHED_PORT": str(master_port(env["SLURM_JOB_ID"])),
+    common = {"MS_WORKER_NUM": str(world), "MS_SCHED_HOST": host,
+              "MS_SCHED_PORT": str(master_port(env["SLURM_JOB_ID"])),
               "RANK_SIZE": str(world), "MS_TOPO_TIMEOUT": env.get("MS_TOPO_TIMEOUT", str(TOPO_TIMEOUT_S))}
     out = {**env, **common, "MS_ROLE": "MS_WORKER", "MS_NODE_ID": str(rank), "RANK_ID": str(rank),
            "DEVICE_ID": env.get("SLURM_LOCALID", "0")}

@@ -179,7 +179,8 @@ class Transformer(nn.Cell):
         if self.eod_id < 0:
             return None if self.flash else self.mask[:s, :s]
         eod = (tokens == self.eod_id).astype(ms.float32)
-        seg = ops.cumsum(eod, 1) - eod  # documents begun before each position (pipeline.train.config.document_segments)
+        # documents begun before each position (pipeline.train.config.document_segments)
+        seg = ops.cumsum(eod, 1) - eod
         other = ops.expand_dims(seg, 2) != ops.expand_dims(seg, 1)  # [B, S, S]: key in another document
         if self.flash:
             pos = ops.arange(s)

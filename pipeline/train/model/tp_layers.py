@@ -130,9 +130,9 @@ class VocabParallelEmbedding(nn.Cell):
 class VocabParallelNLL(nn.Cell):
     """Per-row negative log-likelihood from vocab-split logits ``[N, V/t]`` and global labels ``[N]``.
 
-    ``nll = log(sum_all exp(z - max)) - (z_label - max)``: the max is all-gathered without gradient (CPU AllReduce only sums) (the result does
-    not depend on it), the exp-sum and the label logit (held by exactly one rank) are all-reduced by "g", so each rank
-    gets the softmax-minus-one-hot gradient of its own vocabulary block.
+    ``nll = log(sum_all exp(z - max)) - (z_label - max)``: the max is all-gathered without gradient (CPU AllReduce only
+    sums) (the result does not depend on it), the exp-sum and the label logit (held by exactly one rank) are
+    all-reduced by "g", so each rank gets the softmax-minus-one-hot gradient of its own vocabulary block.
     """
 
     def __init__(self, vocab_size: int, tp: TPGroup):

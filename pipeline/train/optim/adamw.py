@@ -84,8 +84,10 @@ class AdamW(nn.Optimizer):
         self._blocks = row_blocks(params, zero)
         self._sharded = any(b is not None for b in self._blocks)
         self.zero = zero
-        self.moments1 = ParameterTuple([self._state("adam_m", p, b) for p, b in zip(params, self._blocks, strict=True)])
-        self.moments2 = ParameterTuple([self._state("adam_v", p, b) for p, b in zip(params, self._blocks, strict=True)])
+        self.moments1 = ParameterTuple([self._state("adam_m", p, b)
+                                        for p, b in zip(params, self._blocks, strict=True)])
+        self.moments2 = ParameterTuple([self._state("adam_v", p, b)
+                                        for p, b in zip(params, self._blocks, strict=True)])
         self.adam_step = Parameter(Tensor(np.zeros((1,), np.int32)), name="adam_step", requires_grad=False)
         self._master = bool(master)
         if self._master:

@@ -94,8 +94,8 @@ class TrainStep:
 
     ``micro_batches`` is a list of ``grad_accum`` int32 arrays ``[B, seq_len + 1]``. With one micro-batch the whole
     step is one compiled function; with several, a compiled micro-step adds each gradient into fp32 accumulation
-    buffers (fp32 also when the parameters are 16-bit) and a compiled apply-step averages, reduces, clips and updates (two graphs, each compiled once, instead
-    of one graph unrolled ``grad_accum`` times).
+    buffers (fp32 also when the parameters are 16-bit) and a compiled apply-step averages, reduces, clips and updates
+    (two graphs, each compiled once, instead of one graph unrolled ``grad_accum`` times).
     """
 
     def __init__(self, loss_net: nn.Cell, opt: nn.Optimizer, *, grad_clip: float, world: int = 1,

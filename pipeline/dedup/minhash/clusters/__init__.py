@@ -304,4 +304,5 @@ def band_edges(rdir: str | Path, cfg: MinhashConfig, band: int):
     return runs.read_range(runs.input_runs(Path(rdir), "bands", [found], "edges"), 0, runs.SLOTS, edge_schema())
 
 
-__all__ = ["band_edges", "checked_pairs", "ROUNDS", "STEPS", "plan_tasks", "read_decisions", "run_clusters", "run_step", "write_summary"]
+__all__ = ["band_edges", "checked_pairs", "ROUNDS", "STEPS", "plan_tasks", "read_decisions", "run_clusters",
+           "run_step", "write_summary"]

@@ -89,8 +89,8 @@ def run_labels(ctx, item: dict) -> tuple[dict, dict]:
         cur = ~is_index(node)
         row = _lookup(node, fields, "gid")
         if (row[cur] < 0).any():
-            raise MinhashError(f"clustering labels: no survivor fields for document {int(node[cur][row[cur] < 0][0])}; "
-                               "rerun the gather step")
+            raise MinhashError("clustering labels: no survivor fields for document "
+                               f"{int(node[cur][row[cur] < 0][0])}; rerun the gather step")
         take = pa.array(np.where(row >= 0, row, 0))
         valid = pa.array(row >= 0)
         cols = {c: pc.if_else(valid, fields.column(c).take(take), pa.nulls(len(node), fields.schema.field(c).type))
@@ -168,8 +168,10 @@ def decide_members(ctx, members):
         keeper_id[old_comp[sel]] = [f"{ctx.index.releases[int(r)]}:{d}" for d in ctx.index.doc_ids(int(r), ords[sel])]
     # the survivor of every component without one: first of its current members by the rank keys
     fields = members.take(pa.array(cur))
-    fields = fields.set_column(fields.schema.get_field_index("doc_id"), "doc_id", fields.column("doc_id").cast(pa.string()))
-    fields = fields.set_column(fields.schema.get_field_index("source"), "source", fields.column("source").cast(pa.string()))
+    fields = fields.set_column(fields.schema.get_field_index("doc_id"), "doc_id",
+                               fields.column("doc_id").cast(pa.string()))
+    fields = fields.set_column(fields.schema.get_field_index("source"), "source",
+                               fields.column("source").cast(pa.string()))
     ccur = cinv[cur]
     gids = node[cur]
     keys = rank_keys(fields, gids, ctx.cfg.survivor_order, ctx.cfg.source_priority)
