@@ -15,7 +15,7 @@ language filter), once with the numba kernels and once with the reference path
 
 Classifier (issue 34: the score is computed inside the quality task, no extra pass): one floret model per
 benchmark run, trained untimed by ``pipeline.quality.classifier.train_classifier`` with the default
-``quality.classifier`` settings (positives encyclopedia/books/academic, negatives web; only ``enabled`` set) on
+``quality.classifier`` settings (within each domain, cross-fitted; only ``enabled`` set) on
 the same documents written as the ``minhash`` shards of a temporary run; then ``Scorer.score`` of every document
 (which reads its first ``max_chars`` characters) is timed, the model's load apart (``load_cpu``).
 
@@ -32,9 +32,9 @@ Stages (``--run-dir``, a finished run of ``mindloom corpus``, e.g. the one ``ben
 gives): the MinHash signatures stage (which pre-scores with the quality chains) and the quality stage are re-run
 shard by shard with one worker on a copy of the run, in a fresh process per repeat, with this checkout's code and
 with ``--before``'s.  Each fresh process pays its numba cache load; it is counted.  ``--cold`` adds one run per
-stage with an empty numba cache (``NUMBA_CACHE_DIR``): what the first run on a machine pays to compile.  The copies' outputs are
-compared with the run's own files (they must be equal).  A run without ``--run-dir`` keeps the stage figures of
-the file it replaces (``stages_kept``: not re-measured).
+stage with an empty numba cache (``NUMBA_CACHE_DIR``): what the first run on a machine pays to compile.  The
+copies' outputs are compared with the run's own files (they must be equal).  A run without ``--run-dir`` keeps
+the stage figures of the file it replaces (``stages_kept``: not re-measured).
 
 Writes ``benchmarks/results/quality_kernels.json`` (``--out``).
 """
@@ -110,13 +110,13 @@ for dom in domains:
 cc = dataclasses.replace(cfg.quality.classifier, enabled=True)
 try:                                    # fastText's own epochs and lr on the same sample, for comparison
     ft_held = C.train_classifier(dataclasses.replace(cc, epochs=5, lr=0.1), run, domains, cfg.seed,
-                                 input_stage="minhash")["held_out"]
+                                 input_stage="minhash", quality=cfg.quality)["held_out"]
 except ConfigError:
     ft_held = None
 shutil.rmtree(C.classifier_dir(run), ignore_errors=True)
 c0 = cpu()
 try:
-    man = C.train_classifier(cc, run, domains, cfg.seed, input_stage="minhash")
+    man = C.train_classifier(cc, run, domains, cfg.seed, input_stage="minhash", quality=cfg.quality)
 except ConfigError as exc:              # a corpus without the positive or negative domains (the demo corpus)
     man = {"skipped": str(exc)}
 train_cpu = cpu() - c0
@@ -133,7 +133,8 @@ items = {}
 for i, ks in picks.items():
     ws = D.words(docs[i][1])
     for k, start in ks:
-        items[k] = {"id": f"item{k}", "text": " ".join(ws[start:start + n_words]), "source": f"{docs[i][0]}:{i}:{start}"}
+        items[k] = {"id": f"item{k}", "text": " ".join(ws[start:start + n_words]),
+                    "source": f"{docs[i][0]}:{i}:{start}"}
 evals = work / "eval" / "synthetic.jsonl"
 evals.parent.mkdir()
 evals.write_text("".join(json.dumps(items[k]) + "\n" for k in sorted(items)), encoding="utf-8")
@@ -145,9 +146,10 @@ print(json.dumps({
     "classifier": man if "skipped" in man else {
         "train_cpu": round(train_cpu, 2), "train": man["train"], "held_out": man["held_out"],
         "held_out_fasttext_defaults": ft_held,
-        "model_bytes": (C.classifier_dir(run) / "model.bin").stat().st_size,
-        "settings": {k: man["settings"][k] for k in ("positive_domains", "negative_domains", "max_chars",
-                                                      "word_ngrams", "dim", "buckets", "epochs", "lr")}},
+        "model_bytes": sum(p.stat().st_size for p in (C.classifier_dir(run) / "models").glob("*.bin")),
+        "probe_max_separation": man["probe"]["max_separation"],
+        "settings": {k: man["settings"][k] for k in ("training", "folds", "max_chars", "word_ngrams", "dim",
+                                                      "buckets", "epochs", "lr")}},
     "decontamination": {"build_cpu": round(cpu() - c0, 2), "items": index["items"], "item_words": n_words,
                         "source_docs": len(picks), "ngrams": index["ngrams"], "index_bytes": index["index_bytes"],
                         "n": dc.n}}))
@@ -157,13 +159,18 @@ print(json.dumps({
 _CLASSIFIER = _DOCS + r"""
 import statistics
 c0 = cpu()
-from pipeline.quality.classifier import Scorer
-scorer = Scorer(sys.argv[2])
+from pipeline.quality.classifier import Decider
+decider = Decider(sys.argv[2])
+ids, seen = [], {}
+for d, _ in docs:                       # the ids the setup gave the documents: <domain>-<index in its domain>
+    ids.append(f"{d}-{seen.get(d, 0):06d}")
+    seen[d] = seen.get(d, 0) + 1
 c1 = cpu()
-scores = [scorer.score(text) for _, text in docs]
+scores = [decider.score(text, d, i) for (d, text), i in zip(docs, ids)]
 c2 = cpu()
-read = sum(len(t[:scorer.max_chars].encode("utf-8", "surrogatepass")) for _, t in docs) / 1e6
-mean = {d: round(statistics.mean(s for (dd, _), s in zip(docs, scores) if dd == d), 4) for d in sorted({d for d, _ in docs})}
+read = sum(len(t[:decider.scorer.max_chars].encode("utf-8", "surrogatepass")) for _, t in docs) / 1e6
+mean = {d: round(statistics.mean(s for (dd, _), s in zip(docs, scores) if dd == d and s is not None), 4)
+        for d in sorted({dd for (dd, _), s in zip(docs, scores) if s is not None})}
 print(json.dumps({"cpu": c2 - c1, "load_cpu": c1 - c0, "mb_read": read, "mean_score": mean}))
 """
 
@@ -243,7 +250,8 @@ def measure_scoring(corpus: Path, repeats: int, decont_items: int, item_words: i
                        "kernels_mb_per_cpu_s": _summary([mb / max(r["cpu"], 1e-9) for r in heur]),
                        "reference_over_kernels": _summary([r["cpu"] / max(k["cpu"], 1e-9)
                                                            for r, k in zip(runs["reference"], heur, strict=True)])},
-           "classifier": {**_rates(mb, runs["classifier"], heur), "mb_read": round(runs["classifier"][0]["mb_read"], 2),
+           "classifier": {**_rates(mb, runs["classifier"], heur),
+                          "mb_read": round(runs["classifier"][0]["mb_read"], 2),
                           "mean_score": runs["classifier"][0]["mean_score"], **setup["classifier"]}
            if runs["classifier"] else setup["classifier"],
            "decontamination": {**_rates(mb, runs["decontamination"], heur),
@@ -269,7 +277,8 @@ def main() -> None:
     ap.add_argument("--run-dir", type=Path)
     ap.add_argument("--before", type=Path, help="checkout with the code to compare against (stages)")
     ap.add_argument("--cold", action="store_true", help="also run each stage once with an empty numba cache")
-    ap.add_argument("--corpus", type=Path, default=CORPORA, help="folder of <domain>.jsonl (default ../shared/corpora)")
+    ap.add_argument("--corpus", type=Path, default=CORPORA,
+                    help="folder of <domain>.jsonl (default ../shared/corpora)")
     ap.add_argument("--decont-items", type=int, default=2000, help="items of the synthesised evaluation file")
     ap.add_argument("--item-words", type=int, default=30, help="normalised words per evaluation item")
     ap.add_argument("--out", type=Path, default=OUT)

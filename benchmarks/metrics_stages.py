@@ -189,7 +189,7 @@ def quality_kernels_metrics(runs: list[dict]) -> list[dict]:
                             f"floret model trained once per run, untimed ({clf['train_cpu']} CPU-s), default "
                             f"quality.classifier settings on the same corpus: "
                             f"{clf['train']['docs']} training documents, "
-                            f"held-out accuracy {held.get('accuracy')} on {held.get('docs')}"),
+                            f"cross-fitted accuracy {held.get('accuracy')} on {held.get('docs')}"),
                 *_classifier_held_out(clf, held),
                 metric("quality_kernels", "classifier_over_heuristics_cpu", "share", clf["over_heuristics"]["runs"],
                        compared="the heuristic chains' CPU (kernels), same documents, same repeat", issue=34,
@@ -216,8 +216,8 @@ def _classifier_held_out(clf: dict, held: dict) -> list[dict]:
         return []
     ft = clf.get("held_out_fasttext_defaults") or {}
     s = clf["settings"]
-    same = (f"held-out sample of the training run ({held['positives']} positive, {held['negatives']} negative "
-            f"documents), epochs {s['epochs']}, lr {s.get('lr')}")
+    same = (f"cross-fitted scores of the training examples ({held['positives']} positive, {held['negatives']} "
+            f"negative documents), epochs {s['epochs']}, lr {s.get('lr')}")
     vs = "fastText's own epochs 5, lr 0.1 on the same sample: {}"
     return [metric("quality_kernels", "classifier_held_out_auc", "AUC", [held["auc"]], compared=same, issue=34,
                    note=vs.format(ft.get("auc"))),
