@@ -81,8 +81,8 @@ def _sweep(results: dict) -> list[str]:
              "yes" if p.get("outputs_sha256") == same and p.get("outputs_sha256") else "**no**"] for p in points]
     return ["", f"`parallelism` sweep at {points[0]['size_gb']:g} GB ({points[0]['corpus_mb']} MB, "
                 "`make bench-scale`, `airflow dags test corpus_build`, one run each): CPU-s of the whole process "
-                "tree and of the task bodies (`profile/`); the rest is Airflow's own work per task instance. *Yardstick*: CPU-s of a fixed "
-                "workload timed around the run (higher: the machine was slower):", "",
+                "tree and of the task bodies (`profile/`); the rest is Airflow's own work per task instance. "
+                "*Yardstick*: CPU-s of a fixed workload timed around the run (higher: the machine was slower):", "",
             *report.table(["parallelism", "task instances", "CPU-s", "in task bodies", "MB/CPU-s", "wall s",
                            "yardstick CPU-s", "same rows"], rows)]
 
