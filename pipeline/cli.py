@@ -62,20 +62,8 @@ def cmd_corpus(args) -> int:
 def cmd_train(args) -> int:
     """One stage (``--stage NAME``) or every configured stage in order (``--stage all``), each as its own job;
     stages of one run share ``--run-id`` (a later stage starts from the previous stage's final checkpoint)."""
-    from tqdm import tqdm
-
     from pipeline.tasks.corpus_choice import resolve_corpus
-    from pipeline.tasks.pretrain import (
-        TERMINAL,
-        build_job,
-        job_state,
-        prepare_stage_data,
-        read_metrics,
-        stage_dir,
-        stage_names,
-        stage_result,
-    )
-    from pipeline.tasks.submit import start_or_reattach, stop_stage_job
+    from pipeline.tasks.pretrain import stage_names
 
     cfg = load_config(args.config, _overrides(args.set))
     names = stage_names(cfg)
@@ -84,63 +72,79 @@ def cmd_train(args) -> int:
         return 2
     corpus = resolve_corpus({}, cfg=cfg, manifest_path=args.corpus or None)
     run_id = _run_id(args.run_id)
-
-    def one_stage(stage: str) -> dict | None:
-        out_dir = stage_dir(cfg.data_root, run_id, stage)
-        try:
-            prepare_stage_data(cfg, corpus, out_dir, stage)       # the DAG's repack_<stage> task
-            ext, proc, what = start_or_reattach(cfg, lambda: build_job(cfg, corpus, out_dir, stage=stage), out_dir,
-                                                "launcher.cli.log")
-        except (ValueError, FileNotFoundError, RuntimeError) as exc:
-            print(f"mindloom: error: stage {stage}: {exc}", file=sys.stderr)
-            return None
-        total = json.loads((out_dir / "job.json").read_text(encoding="utf-8"))["steps"]
-        log_path = ext["log"]
-        where = f"Slurm job {ext['slurm_job_id']}" if ext.get("slurm_job_id") else f"pid {ext['pid']}"
-        if what == "reattached":
-            print(f"reconnecting to {where} of stage {stage}, which an earlier mindloom train started: not "
-                  f"submitting a second one", file=sys.stderr)
-        print(f"training stage {stage} (run id {run_id}, {where})\n  log: {log_path}", file=sys.stderr)
-        line, seen = 0, None
-        try:
-            with tqdm(total=total, desc=f"train {stage}", unit="step") as bar:
-                while True:
-                    rows, line = read_metrics(out_dir, line)
-                    for r in rows:
-                        bar.n = r["step"]
-                        bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{r.get('tokens_per_s', 0):.0f}")
-                    bar.refresh()
-                    if proc is not None:
-                        if proc.poll() is not None:
-                            break
-                    else:  # Slurm: the job's own state, as the operator reads it
-                        state = job_state(out_dir, job_id=ext["job_id"], seen=seen)
-                        seen = state.get("observed")
-                        if state["state"] in TERMINAL:
-                            break
-                    time.sleep(0.5)
-        except KeyboardInterrupt:  # the job runs detached: stop it as the operator's on_kill does
-            for msg in stop_stage_job(out_dir, ext, "mindloom train was interrupted"):
-                print(f"mindloom: {msg}", file=sys.stderr)
-            raise
-        state = job_state(out_dir, job_id=ext["job_id"], seen=seen)
-        if state["state"] == "LOST" and ext.get("slurm_job_id"):      # it may still hold its nodes
-            for msg in stop_stage_job(out_dir, ext, f"stage {stage} was LOST"):
-                print(f"mindloom: {msg}", file=sys.stderr)
-        if state["state"] != "SUCCEEDED":
-            print(f"mindloom: error: training {state['state']}: {state.get('error')} (log: {log_path})",
-                  file=sys.stderr)
-            return None
-        return stage_result(out_dir)
-
     results = {}
     for name in names if args.stage == "all" else [args.stage]:
-        result = one_stage(name)
+        result = _train_stage(cfg, corpus, run_id, name)
         if result is None:
             return 1
         results[name] = result
     print(json.dumps(results if len(results) > 1 else next(iter(results.values())), indent=1))
     return 0
+
+
+def _train_stage(cfg, corpus: dict, run_id: str, stage: str) -> dict | None:
+    """One stage of ``mindloom train``: its data, its job (started, or the one an earlier call left running), a
+    progress bar until the job ends; the stage's result, or None after printing why it failed."""
+    from pipeline.tasks.pretrain import build_job, job_state, prepare_stage_data, stage_dir, stage_result
+    from pipeline.tasks.submit import start_or_reattach, stop_stage_job
+
+    out_dir = stage_dir(cfg.data_root, run_id, stage)
+    try:
+        prepare_stage_data(cfg, corpus, out_dir, stage)       # the DAG's repack_<stage> task
+        ext, proc, what = start_or_reattach(cfg, lambda: build_job(cfg, corpus, out_dir, stage=stage), out_dir,
+                                            "launcher.cli.log")
+    except (ValueError, FileNotFoundError, RuntimeError) as exc:
+        print(f"mindloom: error: stage {stage}: {exc}", file=sys.stderr)
+        return None
+    total = json.loads((out_dir / "job.json").read_text(encoding="utf-8"))["steps"]
+    log_path = ext["log"]
+    where = f"Slurm job {ext['slurm_job_id']}" if ext.get("slurm_job_id") else f"pid {ext['pid']}"
+    if what == "reattached":
+        print(f"reconnecting to {where} of stage {stage}, which an earlier mindloom train started: not "
+              f"submitting a second one", file=sys.stderr)
+    print(f"training stage {stage} (run id {run_id}, {where})\n  log: {log_path}", file=sys.stderr)
+    try:
+        seen = _follow_stage(out_dir, ext, proc, total, stage)
+    except KeyboardInterrupt:  # the job runs detached: stop it as the operator's on_kill does
+        for msg in stop_stage_job(out_dir, ext, "mindloom train was interrupted"):
+            print(f"mindloom: {msg}", file=sys.stderr)
+        raise
+    state = job_state(out_dir, job_id=ext["job_id"], seen=seen)
+    if state["state"] == "LOST" and ext.get("slurm_job_id"):      # it may still hold its nodes
+        for msg in stop_stage_job(out_dir, ext, f"stage {stage} was LOST"):
+            print(f"mindloom: {msg}", file=sys.stderr)
+    if state["state"] != "SUCCEEDED":
+        print(f"mindloom: error: training {state['state']}: {state.get('error')} (log: {log_path})",
+              file=sys.stderr)
+        return None
+    return stage_result(out_dir)
+
+
+def _follow_stage(out_dir: Path, ext: dict, proc, total: int, stage: str):
+    """The progress bar of one stage's job until it ends (its process exits, or its Slurm job reaches a terminal
+    state); returns the last ``observed`` mark of the job state, for the final read."""
+    from tqdm import tqdm
+
+    from pipeline.tasks.pretrain import TERMINAL, job_state, read_metrics
+
+    line, seen = 0, None
+    with tqdm(total=total, desc=f"train {stage}", unit="step") as bar:
+        while True:
+            rows, line = read_metrics(out_dir, line)
+            for r in rows:
+                bar.n = r["step"]
+                bar.set_postfix(loss=f"{r['loss']:.3f}", tok_s=f"{r.get('tokens_per_s', 0):.0f}")
+            bar.refresh()
+            if proc is not None:
+                if proc.poll() is not None:
+                    break
+            else:  # Slurm: the job's own state, as the operator reads it
+                state = job_state(out_dir, job_id=ext["job_id"], seen=seen)
+                seen = state.get("observed")
+                if state["state"] in TERMINAL:
+                    break
+            time.sleep(0.5)
+    return seen
 
 
 def cmd_ablation(args) -> int:

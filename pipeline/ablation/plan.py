@@ -90,7 +90,6 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
     """
     import numpy as np
 
-    from pipeline.sink.validation import unit_key
     from pipeline.tasks import corpus as chain
 
     done = root / "split.json"
@@ -101,16 +100,9 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
     for spec in specs:
         chain.ingest_shard(spec)
     rdir = Path(specs[0]["run_dir"])
-    keys: dict[str, list[tuple[float, str]]] = {}
-    for d in _docs(rdir, specs, ["doc_id", "domain"]):
-        keys.setdefault(d["domain"], []).append((unit_key(REFERENCE_KEY, cfg.seed, d["domain"], d["doc_id"]),
-                                                 d["doc_id"]))
-    chosen = set()
-    for ks in keys.values():
-        n = min(cfg.ablation.reference_docs, len(ks) // 2)
-        chosen.update(doc for _, doc in sorted(ks)[:n])
+    domains, chosen = _choose_references(cfg, rdir, specs)
     counts = {d: {"references": 0, "sources": 0, "pieces": 0, "overlaps_reference": 0, "reference_sources": set()}
-              for d in keys}
+              for d in domains}
     cols = ["doc_id", "domain", "source", "text", "meta"]
     ref_grams: dict[str, set] = {}
     with _Writers(root, "references") as out:
@@ -122,21 +114,7 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
                 ref_grams.setdefault(d["source"], set()).update(_grams(d["text"]).tolist())
                 counts[d["domain"]]["references"] += 1
                 counts[d["domain"]]["reference_sources"].add(d["source"])
-    seen: dict[str, dict[int, int]] = {src: {} for src in ref_grams}
-    docs_of: dict[str, int] = {}
-    for d in _docs(rdir, specs, cols):
-        if d["doc_id"] not in chosen:
-            docs_of[d["source"]] = docs_of.get(d["source"], 0) + 1
-            if d["source"] in ref_grams:
-                hits = seen[d["source"]]
-                for h in set(_grams(d["text"]).tolist()) & ref_grams[d["source"]]:
-                    hits[h] = hits.get(h, 0) + 1
-    boilerplate = 0
-    for src, grams in ref_grams.items():
-        floor = max(3, -(-docs_of.get(src, 0) // 10))
-        common = {h for h, c in seen[src].items() if c >= floor}
-        boilerplate += len(common)
-        grams -= common
+    boilerplate = _drop_boilerplate(rdir, specs, chosen, ref_grams)
     index = np.asarray(sorted(set().union(*ref_grams.values())) if ref_grams else [], dtype=np.uint64)
     with _Writers(root, "sources") as out:
         for d in _docs(rdir, specs, cols):
@@ -160,6 +138,44 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
              "boilerplate_ngrams": boilerplate, "shared_run": str(rdir)}
     write_json(done, split)
     return split
+
+
+def _choose_references(cfg: MindloomConfig, rdir: Path, specs: list[dict]) -> tuple[list[str], set[str]]:
+    """First pass (ids): the domains in the order they come, and the reference documents: per domain the
+    ``ablation.reference_docs`` with the lowest key (at most half the domain)."""
+    from pipeline.sink.validation import unit_key
+
+    keys: dict[str, list[tuple[float, str]]] = {}
+    for d in _docs(rdir, specs, ["doc_id", "domain"]):
+        keys.setdefault(d["domain"], []).append((unit_key(REFERENCE_KEY, cfg.seed, d["domain"], d["doc_id"]),
+                                                 d["doc_id"]))
+    chosen = set()
+    for ks in keys.values():
+        n = min(cfg.ablation.reference_docs, len(ks) // 2)
+        chosen.update(doc for _, doc in sorted(ks)[:n])
+    return list(keys), chosen
+
+
+def _drop_boilerplate(rdir: Path, specs: list[dict], chosen: set[str], ref_grams: dict[str, set]) -> int:
+    """Third pass (training side, counting): removes from ``ref_grams`` (in place) every n-gram of a source found in
+    at least ``max(3, 10 %)`` of that source's training documents; returns how many were removed."""
+    cols = ["doc_id", "domain", "source", "text", "meta"]
+    seen: dict[str, dict[int, int]] = {src: {} for src in ref_grams}
+    docs_of: dict[str, int] = {}
+    for d in _docs(rdir, specs, cols):
+        if d["doc_id"] not in chosen:
+            docs_of[d["source"]] = docs_of.get(d["source"], 0) + 1
+            if d["source"] in ref_grams:
+                hits = seen[d["source"]]
+                for h in set(_grams(d["text"]).tolist()) & ref_grams[d["source"]]:
+                    hits[h] = hits.get(h, 0) + 1
+    boilerplate = 0
+    for src, grams in ref_grams.items():
+        floor = max(3, -(-docs_of.get(src, 0) // 10))
+        common = {h for h, c in seen[src].items() if c >= floor}
+        boilerplate += len(common)
+        grams -= common
+    return boilerplate
 
 
 def plant_junk(root: Path, seed: int, share: float, piece_bytes: int = 0) -> dict:

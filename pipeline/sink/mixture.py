@@ -144,8 +144,10 @@ def _check_matched(mc: MixtureConfig, hist: dict, rules: dict) -> None:
 
 
 def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) -> dict:
-    """Decide held-out documents and copies per training document; write decisions, stats and the report."""
-    import numpy as np
+    """Decide held-out documents and copies per training document; write decisions, stats and the report.
+
+    The three passes over the shards of the module docstring: :func:`_heldout_candidates`,
+    :func:`_heldout_and_histogram`, then (after the rules and the held-out files) :func:`_write_decisions`."""
     import pyarrow as pa
 
     plan_path = rdir / "mixture" / "plan.json"
@@ -153,11 +155,52 @@ def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) ->
             heldout_overlap.index_written(rdir, heldout_overlap.plan_index(rdir)):
         return done["report"]
     shards = sorted(shards)
+    sel = _heldout_candidates(mc, rdir, shards, seed)
+    held, dropped, hist = _heldout_and_histogram(mc, rdir, shards, seed, sel)
+    held_ids = {h[2] for h in held}
+    dropped_ids = {d[2] for d in dropped}
+    avail = {d: int(h.sum()) for d, h in hist.items()}
+    targets = domain_targets(avail, mc.weights, mc.max_epochs, mc.total_tokens, mc.matched)
+    rules = {}
+    for d, target in targets.items():
+        epochs = target / avail[d] if avail[d] else 0.0
+        full = math.floor(epochs + 1e-12)
+        rules[d] = {"full": full, "extra_below_bucket": _threshold(hist[d], target - full * avail[d]),
+                    "epochs": epochs, "target": target}
+    if mc.matched:
+        _check_matched(mc, hist, rules)
+    write_parquet(pa.table({"doc_id": pa.array([h[2] for h in held], pa.string()),
+                            "domain": pa.array([h[0] for h in held], pa.string()),
+                            "shard": pa.array([h[4] for h in held], pa.string()),
+                            "heldout_key": pa.array([h[1] for h in held], pa.float64())}),
+                  rdir / "mixture" / HELDOUT_FILE)
+    overlap_index = heldout_overlap.write_heldout(rdir, held, mc.heldout_ngram, mc.heldout_overlap)
+    acc = _write_decisions(rdir, shards, seed, targets, rules, held_ids, dropped_ids)
+    report = _report(mc, seed, targets, rules, acc, avail, len(dropped))
+    write_json(rdir / "mixture" / "report.json", report)
+    write_json(plan_path, {"seed": seed, "unit": mc.unit, "buckets": BUCKETS, "rules": rules,
+                           "heldout_index": overlap_index})
+    write_marker(plan_path, {"report": report})
+    return report
+
+
+def _heldout_candidates(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) -> HeldoutSelector:
+    """Pass 1: every document offered to the held-out selection of its domain."""
     sel = HeldoutSelector(seed, mc.val_fraction, mc.val_min_docs, mc.val_max_docs)
     for shard in shards:
         _, rows = _shard_rows(rdir, shard)
         for did, dom, _, _, _, th in rows:
             sel.add(dom, did, th, shard)
+    return sel
+
+
+def _heldout_and_histogram(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int,
+                           sel: HeldoutSelector) -> tuple[list, list, dict]:
+    """Pass 2: the candidates whose text also occurs among the training documents are dropped (``resolve_heldout``),
+    and per domain the training sizes are summed into ``BUCKETS`` buckets of the mixture key. Returns (held,
+    dropped, histogram per domain)."""
+    import numpy as np
+
     ranked = sel.ranked()
     heap_ids = {e[1] for _, entries in ranked.values() for e in entries}
     heap_hashes = {e[2] for _, entries in ranked.values() for e in entries}
@@ -181,22 +224,15 @@ def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) ->
         for _, did, _, _ in entries:
             if did not in held_ids and did not in dropped_ids:
                 hist[dom][_bucket(seed, dom, did)] += heap_size[did]
-    avail = {d: int(h.sum()) for d, h in hist.items()}
-    targets = domain_targets(avail, mc.weights, mc.max_epochs, mc.total_tokens, mc.matched)
-    rules = {}
-    for d, target in targets.items():
-        epochs = target / avail[d] if avail[d] else 0.0
-        full = math.floor(epochs + 1e-12)
-        rules[d] = {"full": full, "extra_below_bucket": _threshold(hist[d], target - full * avail[d]),
-                    "epochs": epochs, "target": target}
-    if mc.matched:
-        _check_matched(mc, hist, rules)
-    write_parquet(pa.table({"doc_id": pa.array([h[2] for h in held], pa.string()),
-                            "domain": pa.array([h[0] for h in held], pa.string()),
-                            "shard": pa.array([h[4] for h in held], pa.string()),
-                            "heldout_key": pa.array([h[1] for h in held], pa.float64())}),
-                  rdir / "mixture" / HELDOUT_FILE)
-    overlap_index = heldout_overlap.write_heldout(rdir, held, mc.heldout_ngram, mc.heldout_overlap)
+    return held, dropped, hist
+
+
+def _write_decisions(rdir: Path, shards: list[str], seed: int, targets: dict, rules: dict, held_ids: set,
+                     dropped_ids: set) -> dict:
+    """Pass 3: per shard, each document's split and copies (``mixture/<shard>.parquet``) and the shard's stats;
+    returns the per-domain totals the report is made of."""
+    import pyarrow as pa
+
     acc = {d: {"docs": 0, "unique_docs": 0, "tokens": 0, "chars": 0, "val_docs": 0, "val_tokens": 0,
                "bytes": 0, "all_tokens": 0} for d in targets}
     for shard in shards:
@@ -239,12 +275,7 @@ def plan_mixture(mc: MixtureConfig, rdir: Path, shards: list[str], seed: int) ->
         write_parquet(pa.table({"doc_id": t.column("doc_id"), "split": pa.array(split, pa.string()),
                                 "copies": pa.array(copies, pa.int32())}), rdir / "mixture" / f"{shard}.parquet")
         write_stats(rdir, "mixture", shard, stats)
-    report = _report(mc, seed, targets, rules, acc, avail, len(dropped))
-    write_json(rdir / "mixture" / "report.json", report)
-    write_json(plan_path, {"seed": seed, "unit": mc.unit, "buckets": BUCKETS, "rules": rules,
-                           "heldout_index": overlap_index})
-    write_marker(plan_path, {"report": report})
-    return report
+    return acc
 
 
 def _report(mc, seed, targets, rules, acc, avail, n_dropped) -> dict:

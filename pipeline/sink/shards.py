@@ -177,31 +177,7 @@ def write_output_file(rdir: Path, k: int, n_files: int, parts: list[str], *, seq
             for i in range(len(rows)):
                 writer.add(rows[i], row_domain[i], row_starts[i] if boundaries else None)
 
-    start = plan["bucket_start"]
-    copies, aligned = 0, False
-    for b in range(n_files):
-        if start[b] >= hi or start[b + 1] <= lo or start[b] == start[b + 1]:
-            continue
-        bucket = _bucket_copies(rdir, parts, markers, b)
-        order = np.argsort(bucket["keys"], kind="stable")      # part (then shard) order breaks ties: deterministic
-        seg = bucket["lens"][order] + per
-        at = start[b] + np.cumsum(seg) - seg                    # stream position of every copy
-        keep = (at + seg > lo) & (at < hi)
-        sel = order[keep]
-        if not len(sel):
-            continue
-        if not aligned:
-            packer.align(int(at[keep][0]))
-            aligned = True
-        copies += int((at[keep] >= lo).sum())                  # copies that begin in this file
-        cum = np.cumsum(bucket["lens"][sel])
-        cuts = np.searchsorted(cum, np.arange(CHUNK_TOKENS, int(cum[-1]), CHUNK_TOKENS))
-        for chunk, begins in zip(np.split(sel, cuts), np.split(at[keep] >= lo, cuts), strict=True):
-            flat, starts, lens = _gather(bucket, chunk)
-            put(packer.feed(flat, starts, lens, bucket["dom"][chunk], np.arange(len(chunk))))
-            if mega is not None:  # the documents that begin in this file, in stream order
-                mega.add(flat, starts[begins], lens[begins])
-        del bucket, order, seg, at, keep, sel
+    copies = _feed_buckets(rdir, parts, markers, plan["bucket_start"], (lo, hi), per, packer, put, mega)
     if last:
         put(packer.finish(remainder))
     if writer.samples != stop - first:
@@ -224,6 +200,42 @@ def write_output_file(rdir: Path, k: int, n_files: int, parts: list[str], *, seq
     shutil.rmtree(tmp_dir)
     write_marker(final, {"entry": entry}, config=digest, sha256=entry["sha256"])
     return entry
+
+
+def _feed_buckets(rdir: Path, parts: list[str], markers: list[dict], start, span: tuple[int, int], per: int,
+                  packer: StreamPacker, put, mega) -> int:
+    """The copies of the output file's stream ``span`` (token positions ``lo..hi``), bucket by bucket in key order,
+    chunk by chunk into ``packer`` (its rows to ``put``) and the documents that begin in the file to the Megatron
+    writer ``mega``; returns how many copies begin in the file. ``start``: the stream position of every bucket
+    (``row_plan``'s ``bucket_start``); ``per``: the tokens a copy adds besides its own (EOS, and BOS)."""
+    import numpy as np
+
+    lo, hi = span
+    copies, aligned = 0, False
+    for b in range(len(start) - 1):
+        if start[b] >= hi or start[b + 1] <= lo or start[b] == start[b + 1]:
+            continue
+        bucket = _bucket_copies(rdir, parts, markers, b)
+        order = np.argsort(bucket["keys"], kind="stable")      # part (then shard) order breaks ties: deterministic
+        seg = bucket["lens"][order] + per
+        at = start[b] + np.cumsum(seg) - seg                    # stream position of every copy
+        keep = (at + seg > lo) & (at < hi)
+        sel = order[keep]
+        if not len(sel):
+            continue
+        if not aligned:
+            packer.align(int(at[keep][0]))
+            aligned = True
+        copies += int((at[keep] >= lo).sum())                  # copies that begin in this file
+        cum = np.cumsum(bucket["lens"][sel])
+        cuts = np.searchsorted(cum, np.arange(CHUNK_TOKENS, int(cum[-1]), CHUNK_TOKENS))
+        for chunk, begins in zip(np.split(sel, cuts), np.split(at[keep] >= lo, cuts), strict=True):
+            flat, starts, lens = _gather(bucket, chunk)
+            put(packer.feed(flat, starts, lens, bucket["dom"][chunk], np.arange(len(chunk))))
+            if mega is not None:  # the documents that begin in this file, in stream order
+                mega.add(flat, starts[begins], lens[begins])
+        del bucket, order, seg, at, keep, sel
+    return copies
 
 
 def _verify_written(tmp_dir: Path, entry: dict, *, seq_len: int, domain_field: bool, boundaries: bool,

@@ -327,6 +327,11 @@ class TrainConfig:
             raise ConfigError(f"train.min_lr: must be <= train.lr ({self.lr}), got {self.min_lr}")
         if self.warmup_steps >= self.steps:
             raise ConfigError(f"train.warmup_steps: must be < train.steps ({self.steps}), got {self.warmup_steps}")
+        self._check_stages()
+
+    def _check_stages(self) -> None:
+        """``train.stages``: names, per-stage overrides (converted in place to the field's type), and the pair checks
+        on each stage's effective settings, blaming the override that broke the pair."""
         hints = typing.get_type_hints(TrainConfig)
         known = {f.name: f for f in dataclasses.fields(TrainConfig) if f.name not in _NOT_PER_STAGE}
         seen: set[str] = set()

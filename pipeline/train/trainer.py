@@ -26,6 +26,7 @@ that rewrites the summary.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import logging
@@ -41,13 +42,15 @@ from pipeline.io import write_json
 from . import testing_hooks
 from .checkpoint import checkpoint as ckpt
 from .checkpoint import commit, resume
-from .data import TokenBatches
+from .config import ModelConfig
+from .data import DataPosition, TokenBatches
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
 from .jobs import fenced
 from .jobs.lease import Lease, LeaseLost, env_job_id, new_job_id
 from .jobs.metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
-from .model.memory_plan import job_layout, require_fit
+from .model.layout import RankLayout
+from .model.memory_plan import MemoryPlan, job_layout, require_fit
 from .model.model import CausalLMLoss, attention_impl, count_cell_params
 from .model.parallel import create_groups
 from .model.parallel_setup import build_parallel, grad_bytes, param_bytes
@@ -127,7 +130,60 @@ def run_training(job: TrainJob) -> dict:
 
 
 def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lease: Lease | None = None) -> dict:
+    """The stage on this rank, in four phases: build (:func:`_build`: model, optimizer, data, resume point), the
+    training steps (:func:`_run_steps`), every rank's digest and the evaluation, then rank 0's summary
+    (:func:`_summary`)."""
     t_start = time.time()
+    b = _build(job, rank, world, logger)
+    step, last_ckpt, times = b.start_step, None, []
+    if b.start_step < job.steps:
+        step, last_ckpt, times = _run_steps(job, b, rank, status, logger, lease)
+    elif rank == 0:
+        last_ckpt = ckpt.ckpt_path(job.out_dir, step)
+    if b.lay.tp * b.lay.dp > 1:
+        _fence(lease)
+        _write_rank_digest(job, b.net, rank, step, b.opt, b.resumed_from)
+    ev = None
+    if b.lay.tp > 1:      # the TP forward is collective: every rank scores the same rows, rank 0 keeps the result
+        ev = _evaluation(job, b.net, b.cfg, b.seq_len, last_ckpt, lease, keep=rank == 0, collective=True)
+    if rank != 0:
+        return {"stage": job.stage, "state": "SUCCEEDED", "rank": rank, "steps": step}
+
+    _fence(lease)
+    if ev is None:
+        ev = _evaluation(job, b.net, b.cfg, b.seq_len, last_ckpt, lease)
+    summary = _summary(job, b, logger.path, step=step, last_ckpt=last_ckpt, times=times, ev=ev, t_start=t_start)
+    fenced.write_json(os.path.join(job.out_dir, "summary.json"), summary, lease.fence if lease else fenced.no_fence)
+    status.write("SUCCEEDED", step, summary["final_loss"])
+    return summary
+
+
+@dataclasses.dataclass
+class _Built:
+    """What :func:`_build` made for this rank: the model, its optimizer, the data and where training resumes."""
+
+    cfg: ModelConfig
+    lay: RankLayout
+    mplan: MemoryPlan
+    net: object
+    opt: object
+    norm_fn: object             # the TP-aware gradient norm (None: the plain one)
+    loss_net: object
+    scaler: object              # fp16's loss scaler, else None
+    data_dir: str
+    data_info: dict
+    seq_len: int
+    world: int                  # data-parallel ranks
+    start_step: int
+    position: DataPosition
+    resumed_from: int | None
+    params: int                 # the whole model's, for MFU
+    g: int                      # global batch (sequences per step)
+
+
+def _build(job: TrainJob, rank: int, world: int, logger) -> _Built:
+    """Phase 1: seeds, memory plan, model and optimizer for this rank's slice, the stage's data, and the restored
+    checkpoint (metrics past it dropped)."""
     if job.world_size and job.world_size != world:
         raise ValueError(f"TrainJob.world_size={job.world_size}: the job was planned for {job.world_size} ranks "
                          f"but the launcher started {world}")
@@ -157,94 +213,93 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
     log.info("stage %s: %s params, mode=%s, precision=%s, attention=%s, rank %d/%d, global batch %d x %d tokens, "
              "steps %d..%d", job.stage, f"{params:,}", job.mode, job.precision, attention_impl(), rank, world, g,
              seq_len, start_step + 1, job.steps)
+    return _Built(cfg=cfg, lay=lay, mplan=mplan, net=net, opt=opt, norm_fn=norm_fn, loss_net=loss_net, scaler=scaler,
+                  data_dir=data_dir, data_info=data_info, seq_len=seq_len, world=world, start_step=start_step,
+                  position=position, resumed_from=resumed_from, params=params, g=g)
 
+
+def _run_steps(job: TrainJob, b: _Built, rank: int, status: StatusFile, logger,
+               lease: Lease | None) -> tuple[int, str | None, list[tuple[float, int]]]:
+    """Phase 2: the steps from ``b.start_step`` to ``job.steps``, launched without a host sync and fetched at the
+    sync points, where metrics, checkpoints, status and the lease heartbeat are written. Returns (last step, last
+    checkpoint or None, (seconds, tokens) of every fetched step)."""
+    lay, seq_len, g, scaler, start_step = b.lay, b.seq_len, b.g, b.scaler, b.start_step
     step, last_ckpt, times = start_step, None, []
-    if start_step < job.steps:
-        step_fn = TrainStep(loss_net, opt, grad_clip=job.grad_clip, world=world, grad_accum=job.grad_accum,
-                            scaler=scaler, jit=job.mode == "graph", group=lay.dp_group, norm_fn=norm_fn,
-                            devices=lay.tp * lay.dp)
-        batches = TokenBatches(data_dir, job.micro_batch, job.seed, rank=lay.dp_rank, world=world,
-                               grad_accum=job.grad_accum, start=position, extra_files=job.replay_files)
-        if job.replay_files:
-            data_info["replay"] = batches.replay_info()
-        window, last_sync = PendingSteps(), start_step
+    step_fn = TrainStep(b.loss_net, b.opt, grad_clip=job.grad_clip, world=b.world, grad_accum=job.grad_accum,
+                        scaler=scaler, jit=job.mode == "graph", group=lay.dp_group, norm_fn=b.norm_fn,
+                        devices=lay.tp * lay.dp)
+    batches = TokenBatches(b.data_dir, job.micro_batch, job.seed, rank=lay.dp_rank, world=b.world,
+                           grad_accum=job.grad_accum, start=b.position, extra_files=job.replay_files)
+    if job.replay_files:
+        b.data_info["replay"] = batches.replay_info()
+    window, last_sync = PendingSteps(), start_step
+    t_data = time.time()
+    if lease is not None:
+        lease.compiling()  # the stall timer starts here: the host build and resume do not count
+    for micro, pos in batches.steps(job.steps - start_step):
+        if step == start_step:
+            _check_batch(micro[0], b.cfg, seq_len)
+        data_s = time.time() - t_data
+        step += 1
+        t0 = time.time()
+        window.add(step, step_fn.launch(micro), data_s, pos, _digest(micro), t0)  # no host sync here
         t_data = time.time()
+        if not is_sync_point(job, step, start_step):
+            continue
+        for st, out, dt, data_s, pos, digest in window.fetch(step_fn.fetch):  # waits for the device
+            times.append((dt, g * seq_len))
+            _check_finite(out, st, scaler)
+            tok_s = g * seq_len / dt
+            row = {"loss": out["loss"], "lr": out["lr"], "grad_norm": _finite_or_none(out["grad_norm"]),
+                   "loss_scale": out["loss_scale"], "skipped": not out["applied"], "tokens_per_s": tok_s,
+                   "mfu": mfu(b.params, tok_s, job.peak_flops, lay.tp * lay.dp), "step_time_s": dt,
+                   "data_time_s": data_s,
+                   "tokens": st * g * seq_len, "epoch": pos.epoch, "data_sha1": digest, "time": time.time()}
+            logger.log(row, st)
+        status.last_step, status.last_loss = step, out["loss"]
+        if step % job.checkpoint_every == 0 or step == job.steps:
+            _fence(lease)  # a job that lost its lease writes no checkpoint (checked again before the renames)
+            last_ckpt = resume.save(job, b.opt, scaler, step, pos, lay, rank, seq_len,
+                                    fence=None if lease is None else testing_hooks.fence_of(job, step, lease),
+                                    owner=None if lease is None else (lease.job_id, lease.generation))
+        status.write("RUNNING", step, out["loss"])  # every sync point (log_every steps at the most)
+        if step // job.log_every > last_sync // job.log_every or step == job.steps:
+            log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
+                     out["grad_norm"], out["loss_scale"], tok_s)
+        last_sync = step
+        testing_hooks.after_step(job, step)  # fail_at_step: tests of the resume path
         if lease is not None:
-            lease.compiling()  # the stall timer starts here: the host build and resume do not count
-        for micro, pos in batches.steps(job.steps - start_step):
-            if step == start_step:
-                _check_batch(micro[0], cfg, seq_len)
-            data_s = time.time() - t_data
-            step += 1
-            t0 = time.time()
-            window.add(step, step_fn.launch(micro), data_s, pos, _digest(micro), t0)  # no host sync here
-            t_data = time.time()
-            if not is_sync_point(job, step, start_step):
-                continue
-            for st, out, dt, data_s, pos, digest in window.fetch(step_fn.fetch):  # waits for the device
-                times.append((dt, g * seq_len))
-                _check_finite(out, st, scaler)
-                tok_s = g * seq_len / dt
-                row = {"loss": out["loss"], "lr": out["lr"], "grad_norm": _finite_or_none(out["grad_norm"]),
-                       "loss_scale": out["loss_scale"], "skipped": not out["applied"], "tokens_per_s": tok_s,
-                       "mfu": mfu(params, tok_s, job.peak_flops, lay.tp * lay.dp), "step_time_s": dt,
-                       "data_time_s": data_s,
-                       "tokens": st * g * seq_len, "epoch": pos.epoch, "data_sha1": digest, "time": time.time()}
-                logger.log(row, st)
-            status.last_step, status.last_loss = step, out["loss"]
-            if step % job.checkpoint_every == 0 or step == job.steps:
-                _fence(lease)  # a job that lost its lease writes no checkpoint (checked again before the renames)
-                last_ckpt = resume.save(job, opt, scaler, step, pos, lay, rank, seq_len,
-                                        fence=None if lease is None else testing_hooks.fence_of(job, step, lease),
-                                        owner=None if lease is None else (lease.job_id, lease.generation))
-            status.write("RUNNING", step, out["loss"])  # every sync point (log_every steps at the most)
-            if step // job.log_every > last_sync // job.log_every or step == job.steps:
-                log.info("step %d/%d loss %.4f gnorm %.3f scale %g %.0f tok/s", step, job.steps, out["loss"],
-                         out["grad_norm"], out["loss_scale"], tok_s)
-            last_sync = step
-            testing_hooks.after_step(job, step)  # fail_at_step: tests of the resume path
-            if lease is not None:
-                lease.step_done(step)  # heartbeat progress; raises JobCancelled on a cancel request
-        if step < job.steps:
-            raise RuntimeError(f"data ended after step {step} of {job.steps}")
-    elif rank == 0:
-        last_ckpt = ckpt.ckpt_path(job.out_dir, step)
-    if lay.tp * lay.dp > 1:
-        _fence(lease)
-        _write_rank_digest(job, net, rank, step, opt, resumed_from)
-    ev = None
-    if lay.tp > 1:      # the TP forward is collective: every rank scores the same rows, rank 0 keeps the result
-        ev = _evaluation(job, net, cfg, seq_len, last_ckpt, lease, keep=rank == 0, collective=True)
-    if rank != 0:
-        return {"stage": job.stage, "state": "SUCCEEDED", "rank": rank, "steps": step}
+            lease.step_done(step)  # heartbeat progress; raises JobCancelled on a cancel request
+    if step < job.steps:
+        raise RuntimeError(f"data ended after step {step} of {job.steps}")
+    return step, last_ckpt, times
 
-    _fence(lease)
-    if ev is None:
-        ev = _evaluation(job, net, cfg, seq_len, last_ckpt, lease)
-    rows = commit.valid_rows(job.out_dir, read_jsonl(logger.path)) if os.path.exists(logger.path) else []
+
+def _summary(job: TrainJob, b: _Built, metrics_path: str, *, step: int, last_ckpt: str | None,
+             times: list[tuple[float, int]], ev: dict | None, t_start: float) -> dict:
+    """Phase 4 (rank 0): the stage's ``summary.json``, from the committed metric rows and the steady steps' speed."""
+    lay, net, opt, cfg, seq_len, g = b.lay, b.net, b.opt, b.cfg, b.seq_len, b.g
+    rows = commit.valid_rows(job.out_dir, read_jsonl(metrics_path)) if os.path.exists(metrics_path) else []
     losses = [r["loss"] for r in rows]
     steady = times[1:] or times  # the first step of a process includes the GRAPH compile
     tok_s = (sum(n for _, n in steady) / sum(t for t, _ in steady)) if steady else None
-    summary = {
-        "stage": job.stage, "state": "SUCCEEDED", "steps": step, "start_step": start_step,
-        "resumed_from": resumed_from, "init_from": job.init_from if resumed_from is None else None,
+    return {
+        "stage": job.stage, "state": "SUCCEEDED", "steps": step, "start_step": b.start_step,
+        "resumed_from": b.resumed_from, "init_from": job.init_from if b.resumed_from is None else None,
         "init_mode": job.init_mode, "first_loss": losses[0] if losses else None,
         "final_loss": losses[-1] if losses else None, "min_loss": min(losses) if losses else None,
         "skipped_steps": sum(1 for r in rows if r.get("skipped")), "tokens": step * g * seq_len,
-        "tokens_per_s": tok_s, "mfu": mfu(params, tok_s or 0.0, job.peak_flops, lay.tp * lay.dp),
-        "first_step_s": times[0][0] if times else None, "wall_s": time.time() - t_start, "params": params,
+        "tokens_per_s": tok_s, "mfu": mfu(b.params, tok_s or 0.0, job.peak_flops, lay.tp * lay.dp),
+        "first_step_s": times[0][0] if times else None, "wall_s": time.time() - t_start, "params": b.params,
         "checkpoint": last_ckpt, "commit": _commit_of(job.out_dir, step), "attention_impl": attention_impl(),
         "mode": job.mode, "precision": job.precision,
-        "device": job.device, "world_size": world, "global_batch": g, "grad_accum": job.grad_accum,
-        "seq_len": seq_len, "data": data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
-        "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": mplan.to_dict(),
+        "device": job.device, "world_size": b.world, "global_batch": g, "grad_accum": job.grad_accum,
+        "seq_len": seq_len, "data": b.data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
+        "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": b.mplan.to_dict(),
         "param_bytes_per_rank": param_bytes(net), "optimizer_bytes_per_rank": opt.state_bytes(),
         "gradient_bytes_per_rank": grad_bytes(net, job.grad_accum, opt), "peak_rss_bytes": _peak_rss(),
         "distributed_optimizer": job.distributed_optimizer,
     }
-    fenced.write_json(os.path.join(job.out_dir, "summary.json"), summary, lease.fence if lease else fenced.no_fence)
-    status.write("SUCCEEDED", step, summary["final_loss"])
-    return summary
 
 
 def _fence(lease: Lease | None) -> None:
