@@ -75,6 +75,8 @@ class TrainJob:
     fail_mode: str = "raise"  # tests only: "raise" | "kill" (SIGKILL) | "kill_between_saves" | "pause_after_fence"
 
     def __post_init__(self) -> None:
+        # Long on purpose: one check per field (or group of like fields), each naming its field, in one place; the
+        # model and layout checks come last because they need the fields checked above.
         def bad(name: str, why: str) -> ValueError:
             return ValueError(f"TrainJob.{name}={getattr(self, name)!r}: {why}")
 

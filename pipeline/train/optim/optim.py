@@ -101,6 +101,8 @@ class TrainStep:
     def __init__(self, loss_net: nn.Cell, opt: nn.Optimizer, *, grad_clip: float, world: int = 1,
                  grad_accum: int = 1, scaler=None, jit: bool = True, group: str | None = None, norm_fn=None,
                  devices: int = 0):
+        # Long on purpose: the step, micro-step and apply-step are closures that ms.jit compiles, over the same
+        # reducer, scaler, grad_fn and finish; split into methods they would pass all of those around.
         # world/group: the data-parallel ranks (a sub-group under tensor parallel); norm_fn: TP-aware norm;
         # devices: every rank of the job (TP x DP; 0 = world), over which the fp16 finite flag is all-reduced
         self.accum, self.world, self.scaler = grad_accum, world, scaler
