@@ -1,7 +1,7 @@
-"""The quality classifier (pipeline/quality/classifier.py) in its cross_domain mode (reference domains against
-others): trained in the run, cross-fitted, byte-identical for a seed, the cut from each domain's cut sample scored in
-the train step, every document scored and decided in the quality task, cut per domain; a supplied model; off by default changes nothing.  The within-domain mode (the default):
-tests/test_quality_classifier_within.py."""
+"""The quality classifier (pipeline/quality/classifier.py) in its cross_domain mode (reference domains against others):
+trained in the run, cross-fitted, byte-identical for a seed, the cut from each domain's cut sample scored in the train
+step, every document scored and decided in the quality task, cut per domain; a supplied model; off by default changes
+nothing.  The within-domain mode (the default): tests/test_quality_classifier_within.py."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ def _shard(rdir: Path, shard: str, domain: str, texts: list[str], stage: str = "
 
 
 def _quality(**clf):
-    settings = {"enabled": True, "training": "cross_domain", "positive_domains": ["prose"], "negative_domains": ["code"],
+    settings = {"enabled": True, "training": "cross_domain", "positive_domains": ["prose"],
+                "negative_domains": ["code"],
                 "keep_top_percent": {"code": 50}, "dim": 8, "buckets": 4096, "epochs": 50, "lr": 0.5,
                 "held_out_fraction": 0.3,
                 **clf}
@@ -222,8 +223,8 @@ def test_reference_text_against_raw_web(tmp_path):
         _shard(rdir, f"{domain}-00000", domain, texts)
     shards = ["academic-00000", "books-00000", "encyclopedia-00000", "web-00000"]
     q = config_from_dict({"quality": {"chains": CHAINS, "classifier": {
-        "enabled": True, "training": "cross_domain", "max_chars": 4000, "dim": 16, "buckets": 65536, "held_out_fraction": 0.3,
-        "epochs": 20, "lr": 0.5}}}).quality
+        "enabled": True, "training": "cross_domain", "max_chars": 4000, "dim": 16, "buckets": 65536,
+        "held_out_fraction": 0.3, "epochs": 20, "lr": 0.5}}}).quality
     found = classifier.train_classifier(q.classifier, rdir, shards, seed=1234)
     assert found["held_out"]["accuracy"] >= 0.85
     web = run_quality_shard(q, rdir, "web-00000", input_stage="minhash")

@@ -121,7 +121,8 @@ def test_no_document_is_scored_by_a_model_that_trained_on_it(run):
     its own fold, which is not among them."""
     rdir, found = run
     sample = read_parquet(rdir / "classifier" / "sample.parquet").to_pylist()
-    texts = {r["doc_id"]: r["text"] for s in SHARDS for r in read_parquet(rdir / "minhash" / f"{s}.parquet").to_pylist()}
+    texts = {r["doc_id"]: r["text"] for s in SHARDS
+             for r in read_parquet(rdir / "minhash" / f"{s}.parquet").to_pylist()}
     pos, neg = "__label__hq", "__label__not_hq"
     for g, group in enumerate(found["groups"]):
         examples = [r for r in sample if r["domain"] == group["domains"][0] and r["split"] == "train"]
@@ -228,7 +229,8 @@ def test_rerun_is_byte_identical_with_prescores_and_two_workers(run, tmp_path, m
     again = classifier.train_classifier(q.classifier, other, SHARDS, SEED, quality=q,
                                         prescored=lambda shard: other / "minhash" / "prescores" / f"{shard}.parquet")
     assert again["domains"]["docs"]["labels"]["prescored"] == 200
-    assert _digests(other / "classifier") == {**first, "manifest.json": _digests(other / "classifier")["manifest.json"]}
+    assert _digests(other / "classifier") == {**first,
+                                              "manifest.json": _digests(other / "classifier")["manifest.json"]}
     assert {**again, "domains": None} == {**found, "domains": None}
     assert {**again["domains"]["docs"]["labels"], "prescored": 0} == found["domains"]["docs"]["labels"]
     for s in SHARDS:
@@ -257,7 +259,8 @@ def test_a_cut_from_a_sample_keeps_the_share_within_two_points(tmp_path):
     q = _quality(cut_sample_docs=1200, max_docs_per_class=100, keep_top_percent={"docs": 30})
     found = classifier.train_classifier(q.classifier, rdir, shards, SEED, quality=q)
     cut = found["cuts"]["docs"]
-    assert (cut["sample_docs"], cut["domain_docs"], cut["cut_from"]) == (1200, 1600, "a sample of 1200 of 1600 documents")
+    assert (cut["sample_docs"], cut["domain_docs"], cut["cut_from"]) == (1200, 1600,
+                                                                         "a sample of 1200 of 1600 documents")
     assert (cut["sample_kept"], found["domains"]["docs"]["labels"]["candidates"]) == (360, 200)
     sample = {r["doc_id"]: r[classifier.COLUMN] for r in
               read_parquet(rdir / "classifier" / "cut_sample.parquet").to_pylist()}

@@ -142,8 +142,8 @@ def score_examples(scorer: Scorer, g: int, examples: list[dict]) -> None:
 def score_sample(scorer: Scorer, rdir: Path, shards: list[str], input_stage: str,
                  picks: dict[str, list[tuple]]) -> list[dict]:
     """The cut sample's scores: per domain that has a model set, its picked (u, doc_id, shard index, row) documents
-    scored by the model of their fold, as the quality tasks score them.  One domain at a time (one model set
-    loaded), one shard's picked row groups at a time.  Returns {doc_id, domain, fold, q_classifier_score} rows, by domain and
+    scored by the model of their fold, as the quality tasks score them.  One domain at a time (one model set loaded),
+    one shard's picked row groups at a time.  Returns {doc_id, domain, fold, q_classifier_score} rows, by domain and
     doc id."""
     out: list[dict] = []
     for domain in sorted(picks):

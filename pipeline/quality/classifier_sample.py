@@ -159,7 +159,8 @@ def failed_rules(chain: Any, row: dict) -> list[str]:
 
 
 def within_domain_sample(cc: Any, quality: Any, rdir: Path, shards: list[str], input_stage: str, seed: int,
-                         domain: str, picks: list[tuple], prescored: Callable[[str], Path] | None) -> tuple[list, dict]:
+                         domain: str, picks: list[tuple],
+                         prescored: Callable[[str], Path] | None) -> tuple[list, dict]:
     """The labelled training examples of one domain from its candidates ``picks`` (smallest hashes first), and
     counts of what the chain said.  Each example: {doc_id, domain, u, text (first max_chars), class pos/neg,
     source heuristics_pass / heuristics_failed / corrupt:<kind>, failed (rules), fold}.  The chain's score rows
@@ -208,8 +209,9 @@ def within_domain_sample(cc: Any, quality: Any, rdir: Path, shards: list[str], i
         if kinds and unit(seed, "corrupt", p["doc_id"]) < cc.corrupt_share:
             kind = kinds[min(int(unit(seed, "corrupt_kind", p["doc_id"]) * len(kinds)), len(kinds) - 1)]
             cid = f"{p['doc_id']}#{kind}"
-            neg.append({**p, "doc_id": cid, "u": unit(seed, "sample", cid), "class": "neg", "source": f"corrupt:{kind}",
-                        "failed": [], "text": corrupted(p["text"], kind, seed, p["doc_id"])[:cc.max_chars]})
+            neg.append({**p, "doc_id": cid, "u": unit(seed, "sample", cid), "class": "neg",
+                        "source": f"corrupt:{kind}", "failed": [],
+                        "text": corrupted(p["text"], kind, seed, p["doc_id"])[:cc.max_chars]})
     neg.sort(key=lambda d: (d["u"], d["doc_id"]))
     return [*pos, *neg[:cc.max_docs_per_class]], counts
 

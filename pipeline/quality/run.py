@@ -324,7 +324,8 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
              n if reuse_scores else stats["prescored_docs"])
     present = [c for c in LANG_COLUMNS if c in table.column_names]
     nbytes_col = _utf8_lengths(table.column("text")) if n else []
-    workers = worker_count(q.workers) if _work_bytes(q, chains, domains, stored, nbytes_col, decont) >= PARALLEL_MIN_BYTES else 1
+    workers = (worker_count(q.workers)
+               if _work_bytes(q, chains, domains, stored, nbytes_col, decont) >= PARALLEL_MIN_BYTES else 1)
     items = ((i, cols["text"][i], cols["doc_id"][i], domains[i], cols["meta"][i], {c: cols[c][i] for c in present},
               stored[i]) for i in range(n))
 

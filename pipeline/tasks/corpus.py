@@ -156,7 +156,8 @@ def ingest_shard(spec: dict) -> dict:
 
 
 def exact_hash_batch(batch: dict, specs: list[dict]) -> dict:
-    """Exact dedup, step 1 (per batch): hash the batch's shards into ``dedup.exact_partitions`` partitions, one file."""
+    """Exact dedup, step 1 (per batch): hash the batch's shards into ``dedup.exact_partitions`` partitions, one
+    file."""
     cfg = load_run_config(batch["run_dir"])
     return exact_dedup.run_exact_hash_batch(Path(batch["run_dir"]), batch["task"], batch["of"],
                                             [s["shard"] for s in specs], cfg.dedup.exact_partitions)
@@ -325,7 +326,8 @@ def nothing_new(rdir: Path, why: str) -> NothingToShip:
     """The skip of an incremental refresh, with what its documents became (from the stages' stats)."""
     stats = collect_stats(rdir)
     ingested = sum(d["in_docs"] for d in stats.get("ingest", {}).values())
-    previous = sum(d["removed"].get("near_duplicate_of_previous_release", 0) for d in stats.get("minhash", {}).values())
+    previous = sum(d["removed"].get("near_duplicate_of_previous_release", 0)
+                   for d in stats.get("minhash", {}).values())
     return NothingToShip(f"incremental refresh {Path(rdir).name}: {why}: of {ingested:,} documents ingested, "
                          f"{previous:,} duplicate an earlier release and the rest were removed by dedup and the "
                          "filters; nothing is published and no training starts")
