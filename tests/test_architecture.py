@@ -150,7 +150,7 @@ MAX_FUNCTION_LINES = 80
 LONG_MARK = "# Long on purpose"
 # Long and unmarked in files that others were editing when the rule came in; each still wants a split or a marker.
 # The test fails once one of them is short or marked, so that this list only shrinks.
-PENDING_LONG = {"pipeline/quality/classifier.py:train_classifier", "pipeline/quality/run.py:run_quality_shard"}
+PENDING_LONG: set[str] = set()
 
 
 def _long_functions(source: str, where: str) -> list[tuple[str, int, bool]]:

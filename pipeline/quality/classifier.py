@@ -229,35 +229,8 @@ def train_classifier(cc: Any, rdir: Path, shards: list[str], seed: int, input_st
     pools, counts = sample_.scan_ids(rdir, shards, input_stage, seed, lambda d: max(
         k if mode == "within_domain" or d in named else 0, cc.cut_sample_docs))
     candidates = {d: v[:k] for d, v in pools.items() if mode == "within_domain" or d in named}
-    examples: list[dict] = []
-    domains: dict[str, dict] = {d: {"docs": n} for d, n in counts.items()}
-    if mode == "within_domain":
-        for d in sorted(counts):
-            docs, labels = sample_.within_domain_sample(cc, quality, rdir, shards, input_stage, seed, d,
-                                                        candidates[d], prescored)
-            sample_.balance(cc, docs)
-            _fit(cc, tmp, manifest, docs, seed, d, [d])
-            domains[d].update(labels=labels, **_examples_report(docs))
-            examples += _strip(docs)
-    else:
-        docs = sample_.cross_domain_sample(cc, rdir, shards, input_stage, seed, candidates)
-        if mode == "cross_domain":
-            if missing := [name for c, name in (("pos", "positive"), ("neg", "negative"))
-                           if not any(d["class"] == c for d in docs)]:
-                raise ConfigError(f"quality.classifier: no {' and no '.join(missing)} training documents "
-                                  f"(positive_domains {cc.positive_domains}, negative_domains "
-                                  f"{cc.negative_domains}; sampled {len(docs)} documents): name domains this run has")
-            sample_.balance(cc, docs)
-            _fit(cc, tmp, manifest, docs, seed, "cross_domain", ["*"])
-        else:
-            for d in docs:
-                d["split"] = "held_out"
-            manifest["groups"].append({"name": "supplied", "domains": ["*"], "status": "supplied", "models": [
-                {"fold": 0, "format": cc.model_format, "file": Path(cc.model_path).name,
-                 "path": str(Path(cc.model_path).resolve()), "sha256": sha256_file(cc.model_path)}]})
-            models_.score_examples(models_.Scorer(tmp, manifest), 0, docs)
-        manifest["sample_report"] = _examples_report(docs)
-        examples += _strip(docs)
+    examples, domains = _train_sets(cc, quality, rdir, shards, input_stage, seed, tmp, manifest, counts,
+                                    candidates, prescored)
     scorer = models_.Scorer(tmp, manifest)
     cut_rows = models_.score_sample(scorer, rdir, shards, input_stage,
                                     {d: v[:cc.cut_sample_docs] for d, v in pools.items()})
@@ -289,6 +262,44 @@ def train_classifier(cc: Any, rdir: Path, shards: list[str], seed: int, input_st
              manifest["held_out"]["accuracy"], manifest["held_out"]["auc"], manifest["held_out"]["docs"],
              {d: (c["cut"], c["cut_from"]) for d, c in manifest["cuts"].items()}, manifest["probe"]["max_separation"])
     return manifest
+
+
+def _train_sets(cc: Any, quality: Any, rdir: Path, shards: list[str], input_stage: str, seed: int, tmp: Path,
+                manifest: dict, counts: dict[str, int], candidates: dict[str, list],
+                prescored: Callable[[str], Path] | None) -> tuple[list[dict], dict[str, dict]]:
+    """Train the model sets of the manifest's mode (per domain, one cross-domain set, or the supplied model) and
+    score their examples cross-fitted; returns the examples and the per-domain entries."""
+    examples: list[dict] = []
+    mode = manifest["training"]
+    domains: dict[str, dict] = {d: {"docs": n} for d, n in counts.items()}
+    if mode == "within_domain":
+        for d in sorted(counts):
+            docs, labels = sample_.within_domain_sample(cc, quality, rdir, shards, input_stage, seed, d,
+                                                        candidates[d], prescored)
+            sample_.balance(cc, docs)
+            _fit(cc, tmp, manifest, docs, seed, d, [d])
+            domains[d].update(labels=labels, **_examples_report(docs))
+            examples += _strip(docs)
+    else:
+        docs = sample_.cross_domain_sample(cc, rdir, shards, input_stage, seed, candidates)
+        if mode == "cross_domain":
+            if missing := [name for c, name in (("pos", "positive"), ("neg", "negative"))
+                           if not any(d["class"] == c for d in docs)]:
+                raise ConfigError(f"quality.classifier: no {' and no '.join(missing)} training documents "
+                                  f"(positive_domains {cc.positive_domains}, negative_domains "
+                                  f"{cc.negative_domains}; sampled {len(docs)} documents): name domains this run has")
+            sample_.balance(cc, docs)
+            _fit(cc, tmp, manifest, docs, seed, "cross_domain", ["*"])
+        else:
+            for d in docs:
+                d["split"] = "held_out"
+            manifest["groups"].append({"name": "supplied", "domains": ["*"], "status": "supplied", "models": [
+                {"fold": 0, "format": cc.model_format, "file": Path(cc.model_path).name,
+                 "path": str(Path(cc.model_path).resolve()), "sha256": sha256_file(cc.model_path)}]})
+            models_.score_examples(models_.Scorer(tmp, manifest), 0, docs)
+        manifest["sample_report"] = _examples_report(docs)
+        examples += _strip(docs)
+    return examples, domains
 
 
 def _fit(cc: Any, tmp: Path, manifest: dict, docs: list[dict], seed: int, name: str, domains: list[str]) -> None:

@@ -285,6 +285,24 @@ def _tables(table: Any, chains: dict[str, Chain], rows: list[dict], keep: list[b
     return scores, kept
 
 
+def _shard_stats(q: QualityConfig, table, chains: dict, domains: list, shard: str, input_stage: str,
+                 decont: dict | None, clf: dict | None) -> dict:
+    """The shard's stats before any document: its chains, warnings, and the index and classifier it used."""
+    stats = new_stats(domains[0] if domains else shard.rsplit("-", 1)[0])
+    stats.update(in_chars=0, kept_chars=0, in_tokens_est=0, kept_tokens_est=0, enabled=q.enabled,
+                 input_stage=input_stage, chains={d: c.names() for d, c in chains.items()}, transforms={}, pii={},
+                 warnings=_check_language_columns(chains, table, input_stage, shard))
+    if decont:
+        stats["decontamination"] = {k: decont[k] for k in ("items", "ngrams", "digest")} | {"n": q.decontamination.n}
+    if clf:
+        stats["classifier"] = {"model_sha256": clf["model"]["sha256"], "digest": clf["digest"],
+                               "training": clf["training"], "cuts": {d: c["cut"] for d, c in clf["cuts"].items()},
+                               "rules": {d: {k: c.get(k) for k in ("rule", "cut", "cut_from")}
+                                         for d, c in clf["cuts"].items() if c["cut"] is not None},
+                               "cut_counts": {}}
+    return stats
+
+
 def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str = "exact_dedup",
                       reuse_scores: bool = False, prescored: Path | None = None) -> dict:
     """Filter one shard with its domain's chain; returns the shard's stats (in = kept + removed by reason)."""
@@ -302,18 +320,8 @@ def run_quality_shard(q: QualityConfig, rdir: Path, shard: str, input_stage: str
     n = table.num_rows
     domains = table.column("domain").to_pylist() if n else []
     chains = {d: Chain.build(q, d) for d in sorted(set(domains))}
-    stats = new_stats(domains[0] if n else shard.rsplit("-", 1)[0])
-    stats.update(in_chars=0, kept_chars=0, in_tokens_est=0, kept_tokens_est=0, enabled=q.enabled,
-                 input_stage=input_stage, chains={d: c.names() for d, c in chains.items()}, transforms={}, pii={},
-                 warnings=_check_language_columns(chains, table, input_stage, shard))
-    if decont:
-        stats["decontamination"] = {k: decont[k] for k in ("items", "ngrams", "digest")} | {"n": q.decontamination.n}
+    stats = _shard_stats(q, table, chains, domains, shard, input_stage, decont, clf)
     if clf:
-        stats["classifier"] = {"model_sha256": clf["model"]["sha256"], "digest": clf["digest"],
-                               "training": clf["training"], "cuts": {d: c["cut"] for d, c in clf["cuts"].items()},
-                               "rules": {d: {k: c.get(k) for k in ("rule", "cut", "cut_from")}
-                                         for d, c in clf["cuts"].items() if c["cut"] is not None},
-                               "cut_counts": {}}
         cutter = classifier.Decider(classifier.classifier_dir(rdir))       # counts only: no model is loaded
     cols = {c: table.column(c).to_pylist() if c in table.column_names else [None] * n
             for c in ("doc_id", "text", "source", "meta", *LANG_COLUMNS)}
