@@ -119,3 +119,16 @@ def test_one_seed_of_one_source_has_no_interval():
     assert iv.mean == pytest.approx(-20 / 200 / math.log(2)) and iv.lo is None and iv.hi is None
     assert not iv.excludes_zero() and noise_floor(iv) == math.inf
     assert verdict(iv, 0.0, iv) == "inconclusive"
+
+
+def test_the_report_plot_draws_every_difference_the_floor_and_the_control():
+    from pipeline.ablation.plot import svg
+
+    iv = {"mean": -0.05, "lo": -0.09, "hi": -0.01}
+    report = {"baseline": "raw", "noise_floor": 0.02, "control": {"mean": -0.2, "lo": -0.3, "hi": -0.1},
+              "control_detected": True,
+              "differences": {"shipped": {"all": iv, "books": {"mean": 0.01, "lo": None, "hi": None}}}}
+    out = svg(report)
+    assert out.startswith("<svg") and out.count("<circle") == 3 and out.count('stroke="#1f77b4"') == 2
+    assert "control (detected)" in out and "shipped - raw: books" in out
+    assert svg(report) == out                                     # the same bytes for the same report

@@ -1,6 +1,7 @@
 """The ablation's result: per arm against the baseline, the difference in bits per byte (primary number first,
 then every domain), its interval, the A/A noise floor and the verdict, with each arm's token shares and epochs per
-domain beside it. Written once, as ``report.json`` (every figure) and ``report.md`` (the table) in the run folder.
+domain beside it. Written once, as ``report.json`` (every figure), ``report.md`` (the table) and ``report.svg`` (the
+differences against zero and the noise floor) in the run folder.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pipeline.ablation import plot
 from pipeline.ablation.stats import (
     DocScore,
     Interval,
@@ -97,6 +99,7 @@ def build_report(cfg, runs: list[dict], corpora: dict[str, dict], out_dir: Path)
               "runs": [{k: r[k] for k in ("arm", "seed", "index")} for r in runs]}
     write_json(out_dir / "report.json", report)
     (out_dir / "report.md").write_text(markdown(report), encoding="utf-8")
+    (out_dir / "report.svg").write_text(plot.svg(report), encoding="utf-8")
     return report
 
 
