@@ -153,7 +153,7 @@ def test_the_trigger_keeps_the_heartbeat_counter_between_polls(tmp_path, monkeyp
     import pipeline.train.jobs.lease as lease_mod
     from operators.triggers import TrainingJobTrigger
 
-    monkeypatch.setattr(lease_mod, "LEASE_TIMEOUT_S", 0.6)
+    monkeypatch.setattr(lease_mod, "LEASE_TIMEOUT_S", 1.5)        # 15 beats: a loaded machine still beats in time
     out = tmp_path / "main"
     out.mkdir()
     write_json(out / "launch.json", {"pid": 4242, "host": "trainer-host", "job_id": "J"})
@@ -190,7 +190,7 @@ def test_the_trigger_keeps_the_heartbeat_counter_between_polls(tmp_path, monkeyp
     if beating:
         assert (ev["state"], ev["step"], ev["job_id"]) == ("SUCCEEDED", 9, "J") and waited >= 1.9
     else:
-        assert ev["state"] == "LOST" and "stood at 0 for" in ev["error"] and 0.6 <= waited < 5
+        assert ev["state"] == "LOST" and "stood at 0 for" in ev["error"] and 1.5 <= waited < 8
 
 
 def test_a_refused_second_trainer_does_not_fail_the_running_job(tmp_path):
