@@ -219,24 +219,14 @@ def test_stopping_the_task_scancels_its_slurm_job(slurm_conf, corpus, tmp_path):
     assert not (stage / "summary.json").exists()
 
 
-CLI_TRAIN = """
-seed: 7
-data_root: {root}
-train:
-  preset: debug
-  model_overrides: {{dim: 64, n_layers: 2, n_heads: 4, n_kv_heads: 2}}
-  batch_size: 8
-  lr: 3.0e-3
-  min_lr: 3.0e-4
-  steps: {steps}
-  warmup_steps: 2
-  workers: 2
-  backend: slurm
-  nodes: 2
-  checkpoint_every: 50
-  metrics_every: 1
-  eval_tokens: 0
-"""
+def _cli_train(root: Path, steps: int) -> str:
+    """TRAIN on both nodes as one stage of ``steps`` steps, checkpointed every 50 (``mindloom train``'s test)."""
+    import yaml
+
+    cfg = yaml.safe_load(TRAIN.format(root=root, backend="slurm", nodes=2, slurm_extra=""))
+    cfg["train"].update(steps=steps, checkpoint_every=50)
+    del cfg["train"]["stages"]
+    return yaml.safe_dump(cfg)
 
 
 def _metric_steps(stage_dir: Path) -> list[int]:
@@ -262,7 +252,7 @@ def test_a_killed_mindloom_train_reruns_onto_the_same_slurm_job(slurm_conf, corp
     # ~0.2 s a step here; the rerun reattached 7 steps after the kill on an idle machine, 39 at load 6 on 2 cores
     steps = 200
     cfg = tmp_path / "cli.yaml"
-    cfg.write_text(CLI_TRAIN.format(root=tmp_path / "data", steps=steps))
+    cfg.write_text(_cli_train(tmp_path / "data", steps))
     stage = tmp_path / "data" / "train" / "cli1" / "main"
     argv = [sys.executable, "-m", "pipeline.cli", "train", "--config", str(cfg), "--corpus", str(corpus),
             "--run-id", "cli1", "--stage", "main"]
