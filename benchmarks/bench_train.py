@@ -178,7 +178,9 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
-def memory_child(recompute: bool, threads: int, steps: int) -> dict:
+def _step_at(model: dict, mode: str, threads: int, steps: int, micro_batch: int):
+    """A training step of the ``debug`` preset with ``model`` overrides on the CPU in ``mode`` (graph or pynative),
+    and one fixed random batch for it: what the memory and activation children measure."""
     import mindspore as ms
     from mindspore.device_context.cpu.op_tuning import threads_num
 
@@ -186,17 +188,21 @@ def memory_child(recompute: bool, threads: int, steps: int) -> dict:
     from pipeline.train.model.model import CausalLMLoss, Transformer
     from pipeline.train.optim.optim import TrainStep, build_optimizer
 
-    ms.set_context(mode=ms.GRAPH_MODE)
+    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device("CPU")
     threads_num(threads)
-    job = TrainJob(stage="m", data_dir="-", out_dir="-",
-                   model={"preset": "debug", **MEM_MODEL, "recompute": recompute},
-                   steps=steps + 1, micro_batch=4, warmup_steps=1)
+    job = TrainJob(stage="m", data_dir="-", out_dir="-", model={"preset": "debug", **model},
+                   steps=steps + 1, micro_batch=micro_batch, warmup_steps=1)
     cfg = job.model_config()
     ms.set_seed(0)
     net = Transformer(cfg)
-    step = TrainStep(CausalLMLoss(net), build_optimizer(net, job), grad_clip=1.0, jit=True)
-    tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (4, cfg.max_seq_len + 1)).astype(np.int32)
+    step = TrainStep(CausalLMLoss(net), build_optimizer(net, job), grad_clip=1.0, jit=mode == "graph")
+    rows = np.random.RandomState(0).randint(0, cfg.vocab_size, (micro_batch, cfg.max_seq_len + 1))
+    return step, rows.astype(np.int32)
+
+
+def memory_child(recompute: bool, threads: int, steps: int) -> dict:
+    step, tokens = _step_at({**MEM_MODEL, "recompute": recompute}, "graph", threads, steps, micro_batch=4)
     base = _rss_mb()
     t0 = time.time()
     loss0 = step([tokens])["loss"]
@@ -240,24 +246,7 @@ ACT_MODEL = dict(vocab_size=8000, dim=256, n_layers=4, n_heads=4, n_kv_heads=4, 
 
 def activation_child(recompute: bool, mode: str, threads: int, steps: int) -> dict:
     """One recompute setting at the activation-bound shape in one mode; peak RSS during steps 2.. minus before."""
-    import mindspore as ms
-    from mindspore.device_context.cpu.op_tuning import threads_num
-
-    from pipeline.train.job import TrainJob
-    from pipeline.train.model.model import CausalLMLoss, Transformer
-    from pipeline.train.optim.optim import TrainStep, build_optimizer
-
-    ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
-    ms.set_device("CPU")
-    threads_num(threads)
-    job = TrainJob(stage="a", data_dir="-", out_dir="-",
-                   model={"preset": "debug", **ACT_MODEL, "recompute": recompute},
-                   steps=steps + 1, micro_batch=1, warmup_steps=1)
-    cfg = job.model_config()
-    ms.set_seed(0)
-    net = Transformer(cfg)
-    step = TrainStep(CausalLMLoss(net), build_optimizer(net, job), grad_clip=1.0, jit=mode == "graph")
-    tokens = np.random.RandomState(0).randint(0, cfg.vocab_size, (1, cfg.max_seq_len + 1)).astype(np.int32)
+    step, tokens = _step_at({**ACT_MODEL, "recompute": recompute}, mode, threads, steps, micro_batch=1)
     base = _rss_mb()
     losses = [step([tokens])["loss"]]
     with _peak_rss(_rss_mb()) as peak:

@@ -9,6 +9,7 @@ write into the one ``benchmarks/results.json`` from which ``BENCHMARKS.md`` is r
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import json
 import math
 import os
@@ -425,6 +426,23 @@ def results_on_disk(results: dict, path: Path) -> dict:
 ISSUE = {"ingest": 3, "filters": 4, "minhash": 5, "datasketch": 5, "tokenize": 6, "mindrecord": 6, "train": 7,
          "scaling": 10, "ablation": 10, "parallel": 15, "scale": 13, "memory_plan": 22, "task_cost": 33,
          "quality_kernels": 34, "cluster_graph": 49}
+
+
+def last_result(runs: list[dict], file: str) -> dict:
+    """The results file ``file`` of a topic's last run (empty before its first run or when that run wrote none)."""
+    return runs[-1].get(file, {}) if runs else {}
+
+
+def of_last_run(file: str):
+    """Decorator: ``fn(res)``, the metrics of one results file, becomes a topic's ``metrics(runs)``: it reads
+    ``file`` of the last run, and a topic with no such file yet has no metrics."""
+    def wrap(fn):
+        @functools.wraps(fn)
+        def metrics(runs: list[dict]) -> list[dict]:
+            res = last_result(runs, file)
+            return fn(res) if res else []
+        return metrics
+    return wrap
 
 
 def metric(topic: str, name: str, unit: str, values: list, *, compared: str | None = None, target: float | None = None,

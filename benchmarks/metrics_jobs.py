@@ -9,7 +9,7 @@ heavier imports (pipeline.train, scaling, scale_stats) stay inside the functions
 
 from __future__ import annotations
 
-from common import metric
+from common import last_result, metric, of_last_run
 from metrics_stages import ratios
 
 # ------------------------------------------------------------------------------------------------------------
@@ -18,7 +18,7 @@ from metrics_stages import ratios
 
 def train_metrics(runs: list[dict]) -> list[dict]:
     out = []
-    res = runs[-1].get("train.json", {}) if runs else {}
+    res = last_result(runs, "train.json")
     for key, label in (("throughput", "one process, interleaved blocks"),
                        ("throughput_separate_processes", "one process per variant")):
         v = res.get(key, {}).get("variants", {})
@@ -52,10 +52,8 @@ def train_metrics(runs: list[dict]) -> list[dict]:
     return out
 
 
-def parallel_metrics(runs: list[dict]) -> list[dict]:
-    res = runs[-1].get("parallel.json", {}) if runs else {}
-    if not res:
-        return []
+@of_last_run("parallel.json")
+def parallel_metrics(res: dict) -> list[dict]:
 
     def tok(variant):
         return [r["tokens_per_s"] for r in res["runs"] if r["variant"] == variant]
@@ -84,7 +82,7 @@ def parallel_metrics(runs: list[dict]) -> list[dict]:
 def memory_plan_metrics(runs: list[dict]) -> list[dict]:
     """Per layout: plan bytes == allocated bytes (exact), predicted vs measured peak RSS and its error (target
     15 %)."""
-    res = runs[-1].get("memory_plan.json", {}) if runs else {}
+    res = last_result(runs, "memory_plan.json")
     out = []
     for r in res.get("runs", []):
         if r["layout"].startswith("floor_"):
@@ -141,7 +139,7 @@ def _preset_70b() -> list[dict]:
 def task_cost_metrics(runs: list[dict]) -> list[dict]:
     """Per mapped step: one task's CPU-s on a near-empty shard (its fixed cost), warm and cold; the 1 MB shard's
     figures and the wall times in the note."""
-    res = runs[-1].get("task_cost.json", {}) if runs else {}
+    res = last_result(runs, "task_cost.json")
     tiny, big = res.get("cases", {}).get("tiny", {}), res.get("cases", {}).get("1mb", {})
     out = []
     for mode, where in (("warm", "in a process that ran a chain before (airflow dags test, mindloom corpus)"),
@@ -158,7 +156,7 @@ def task_cost_metrics(runs: list[dict]) -> list[dict]:
 def cluster_graph_metrics(runs: list[dict]) -> list[dict]:
     """Issue #49's targets on the synthetic 1 TB-shape duplicate graph: every clustering task's peak RSS, the CPU
     exponent between the sizes, and the components against one process's union-find."""
-    res = runs[-1].get("cluster_graph.json", {}) if runs else {}
+    res = last_result(runs, "cluster_graph.json")
     done = res.get("runs", [])
     if not done:
         return []
@@ -206,7 +204,7 @@ def scale_metrics(runs: list[dict]) -> list[dict]:
     """Issue #13's targets as bench_scale.py computed them (only those measured in its run), plus context."""
     import scale_stats
 
-    res = runs[-1].get("scale.json", {}) if runs else {}
+    res = last_result(runs, "scale.json")
     sizes = " + ".join(f"{r['size_gb']:g} GB" for r in res.get("runs", []))
     out = [metric("scale", t["name"], SCALE_UNITS.get(t["name"], ""), t.get("values") or [t["value"]],
                   target=t["target"], op=t["op"], compared=f"corpus_build via airflow dags test, {sizes}",

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 
-from common import loglog_slope, metric
+from common import last_result, loglog_slope, metric, of_last_run
 
 
 def ratios(ours: list[float], theirs: list[float], higher_is_better: bool = True) -> list[float]:
@@ -73,7 +73,7 @@ def filters_metrics(runs: list[dict]) -> list[dict]:
 
 def minhash_metrics(runs: list[dict]) -> list[dict]:
     out = []
-    res = runs[-1].get("minhash.json", {}) if runs else {}
+    res = last_result(runs, "minhash.json")
     sig = res.get("signatures", {}).get("mb_per_s", {})
     ours = sig.get("mindloom", {}).get("runs", [])
     for peer, label, target in (("datatrove_whitespace", "datatrove 0.10.1 signatures, whitespace words", 4.0),
@@ -151,10 +151,8 @@ def mindrecord_metrics(runs: list[dict]) -> list[dict]:
     return out
 
 
-def datasketch_metrics(runs: list[dict]) -> list[dict]:
-    res = runs[-1].get("datasketch.json", {}) if runs else {}
-    if not res:
-        return []
+@of_last_run("datasketch.json")
+def datasketch_metrics(res: dict) -> list[dict]:
     return [metric("datasketch", "signatures_vs_datasketch", "×", ratios(res["mindloom_s"], res["datasketch_s"],
                                                                           higher_is_better=False),
                    compared="datasketch 2.0.0 MinHash.update_batch, same shingles", headline=True,
@@ -167,7 +165,7 @@ def quality_kernels_metrics(runs: list[dict]) -> list[dict]:
     """Issue 34: the CPU of the quality task's per-document parts on the same documents (bench_quality_kernels.py,
     one fresh process per measurement and repeat): the heuristic chains, the classifier's score, the decontamination
     lookup; the last two also as a share of the chains' CPU of the same repeat."""
-    res = runs[-1].get("quality_kernels.json", {}) if runs else {}
+    res = last_result(runs, "quality_kernels.json")
     sc = res.get("scoring")
     if not sc or "kernels_mb_per_cpu_s" not in sc:
         return []

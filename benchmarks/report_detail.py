@@ -38,10 +38,12 @@ def fmt(v, unit: str) -> str:
 
 
 def render_detail(name: str, rec: dict) -> list[str]:
-    fn = {"ingest": _ingest, "filters": _filters, "minhash": _minhash, "datasketch": _datasketch,
-          "tokenize": _tokenize, "mindrecord": _mindrecord, "train": _train}.get(name)
+    fn = {"ingest": _ingest, "tokenize": _tokenize}.get(name)
     if fn:
         return fn(rec["results"], rec)
+    if name in ONE_FILE:                # a topic with one results file: its table, or nothing before its first run
+        r = rec["results"].get(f"{name}.json")
+        return ONE_FILE[name](r) if r else []
     if name == "scaling":
         import scaling
 
@@ -79,10 +81,7 @@ def _ingest(res: dict, rec: dict) -> list[str]:
     return out
 
 
-def _filters(res: dict, rec: dict) -> list[str]:
-    f = res.get("filters.json")
-    if not f:
-        return []
+def _filters(f: dict) -> list[str]:
     out = [f"{f['docs']} documents ({f['mb']:.1f} MB), {f['repeats']} interleaved runs per tool, datatrove with "
            f"spaCy {f.get('spacy')}:", ""]
     out += table(["Filter", "mindloom MB/s", "datatrove MB/s", "Speed-up (median times)", "Same keep/drop",
@@ -99,10 +98,7 @@ def _spr(s: dict | None, digits: int = 2) -> str:
     return f"{_n(s['median'], digits)} ({_n(s['min'], digits)} – {_n(s['max'], digits)})"
 
 
-def _minhash(res: dict, rec: dict) -> list[str]:
-    r = res.get("minhash.json")
-    if not r:
-        return []
+def _minhash(r: dict) -> list[str]:
     out = []
     sig = r.get("signatures")
     if sig:
@@ -140,10 +136,7 @@ def _minhash(res: dict, rec: dict) -> list[str]:
     return out
 
 
-def _datasketch(res: dict, rec: dict) -> list[str]:
-    r = res.get("datasketch.json")
-    if not r:
-        return []
+def _datasketch(r: dict) -> list[str]:
     return [f"{r['docs']} documents ({r['mb']} MB); signatures of the first {r['checked_docs']} identical: "
             f"**{'yes' if r['identical'] else 'no'}**.", ""] + table(
         ["Tool", "Seconds per run", "MB/s median (min – max)"],
@@ -185,10 +178,7 @@ def _median_ratio(enc: dict) -> float | None:
     return statistics.median(enc["1"]) / statistics.median(enc["2"])
 
 
-def _mindrecord(res: dict, rec: dict) -> list[str]:
-    r = res.get("mindrecord.json")
-    if not r:
-        return []
+def _mindrecord(r: dict) -> list[str]:
     out = [f"Last run: {r.get('tokens'):,} tokens (vocab {r.get('vocab_size')}), best of repeats:", ""]
     rows = r.get("results", [])
     keys = ["numpy_tofile", "numpy_tofile_fsync", "filewriter_bare", "sink_1_process", "sink_2_processes"]
@@ -206,10 +196,7 @@ def _mindrecord(res: dict, rec: dict) -> list[str]:
     return out
 
 
-def _train(res: dict, rec: dict) -> list[str]:
-    r = res.get("train.json")
-    if not r:
-        return []
+def _train(r: dict) -> list[str]:
     out = [f"Model {r.get('model')}; MindSpore {r.get('machine', {}).get('mindspore')}, PyTorch "
            f"{r.get('machine', {}).get('torch')}.", ""]
     for key, label in (("throughput", "interleaved in one process"),
@@ -231,3 +218,7 @@ def _train(res: dict, rec: dict) -> list[str]:
                        _n(x.get("step_s_median"), 3)] for k, x in ((k, mem[k]) for k in ("baseline", "recompute"))])
         out += ["", f"Losses equal with and without recompute: {mem.get('losses_equal')}."]
     return out
+
+
+ONE_FILE = {"filters": _filters, "minhash": _minhash, "datasketch": _datasketch, "mindrecord": _mindrecord,
+            "train": _train}

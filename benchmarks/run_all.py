@@ -38,40 +38,40 @@ from common import REPO  # noqa: E402
 
 TOPIC_ORDER = ("ingest", "filters", "quality_kernels", "minhash", "datasketch", "tokenize", "mindrecord", "train",
                "parallel", "memory_plan", "scaling", "task_cost", "cluster_graph")
-OPT_IN = ("scale",)            # run only when named in --topics (make bench-scale)
+OPT_IN = tuple(n for n, t in topics.TOPICS.items() if t.opt_in)  # only when named (make bench-scale, make ablation)
 
 
-def _python_for(topic: dict, peers: dict) -> Path | None:
-    return Path(sys.executable) if topic["python"] == "project" else peers.get(topic["python"])
+def _python_for(topic: topics.Topic, peers: dict) -> Path | None:
+    return Path(sys.executable) if topic.python == "project" else peers.get(topic.python)
 
 
 def run_topic(name: str, repo: Path, quick: bool, repeats: int, peers: dict, peer_status: dict,
               corpus: Path | None, log: Path) -> tuple[dict, list[dict]]:
     """Run one topic's script(s); returns (topic record for results.json, one {file: json} per outer run)."""
     spec = topics.TOPICS[name]
-    record = {"title": spec["title"], "issue": spec["issue"], "commands": [], "wall_s": [], "peak_rss_mb": [],
+    record = {"title": spec.title, "issue": spec.issue, "commands": [], "wall_s": [], "peak_rss_mb": [],
               "cpu_s": [], "load_avg_before": [], "status": "ok", "date": common.now()}
-    missing = [p for p in spec["needs"] if peers.get(p) is None]
-    if spec.get("needs_shared") and not (corpus and (corpus / "web.warc.gz").exists()):
+    missing = [p for p in spec.needs if peers.get(p) is None]
+    if spec.needs_shared and not (corpus and (corpus / "web.warc.gz").exists()):
         missing.append("the shared corpora (../shared/corpora with web.warc.gz)")
     if missing:
         why = "; ".join(peer_status.get(p, p) if p in common.PEERS else p for p in missing)
         record["status"] = f"skipped: needs {', '.join(missing)} ({why})"
         return record, []
     python = _python_for(spec, peers)
-    argv_sets = spec["argv"](quick, repeats)
-    outer = 1 if quick else spec["outer_runs"](repeats)
+    argv_sets = spec.argv(quick, repeats)
+    outer = 1 if quick else spec.outer_runs(repeats)
     runs: list[dict] = []
     results = repo / "benchmarks" / "results"
     started = time.time() - 1
     for i in range(outer):
         for k, argv in enumerate(argv_sets):
-            if i > 0 and k in spec.get("once", ()):           # e.g. ingest --extractors: not a timing, run once
+            if i > 0 and k in spec.once:           # e.g. ingest --extractors: not a timing, run once
                 continue
             cmd = [str(python), *argv]
             record["load_avg_before"].append(round(os.getloadavg()[0], 2))
             print(f"[run_all] {name} run {i + 1}/{outer}: {' '.join(cmd[1:])}", flush=True)
-            res = common.run_measured(cmd, cwd=repo, log=log, timeout=spec.get("timeout", 5400))
+            res = common.run_measured(cmd, cwd=repo, log=log, timeout=spec.timeout)
             shown = f"{_shown_python(python)} {' '.join(cmd[1:])}".replace(str(repo) + "/", "")
             if shown not in record["commands"]:
                 record["commands"].append(shown)
@@ -82,11 +82,11 @@ def run_topic(name: str, repo: Path, quick: bool, repeats: int, peers: dict, pee
             if res["rc"] != 0:
                 record["status"] = f"failed (rc {res['rc']}): {common.tail(log, 6)}"
                 return record, runs
-        runs.append({f: json.loads((results / f).read_text()) for f in spec["files"]      # written by this run only
+        runs.append({f: json.loads((results / f).read_text()) for f in spec.files      # written by this run only
                      if (results / f).exists() and (results / f).stat().st_mtime >= started})
-    if spec.get("reference_glob"):            # earlier runs elsewhere (e.g. a quiet host), shown apart, never mixed in
+    if spec.reference_glob:            # earlier runs elsewhere (e.g. a quiet host), shown apart, never mixed in
         record["reference"] = {f.name: json.loads(f.read_text())
-                               for f in sorted(common.RESULTS_DIR.glob(spec["reference_glob"]))}
+                               for f in sorted(common.RESULTS_DIR.glob(spec.reference_glob))}
     return record, runs
 
 
@@ -112,7 +112,9 @@ def merge_topic(results: dict, name: str, record: dict, runs: list[dict], metric
     """Replace one topic's record, raw results and metrics; other topics keep theirs (with their own dates)."""
     if runs:
         record["results"] = runs[-1]
-        record["all_results"] = runs[:-1]               # earlier runs of the script (metrics span all of them)
+        # earlier runs of the script (metrics span all of them), without the files the last run kept unchanged (a
+        # command run once, such as ingest --extractors): every figure is kept once
+        record["all_results"] = [{f: c for f, c in r.items() if c != runs[-1].get(f)} for r in runs[:-1]]
     elif name in results["topics"] and record["status"].startswith("skipped"):
         old = results["topics"][name]                      # a skipped topic keeps its last measurement
         old["last_attempt"] = {"date": record["date"], "status": record["status"]}
@@ -123,11 +125,7 @@ def merge_topic(results: dict, name: str, record: dict, runs: list[dict], metric
 
 
 def topic_metrics(name: str, runs: list[dict]) -> list[dict]:
-    if name == "ablation":
-        import ablation
-
-        return ablation.metrics(runs[-1].get("ablation.json", {})) if runs else []
-    return topics.TOPICS[name]["metrics"](runs) if name in topics.TOPICS and runs else []
+    return topics.TOPICS[name].metrics(runs) if name in topics.TOPICS and runs else []
 
 
 def recompute_metrics(results: dict) -> dict:
@@ -141,15 +139,15 @@ def recompute_metrics(results: dict) -> dict:
 
 def refresh_topic(results: dict, name: str) -> dict:
     """The topic's latest results files as its last run (a partial re-run of its script), metrics recomputed."""
-    spec = topics.TOPICS[name] if name != "ablation" else {"files": ["ablation.json"]}   # make ablation's own
-    latest = {f: json.loads((common.RESULTS_DIR / f).read_text()) for f in spec["files"]
+    spec = topics.TOPICS[name]
+    latest = {f: json.loads((common.RESULTS_DIR / f).read_text()) for f in spec.files
               if (common.RESULTS_DIR / f).exists()}
     if name not in results["topics"]:                  # first results of a topic run on its own (make bench-scale)
-        results["topics"][name] = {"title": spec["title"], "issue": spec["issue"], "wall_s": [], "peak_rss_mb": [],
+        results["topics"][name] = {"title": spec.title, "issue": spec.issue, "wall_s": [], "peak_rss_mb": [],
                                    "cpu_s": [], "load_avg_before": [], "status": "ok", "date": common.now(),
                                    "commands": [v["command"] for v in latest.values() if v.get("command")]}
     rec = results["topics"][name]
-    rec["results"] = latest
+    rec.update(title=spec.title, issue=spec.issue, results=latest)          # the topic's registry entry is the truth
     rec.setdefault("refreshed", []).append({"date": common.now(), "files": sorted(latest)})
     results["metrics"] = [m for m in results["metrics"] if m["topic"] != name] + topic_metrics(
         name, [*rec.get("all_results", []), latest])
@@ -226,8 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     results.update(machine=common.machine(), mode="quick" if args.quick else "full", started=common.now(),
                    repeats=1 if args.quick else args.repeats, last_invocation=chosen)
     t0 = time.time()
-    needed = sorted({p for t in chosen for p in topics.TOPICS[t]["needs"] + topics.TOPICS[t].get("peers", [])}
-                    | {topics.TOPICS[t]["python"] for t in chosen} - {"project"})
+    needed = sorted({p for t in chosen for p in topics.TOPICS[t].needs + topics.TOPICS[t].peers}
+                    | {topics.TOPICS[t].python for t in chosen} - {"project"})
     peers, peer_status = {}, {}
     for p in needed:
         py, peer_status[p] = common.ensure_peer(p, install=not (args.no_install or args.quick))

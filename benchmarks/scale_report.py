@@ -128,7 +128,7 @@ def dag_vs_cli(r: dict) -> list[list]:
     dag = {s["stage"]: s["cpu_s"] for s in r["stages_profile"]}
     cli = {s["stage"]: s["cpu_s"] for s in r["cli_stages"]}
     rows = [[k, round(dag.get(k, 0.0), 1), round(cli.get(k, 0.0), 1), round(dag.get(k, 0.0) - cli.get(k, 0.0), 1)]
-            for k in sorted(set(dag) | set(cli), key=lambda k: -abs(dag.get(k, 0.0) - cli.get(k, 0.0)))]
+            for k in sorted(set(dag) | set(cli), key=lambda k: (-abs(dag.get(k, 0.0) - cli.get(k, 0.0)), k))]
     d, c = round(sum(dag.values()), 1), round(sum(cli.values()), 1)
     rows.append(["all stages", d, c, round(d - c, 1)])
     rows.append(["outside the stages", round(r["cpu_s"] - d, 1), round(r["cli_cpu_s"] - c, 1),

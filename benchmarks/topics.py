@@ -20,6 +20,8 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from common import REPO, spread
@@ -47,69 +49,99 @@ def _bench(script: str, full: list[str], quick: list[str]):
     return lambda q, r: [[f"benchmarks/{script}", *(quick if q else [a.replace("{r}", str(r)) for a in full])]]
 
 
-TOPICS: dict[str, dict] = {
-    "ingest": {"title": "Ingest throughput vs datatrove", "issue": 3, "python": "project", "needs": [],
-               "peers": ["datatrove"], "needs_shared": True, "files": ["ingest.json", "html_extractors.json"],
-               "argv": lambda q, r: [["benchmarks/bench_ingest.py"]] + (
-                   [] if q else [["benchmarks/bench_ingest.py", "--extractors"]]),
-               "once": (1,), "outer_runs": lambda r: r, "metrics": ingest_metrics},
-    "filters": {"title": "Quality filters vs datatrove", "issue": 4, "python": "project", "needs": ["datatrove"],
-                "files": ["filters.json"], "argv": _bench("bench_filters.py", ["--mb", "4", "--repeats", "{r}"],
-                                                          ["--mb", "0.3", "--repeats", "1"]),
-                "outer_runs": lambda r: 1, "metrics": filters_metrics},
-    "minhash": {"title": "MinHash near-dedup vs datatrove and rensa", "issue": 5, "python": "project",
-                "needs": ["datatrove", "rensa"], "files": ["minhash.json"], "timeout": 7200,
-                "argv": _bench("bench_minhash.py", ["--repeats", "{r}"],
-                               ["--quick", "--repeats", "1", "--sig-mb", "0.3", "--scales", "1,2", "--pairs", "30"]),
-                "outer_runs": lambda r: 1, "metrics": minhash_metrics},
-    "datasketch": {"title": "MinHash signatures vs plain datasketch", "issue": 5, "python": "project",
-                   "needs": ["datasketch"], "files": ["datasketch.json"],
-                   "argv": _bench("run_all.py", ["--bench", "datasketch", "--repeats", "{r}"],
-                                  ["--bench", "datasketch", "--repeats", "1", "--sig-mb", "0.3"]),
-                   "outer_runs": lambda r: 1, "metrics": datasketch_metrics},
-    "tokenize": {"title": "Tokenization scaling", "issue": 6, "python": "project", "needs": [],
-                 "files": ["tokenize.json"], "argv": _bench("bench_tokenize.py", ["--repeats", "{r}"],
-                                                            ["--repeats", "1", "--vocab", "2000"]),
-                 "reference_glob": "tokenize_device_*.json", "outer_runs": lambda r: 1, "metrics": tokenize_metrics},
-    "mindrecord": {"title": "MindRecord write and read", "issue": 6, "python": "project", "needs": [],
-                   "files": ["mindrecord.json"], "argv": _bench("bench_mindrecord.py", ["--repeats", "2"],
-                                                                ["--repeats", "1", "--seq-lens", "128"]),
-                   "outer_runs": lambda r: r, "metrics": mindrecord_metrics},
-    "train": {"title": "Training throughput and recompute memory", "issue": 7, "python": "torch", "needs": ["torch"],
-              "files": ["train.json"], "timeout": 7200,
-              "argv": _bench("bench_train.py", ["--rounds", "4", "--block", "4", "--separate-rounds", "3",
-                                                "--mem-steps", "3"],
-                             ["--rounds", "1", "--block", "2", "--skip", "separate,skip", "--mem-steps", "1"]),
-              "outer_runs": lambda r: 1, "metrics": train_metrics},
-    "parallel": {"title": "Training layouts on CPU: host-sync period, TP=1 vs TP=2", "issue": 15, "python": "project",
-                 "needs": [], "files": ["parallel.json"], "timeout": 3600,
-                 "argv": _bench("bench_parallel.py", ["--repeats", "{r}"], ["--steps", "6", "--repeats", "1"]),
-                 "outer_runs": lambda r: 1, "metrics": parallel_metrics},
-    "memory_plan": {"title": "Memory plan vs measured bytes and peak RSS on CPU", "issue": 22, "python": "project",
-                    "needs": [], "files": ["memory_plan.json"], "timeout": 5400,
-                    "argv": _bench("bench_memory_plan.py", ["--presets", "debug,125m"], ["--presets", "debug"]),
-                    "outer_runs": lambda r: 1, "metrics": memory_plan_metrics},
-    "task_cost": {"title": "Fixed cost of one mapped task per step", "issue": 33, "python": "project", "needs": [],
-                  "files": ["task_cost.json"], "argv": _bench("bench_task_cost.py", [], ["--mb", "0.3"]),
-                  "outer_runs": lambda r: 1, "metrics": task_cost_metrics},
-    "quality_kernels": {"title": "Quality scoring CPU: heuristic chains, classifier, decontamination", "issue": 34,
-                        "python": "project", "needs": [], "files": ["quality_kernels.json"],
-                        "argv": _bench("bench_quality_kernels.py", ["--repeats", "{r}"], ["--repeats", "1"]),
-                        "outer_runs": lambda r: 1, "metrics": quality_kernels_metrics},
-    "cluster_graph": {"title": "MinHash clustering on a duplicate graph at 1 TB shape", "issue": 49,
-                      "python": "project", "needs": [], "files": ["cluster_graph.json"], "timeout": 6 * 3600,
-                      "argv": _bench("bench_cluster_graph.py", [], ["--quick"]), "outer_runs": lambda r: 1,
-                      "metrics": cluster_graph_metrics},
-    "scaling": {"title": "The whole data chain at 1×–8×", "issue": 10, "python": "project", "needs": [],
-                "files": ["scaling.json"], "argv": _bench("scaling.py", [], ["--quick"]),
-                "outer_runs": lambda r: 1, "metrics": scaling_metrics},
-    # opt-in (not in run_all's default topics): hours at 1 + 4 GB; `make bench-scale` runs it
-    "scale": {"title": "The corpus DAG at scale (1 GB, 4 GB) vs datatrove", "issue": 13, "python": "project",
-              "needs": [], "peers": ["datatrove"], "files": ["scale.json"], "timeout": 12 * 3600,
-              "argv": lambda q, r: [["benchmarks/bench_scale.py",
-                                     *(["--quick", "--out", "benchmarks/results/scale.json"]
-                                       if q else ["--sizes", os.environ.get("SCALE_SIZES", "1,4")])]],
-              "outer_runs": lambda r: 1, "metrics": scale_metrics},
+def _one_run(repeats: int) -> int:
+    return 1                    # the script repeats inside itself (``--repeats``) and keeps every repeat's figures
+
+
+def _each_repeat(repeats: int) -> int:
+    return repeats              # the script keeps one figure per run: run_all runs it ``--repeats`` times
+
+
+def _ablation_metrics(runs: list[dict]) -> list[dict]:
+    import ablation  # imports the product's pipeline: not at module level (peer venvs import topics)
+
+    return ablation.metrics(runs[-1].get("ablation.json", {})) if runs else []
+
+
+@dataclass(frozen=True)
+class Topic:
+    """One benchmark topic: what ``run_all`` runs for it and how its results become metric rows.
+
+    ``argv(quick, repeats)`` gives the command lines (scripts under ``benchmarks/``) run with the topic's ``python``
+    (``project`` or a peer venv named in ``common.PEERS``); ``outer_runs(repeats)`` how many times to run them
+    (argv indices in ``once`` only the first time); ``files`` the results files they write under ``results/``,
+    the one copy of every figure; ``metrics(runs)`` the rows, with the issue's targets, from one ``{file: json}``
+    per run. A topic whose ``needs`` (peers) are missing, or that ``needs_shared`` corpora absent here, is skipped
+    with the reason. ``opt_in`` topics run only when named (``make bench-scale``, ``make ablation``)."""
+    title: str
+    issue: int
+    files: tuple[str, ...]
+    argv: Callable[[bool, int], list[list[str]]]
+    metrics: Callable[[list[dict]], list[dict]]
+    python: str = "project"
+    needs: tuple[str, ...] = ()
+    peers: tuple[str, ...] = ()
+    needs_shared: bool = False
+    outer_runs: Callable[[int], int] = _one_run
+    once: tuple[int, ...] = ()
+    timeout: int = 5400
+    reference_glob: str | None = None
+    opt_in: bool = False
+
+
+TOPICS: dict[str, Topic] = {
+    "ingest": Topic("Ingest throughput vs datatrove", 3, ("ingest.json", "html_extractors.json"),
+                    lambda q, r: [["benchmarks/bench_ingest.py"]] + (
+                        [] if q else [["benchmarks/bench_ingest.py", "--extractors"]]),
+                    ingest_metrics, peers=("datatrove",), needs_shared=True, once=(1,), outer_runs=_each_repeat),
+    "filters": Topic("Quality filters vs datatrove", 4, ("filters.json",),
+                     _bench("bench_filters.py", ["--mb", "4", "--repeats", "{r}"], ["--mb", "0.3", "--repeats", "1"]),
+                     filters_metrics, needs=("datatrove",)),
+    "minhash": Topic("MinHash near-dedup vs datatrove and rensa", 5, ("minhash.json",),
+                     _bench("bench_minhash.py", ["--repeats", "{r}"],
+                            ["--quick", "--repeats", "1", "--sig-mb", "0.3", "--scales", "1,2", "--pairs", "30"]),
+                     minhash_metrics, needs=("datatrove", "rensa"), timeout=7200),
+    "datasketch": Topic("MinHash signatures vs plain datasketch", 5, ("datasketch.json",),
+                        _bench("run_all.py", ["--bench", "datasketch", "--repeats", "{r}"],
+                               ["--bench", "datasketch", "--repeats", "1", "--sig-mb", "0.3"]),
+                        datasketch_metrics, needs=("datasketch",)),
+    "tokenize": Topic("Tokenization scaling", 6, ("tokenize.json",),
+                      _bench("bench_tokenize.py", ["--repeats", "{r}"], ["--repeats", "1", "--vocab", "2000"]),
+                      tokenize_metrics, reference_glob="tokenize_device_*.json"),
+    "mindrecord": Topic("MindRecord write and read", 6, ("mindrecord.json",),
+                        _bench("bench_mindrecord.py", ["--repeats", "2"], ["--repeats", "1", "--seq-lens", "128"]),
+                        mindrecord_metrics, outer_runs=_each_repeat),
+    "train": Topic("Training throughput and recompute memory", 7, ("train.json",),
+                   _bench("bench_train.py", ["--rounds", "4", "--block", "4", "--separate-rounds", "3",
+                                             "--mem-steps", "3"],
+                          ["--rounds", "1", "--block", "2", "--skip", "separate,skip", "--mem-steps", "1"]),
+                   train_metrics, python="torch", needs=("torch",), timeout=7200),
+    "parallel": Topic("Training layouts on CPU: host-sync period, TP=1 vs TP=2", 15, ("parallel.json",),
+                      _bench("bench_parallel.py", ["--repeats", "{r}"], ["--steps", "6", "--repeats", "1"]),
+                      parallel_metrics, timeout=3600),
+    "memory_plan": Topic("Memory plan vs measured bytes and peak RSS on CPU", 22, ("memory_plan.json",),
+                         _bench("bench_memory_plan.py", ["--presets", "debug,125m"], ["--presets", "debug"]),
+                         memory_plan_metrics),
+    "task_cost": Topic("Fixed cost of one mapped task per step", 33, ("task_cost.json",),
+                       _bench("bench_task_cost.py", [], ["--mb", "0.3"]), task_cost_metrics),
+    "quality_kernels": Topic("Quality scoring CPU: heuristic chains, classifier, decontamination", 34,
+                             ("quality_kernels.json",),
+                             _bench("bench_quality_kernels.py", ["--repeats", "{r}"], ["--repeats", "1"]),
+                             quality_kernels_metrics),
+    "cluster_graph": Topic("MinHash clustering on a duplicate graph at 1 TB shape", 49, ("cluster_graph.json",),
+                           _bench("bench_cluster_graph.py", [], ["--quick"]), cluster_graph_metrics,
+                           timeout=6 * 3600),
+    "scaling": Topic("The whole data chain at 1×–8×", 10, ("scaling.json",), _bench("scaling.py", [], ["--quick"]),
+                     scaling_metrics),
+    # opt-in: hours at 1 + 4 GB (make bench-scale)
+    "scale": Topic("The corpus DAG at scale (1 GB, 4 GB) vs datatrove", 13, ("scale.json",),
+                   lambda q, r: [["benchmarks/bench_scale.py",
+                                  *(["--quick", "--out", "benchmarks/results/scale.json"]
+                                    if q else ["--sizes", os.environ.get("SCALE_SIZES", "1,4")])]],
+                   scale_metrics, peers=("datatrove",), timeout=12 * 3600, opt_in=True),
+    # opt-in: 20 proxy trainings, over an hour (make ablation, which runs the product's ablation DAG steps)
+    "ablation": Topic("Data ablation: raw text against the shipped chain on a proxy model", 51, ("ablation.json",),
+                      _bench("ablation.py", [], []), _ablation_metrics, timeout=6 * 3600, opt_in=True),
 }
 
 
