@@ -4,8 +4,8 @@ Debian's ``slurm-wlm`` builds slurmd with multiple-slurmd support, so two Slurm 
 ``NodeAddr=127.0.0.1``, distinct ports). Everything lives in one scratch folder (``--root``): state, spool, logs,
 pid files and the ``slurm.conf`` itself (``SLURM_CONF`` points the clients at it; nothing under ``/etc/slurm`` is
 touched). ``start`` is idempotent (an answering controller with both nodes idle is left alone) and prints the
-``SLURM_CONF`` to export; ``stop`` kills the daemons by their pid files. Needs root (the daemons run as root) and
-``apt-get install slurm-wlm munge``.
+``SLURM_CONF`` to export; ``stop`` lets the jobs end, then kills the daemons by their pid files. Needs root (the
+daemons run as root) and ``apt-get install slurm-wlm munge``.
 
     python scripts/slurm_local.py start --root /tmp/mindloom-slurm     # prints SLURM_CONF=/tmp/.../slurm.conf
     python scripts/slurm_local.py stop --root /tmp/mindloom-slurm
@@ -105,6 +105,7 @@ def start(root: Path, cpus: int = 0, mem_mb: int = 8000, wait_s: float = 60) -> 
             raise RuntimeError(f"{tool} not found: apt-get install slurm-wlm munge")
     root = root.resolve()
     if _ready(root):
+        cancel_orphans(root)
         return root / "slurm.conf"
     for d in ("state", "spool", "log"):
         (root / d).mkdir(parents=True, exist_ok=True)
@@ -117,13 +118,57 @@ def start(root: Path, cpus: int = 0, mem_mb: int = 8000, wait_s: float = 60) -> 
     deadline = time.time() + wait_s
     while time.time() < deadline:
         if _ready(root):
+            cancel_orphans(root)      # jobs recovered from the saved state whose folders are gone
             return root / "slurm.conf"
         time.sleep(0.5)
     log = (root / "log" / "slurmctld.log").read_text(errors="replace")[-2000:] if (root / "log").exists() else ""
     raise RuntimeError(f"the Slurm nodes did not become idle within {wait_s:.0f} s; slurmctld.log ends:\n{log}")
 
 
-def stop(root: Path) -> None:
+def cancel_orphans(root: Path) -> list[str]:
+    """scancel every job whose working folder no longer exists, and return their ids.
+
+    Such a job belongs to no one: a test's temporary folder was deleted while its job still ran (its test process
+    was killed, then pytest pruned the folder). Left alone, a job Slurm still counts as RUNNING holds both nodes,
+    and every later job waits behind it for ever."""
+    try:
+        out = _run(["squeue", "-h", "-o", "%i %Z"], root).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    gone = [job for job, _, folder in (line.partition(" ") for line in out.splitlines() if line.strip())
+            if folder and not Path(folder).is_dir()]
+    if gone:
+        _run(["scancel", *gone], root)
+    return gone
+
+
+def _jobs(root: Path) -> list[str]:
+    """The ids of the jobs Slurm still lists (pending, running or completing); none when it does not answer."""
+    try:
+        return _run(["squeue", "-h", "-o", "%i"], root, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):
+        return []
+
+
+def queue(root: Path) -> str:
+    """``squeue``'s view of the cluster, for an error message."""
+    try:
+        return _run(["squeue", "-o", "%i %T %r %M %Z"], root).stdout
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"squeue failed: {e}"
+
+
+def stop(root: Path, drain_s: float = 120) -> None:
+    """Let the cluster's jobs end (up to ``drain_s``), scancel what is left and wait for it to leave the queue, then
+    kill the daemons by their pid files. Stopping slurmctld under a job that is still exiting saves it as RUNNING;
+    the next start recovers it so, with no process behind it, and it holds both nodes for ever."""
+    deadline = time.time() + drain_s
+    cancelled = False
+    while _jobs(root) and time.time() < deadline + 30:
+        if time.time() >= deadline and not cancelled:
+            _run(["scancel", *_jobs(root)], root)
+            cancelled = True
+        time.sleep(0.5)
     for pid_file in sorted(root.glob("slurmd.*.pid")) + [root / "slurmctld.pid"]:
         try:
             os.kill(int(pid_file.read_text().strip()), signal.SIGTERM)

@@ -62,7 +62,7 @@ def slurm_conf():
     require(have and os.geteuid() == 0, "Slurm (slurm-wlm, munge) is not installed or we are not root")
     root = Path(os.environ.get("MINDLOOM_SLURM_ROOT", "/tmp/mindloom-slurm"))
     was_up = slurm_local.running(root)
-    conf = slurm_local.start(root)
+    conf = slurm_local.start(root)     # also scancels jobs whose folders are gone (a killed earlier test's)
     old = os.environ.get("SLURM_CONF")
     os.environ["SLURM_CONF"] = str(conf)
     yield conf
@@ -129,7 +129,12 @@ def _try(tmp: Path, cfg: Path, run: str, stage: str, try_number: int, corpus: Pa
 
 
 def _finish(p: subprocess.Popen, tmp: Path, run: str, stage: str, try_number: int, timeout: float = 600) -> str:
-    rc = p.wait(timeout=timeout)
+    try:
+        rc = p.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        text = (tmp / f"{run}.{stage}.try{try_number}.log").read_text(errors="replace")
+        raise AssertionError(f"{run}/{stage} try {try_number} still running after {timeout:.0f} s; Slurm's queue:\n"
+                             f"{_queue()}\nits log ends:\n{text[-3000:]}") from None
     text = (tmp / f"{run}.{stage}.try{try_number}.log").read_text(errors="replace")
     assert rc == 0, text[-4000:]
     return text
@@ -141,7 +146,13 @@ def _wait_for(pred, timeout: float, what: str):
         if got := pred():
             return got
         time.sleep(0.3)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}; Slurm's queue:\n{_queue()}")
+
+
+def _queue() -> str:
+    import slurm_local
+
+    return slurm_local.queue(Path(os.environ["SLURM_CONF"]).parent) if os.environ.get("SLURM_CONF") else "(no Slurm)"
 
 
 def _running_slurm_job(stage_dir: Path) -> str | None:
