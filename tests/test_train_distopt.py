@@ -64,7 +64,8 @@ def runs(tmp_path_factory):
     out = {"classic": (run_training(job("classic")), root / "classic"),
            "unsharded": (run_training(job("unsharded", zero=True, distributed_optimizer=True)), root / "unsharded")}
     for name, kw in (("sharded", {}), ("overflow", {"loss_scale": 2.0 ** 24}),
-                     ("sharded_accum", {"micro_batch": 1, "grad_accum": 4})):
+                     ("sharded_accum", {"micro_batch": 1, "grad_accum": 4}),
+                     ("sharded_accum_micro", {"micro_batch": 1, "grad_accum": 4, "grad_reduce": "micro_batch"})):
         job(name, **{"zero": True, "distributed_optimizer": True, "world_size": 2, "micro_batch": 4, **kw}).to_json(
             root / f"{name}.json")
         with socket.socket() as s_:
@@ -216,21 +217,25 @@ def test_tensor_parallel_fp16_ranks_take_one_overflow_decision(tmp_path):
 
 
 @pytest.mark.slow
-def test_accumulation_keeps_fp32_blocks_and_matches_one_process(runs):
-    """DP 2 x grad_accum 4 under the distributed optimizer, fp16: each micro-batch's gradients are reduced in fp32
-    (cast and divided by DP first, #50) and this rank's fp32 blocks accumulated (half the fp32 gradient per rank
-    here): the losses, skipped steps and loss scales of the one-process run of the same global batch, and the
-    bytes the plan counts."""
+@pytest.mark.parametrize("name, grad_reduce, acc_bytes", [("sharded_accum", "step", 4 * N_PARAMS),
+                                                          ("sharded_accum_micro", "micro_batch", 4 * N_PARAMS // 2)])
+def test_accumulation_keeps_fp32_sums_and_matches_one_process(runs, name, grad_reduce, acc_bytes):
+    """DP 2 x grad_accum 4 under the distributed optimizer, fp16 (#50). ``grad_reduce: step``: each rank adds its
+    micro-batches' gradients into a whole fp32 buffer, reduce-scattered once per step; ``micro_batch``: each
+    micro-batch's gradients are reduced in fp32 (cast and divided by DP first) and only this rank's fp32 blocks
+    accumulate (half the fp32 gradient per rank here). Either way: the losses, skipped steps and loss scales of the
+    one-process run of the same global batch, and the bytes the plan counts."""
     from pipeline.train.config import ModelConfig
     from pipeline.train.model.memory_plan import Layout, plan
 
-    one, acc = _metrics(runs["unsharded"][1]), _metrics(runs["sharded_accum"][1])
+    one, acc = _metrics(runs["unsharded"][1]), _metrics(runs[name][1])
     diff = np.abs(np.array([r["loss"] for r in one]) - np.array([r["loss"] for r in acc]))
-    print("\nDP2 x accum 4 vs one process, max loss difference:", diff.max())
+    print(f"\nDP2 x accum 4 ({grad_reduce}) vs one process, max loss difference:", diff.max())
     assert diff.max() < 5e-4, diff
     assert [(r["skipped"], r["loss_scale"]) for r in acc] == [(r["skipped"], r["loss_scale"]) for r in one]
     cfg = ModelConfig.from_preset(TINY["preset"], **{k: v for k, v in TINY.items() if k != "preset"})
     p = plan(cfg, Layout(dp=2, zero=True, distributed_optimizer=True, precision="fp16", seq_len=SEQ, micro_batch=1,
-                         grad_accum=4, device="CPU"))
+                         grad_accum=4, grad_reduce=grad_reduce, device="CPU"))
+    assert runs[name][0]["grad_reduce"] == grad_reduce
     for r in (0, 1):
-        assert _rank(runs["sharded_accum"][1], r)["gradient_bytes"] == p.gradients == 2 * N_PARAMS + 4 * N_PARAMS // 2
+        assert _rank(runs[name][1], r)["gradient_bytes"] == p.gradients == 2 * N_PARAMS + acc_bytes

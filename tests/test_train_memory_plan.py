@@ -44,6 +44,11 @@ def test_70b_fits_with_the_distributed_optimizer_and_not_without():
     n_rank = sum(math.prod(s) for _, s, _ in param_shapes(cfg, 8))
     assert p.weights == 2 * n_rank
     assert p.gradients == 2 * n_rank + 4 * n_rank // 16  # + this rank's fp32 accumulation blocks
+    assert layout.grad_reduce == "micro_batch"          # one reduction per step would need the whole fp32 buffer:
+    step = plan(cfg, replace(layout, grad_reduce="step"), 64)
+    assert step.gradients == 2 * n_rank + 4 * n_rank and not step.fits
+    with pytest.raises(ValueError, match=r"plan needs .* set train\.grad_reduce: micro_batch \(accumulates only"):
+        require_fit(cfg, replace(layout, grad_reduce="step"), 64)
     assert p.master * 2 == p.optimizer == 8 * n_rank // 16  # every row count of the 70b shards divides by 16
     assert f"{p.total / GiB:.2f}" == "49.96" and p.total < 0.9 * 64 * GiB
     whole = plan(cfg, replace(layout, distributed_optimizer=False, precision="bf16"), 64)  # ZeRO-1: whole buffers

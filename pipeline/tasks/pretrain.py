@@ -136,7 +136,7 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
                    eval_data={**find_eval_sets(corpus), **release_eval_sets(cfg, corpus)},
                    eval_tokens=st["eval_tokens"], fail_at_step=fail_at_step,
                    tensor_parallel=st["tensor_parallel"], zero=st["zero"], device_memory_gb=st["device_memory_gb"],
-                   distributed_optimizer=st["distributed_optimizer"],
+                   distributed_optimizer=st["distributed_optimizer"], grad_reduce=st["grad_reduce"],
                    metrics_every=st["metrics_every"])
     path = Path(out_dir) / "job.json"
     Path(out_dir).mkdir(parents=True, exist_ok=True)

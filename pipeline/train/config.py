@@ -256,6 +256,13 @@ class TrainConfig:
     distributed_optimizer: bool = _f(False, desc="Megatron's distributed optimizer (needs zero: true and precision "
                                      "fp16 or bf16): 16-bit weights and gradients on each rank, fp32 master "
                                      "weights and Adam moments sharded over the data-parallel ranks.")
+    grad_reduce: str = _f("step", desc="Under the distributed optimizer with grad_accum > 1: step: each rank "
+                          "adds its micro-batches' gradients into a whole fp32 buffer (4 bytes per parameter of "
+                          "the rank) and they are reduce-scattered once per optimizer step (Megatron's); "
+                          "micro_batch: each micro-batch's gradients are reduce-scattered at once and only the "
+                          "rank's fp32 blocks accumulate (1/DP of that buffer, grad_accum times the traffic: what "
+                          "the 70b layout needs to fit). Otherwise gradients are reduced once per step.",
+                          choices=("step", "micro_batch"))
     device_memory_gb: float = _f(0.0, desc="Memory of one device in GB; > 0: refuse a layout whose memory plan "
                                  "exceeds it (0: no check).", ge=0)
     metrics_every: int = _f(10, desc="Fetch loss and metrics from the device every N steps (fewer host syncs).",

@@ -69,6 +69,7 @@ class TrainJob:
     tensor_parallel: int = _recipe("tensor_parallel")  # ranks per tensor-parallel group (inside a node)
     zero: bool = _recipe("zero")  # ZeRO-1: shard the Adam moments over the data-parallel ranks
     distributed_optimizer: bool = _recipe("distributed_optimizer")  # 16-bit weights, fp32 master shards (zero)
+    grad_reduce: str = _recipe("grad_reduce")  # distributed optimizer + accumulation: "step" | "micro_batch"
     device_memory_gb: float = _recipe("device_memory_gb")  # > 0: refuse a layout whose memory plan exceeds it
     metrics_every: int = _recipe("metrics_every")  # host sync period: loss/metrics fetched every N steps
     fail_at_step: int | None = None  # tests only: crash after this step's checkpoint (see testing_hooks.py)
@@ -132,6 +133,8 @@ class TrainJob:
             raise bad("zero", "must be true or false")
         if not isinstance(self.distributed_optimizer, bool):
             raise bad("distributed_optimizer", "must be true or false")
+        if self.grad_reduce not in ("step", "micro_batch"):
+            raise bad("grad_reduce", f"must be 'step' or 'micro_batch', got {self.grad_reduce!r}")
         if self.distributed_optimizer and (not self.zero or self.precision == "fp32"):
             raise bad("distributed_optimizer", "needs zero=true and precision fp16 or bf16 (16-bit weights)")
         if self.device_memory_gb < 0:

@@ -227,7 +227,7 @@ def _run_steps(job: TrainJob, b: _Built, rank: int, status: StatusFile, logger,
     step, last_ckpt, times = start_step, None, []
     step_fn = TrainStep(b.loss_net, b.opt, grad_clip=job.grad_clip, world=b.world, grad_accum=job.grad_accum,
                         scaler=scaler, jit=job.mode == "graph", group=lay.dp_group, norm_fn=b.norm_fn,
-                        devices=lay.tp * lay.dp)
+                        devices=lay.tp * lay.dp, grad_reduce=job.grad_reduce)
     batches = TokenBatches(b.data_dir, job.micro_batch, job.seed, rank=lay.dp_rank, world=b.world,
                            grad_accum=job.grad_accum, start=b.position, extra_files=job.replay_files)
     if job.replay_files:
@@ -297,7 +297,8 @@ def _summary(job: TrainJob, b: _Built, metrics_path: str, *, step: int, last_ckp
         "seq_len": seq_len, "data": b.data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
         "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": b.mplan.to_dict(),
         "param_bytes_per_rank": param_bytes(net), "optimizer_bytes_per_rank": opt.state_bytes(),
-        "gradient_bytes_per_rank": grad_bytes(net, job.grad_accum, opt), "peak_rss_bytes": _peak_rss(),
+        "gradient_bytes_per_rank": grad_bytes(net, job.grad_accum, opt, job.grad_reduce),
+        "peak_rss_bytes": _peak_rss(), "grad_reduce": job.grad_reduce,
         "distributed_optimizer": job.distributed_optimizer,
     }
 
@@ -376,7 +377,8 @@ def _write_rank_digest(job: TrainJob, net, rank: int, step: int, opt, resumed_fr
     write_json(os.path.join(job.out_dir, "ranks", f"rank_{rank:05d}.json"),
                {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid(),
                 "param_bytes": param_bytes(net), "optimizer_bytes": opt.state_bytes(), "resumed_from": resumed_from,
-                "gradient_bytes": grad_bytes(net, job.grad_accum, opt), "peak_rss_bytes": _peak_rss()})
+                "gradient_bytes": grad_bytes(net, job.grad_accum, opt, job.grad_reduce),
+                "peak_rss_bytes": _peak_rss()})
 
 
 def _peak_rss() -> int:

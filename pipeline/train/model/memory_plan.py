@@ -7,7 +7,8 @@ per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a t
 
 * ``weights``: the model's parameters: fp32, or 16-bit under the distributed optimizer;
 * ``gradients``: one tensor per parameter in its dtype; ``grad_accum > 1`` adds fp32 accumulation buffers (whole
-  tensors; under the distributed optimizer only this rank's blocks, reduce-scattered per micro-batch);
+  tensors, reduced once per step; under the distributed optimizer with ``grad_reduce: micro_batch`` only this
+  rank's blocks, reduce-scattered per micro-batch);
 * ``optimizer``: AdamW's two fp32 moments; with ZeRO-1 a parameter whose rows divide by DP keeps only its row block;
 * ``master``: fp32 master weights of the distributed optimizer (same blocks as the moments), else 0;
 * ``step_buffers``: one fp32 working copy of the gradients (all-reduce output -> unscaled -> clipped, each step
@@ -57,6 +58,7 @@ class Layout(ParallelLayout):
     seq_len: int = 2048
     micro_batch: int = 1
     grad_accum: int = 1
+    grad_reduce: str = "step"  # distributed optimizer + accumulation: whole fp32 buffer, or blocks per micro-batch
     device: str = "Ascend"  # Ascend: flash attention (no [s, s] scores kept); CPU: mccl emulations (adamw.py)
 
 
@@ -68,8 +70,9 @@ PRESET_LAYOUTS: dict[str, Layout] = {
     "7b": Layout(tp=4, dp=2, zero=True, recompute=True, precision="bf16", seq_len=4096, micro_batch=1),
     "13b": Layout(tp=8, dp=4, zero=True, recompute=True, precision="bf16", seq_len=4096, micro_batch=1),
     # 1M tokens per step (16 x 16 x 4096): fits because the distributed optimizer accumulates fp32 blocks only
+    # (reduce-scattered per micro-batch: a whole fp32 buffer would add 4 bytes per parameter of the rank, 33 GiB)
     "70b": Layout(tp=8, dp=16, zero=True, distributed_optimizer=True, recompute=True, precision="bf16",
-                  seq_len=4096, micro_batch=1, grad_accum=16),
+                  seq_len=4096, micro_batch=1, grad_accum=16, grad_reduce="micro_batch"),
 }
 
 
@@ -191,8 +194,10 @@ def plan(cfg: ModelConfig, layout: Layout, device_memory_gb: float = 0.0) -> Mem
     state = sum(_state_numel(s, layout.dp, layout.zero) for s in shapes)
     wbytes = 2 if dist else 4
     weights = wbytes * n_rank
-    # fp32 accumulation buffers: whole tensors, or under the distributed optimizer this rank's blocks (optim.py)
-    gradients = weights + ((4 * state if dist else 4 * n_rank) if layout.grad_accum > 1 else 0)
+    # fp32 accumulation buffers: whole tensors, or this rank's blocks when the distributed optimizer reduces each
+    # micro-batch (optim.py)
+    blocks = dist and layout.grad_reduce == "micro_batch"
+    gradients = weights + ((4 * state if blocks else 4 * n_rank) if layout.grad_accum > 1 else 0)
     optimizer = 8 * state
     master = 4 * state if dist else 0
     # step buffers: one working copy of the gradients (DP all-reduce output -> unscaled -> clipped, each freeing its
@@ -223,6 +228,9 @@ def knob_to_change(p: MemoryPlan, layout: Layout) -> str:
     if not layout.distributed_optimizer and layout.precision != "fp32" and layout.dp > 1:
         return ("set TrainJob.zero=true and TrainJob.distributed_optimizer=true (16-bit weights and gradients, "
                 "fp32 master weights sharded over the data-parallel ranks)")
+    if layout.distributed_optimizer and layout.grad_accum > 1 and layout.grad_reduce == "step":
+        return ("set train.grad_reduce: micro_batch (accumulates only this rank's fp32 blocks, 1/DP of the whole "
+                "fp32 gradient buffer)")
     return "raise TrainJob.tensor_parallel (weights and gradients are split only by tensor parallel)"
 
 
@@ -242,4 +250,4 @@ def job_layout(job, world: int, seq_len: int, recompute: bool) -> Layout:
     par = job.layout(world)
     return Layout(tp=par.tp, dp=par.dp, zero=par.zero, distributed_optimizer=par.distributed_optimizer,
                   recompute=recompute, precision=job.precision, seq_len=seq_len, micro_batch=job.micro_batch,
-                  grad_accum=job.grad_accum, device=job.device)
+                  grad_accum=job.grad_accum, grad_reduce=job.grad_reduce, device=job.device)

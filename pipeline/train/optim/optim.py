@@ -100,11 +100,12 @@ class TrainStep:
 
     def __init__(self, loss_net: nn.Cell, opt: nn.Optimizer, *, grad_clip: float, world: int = 1,
                  grad_accum: int = 1, scaler=None, jit: bool = True, group: str | None = None, norm_fn=None,
-                 devices: int = 0):
+                 devices: int = 0, grad_reduce: str = "step"):
         # Long on purpose: the step, micro-step and apply-step are closures that ms.jit compiles, over the same
         # reducer, scaler, grad_fn and finish; split into methods they would pass all of those around.
         # world/group: the data-parallel ranks (a sub-group under tensor parallel); norm_fn: TP-aware norm;
-        # devices: every rank of the job (TP x DP; 0 = world), over which the fp16 finite flag is all-reduced
+        # devices: every rank of the job (TP x DP; 0 = world), over which the fp16 finite flag is all-reduced;
+        # grad_reduce: with accumulation under the distributed optimizer, reduce once per step or per micro-batch
         self.accum, self.world, self.scaler = grad_accum, world, scaler
         devices = devices or world
         params = opt.parameters
@@ -160,15 +161,20 @@ class TrainStep:
         if grad_accum == 1:
             self._step = ms.jit(step) if jit else step
             return
-        # fp32 buffers whatever the parameters' dtype: 16-bit sums of many micro-batches lose the small ones. Under
-        # the distributed optimizer each micro-batch's gradients are reduce-scattered at once and only this rank's
-        # fp32 blocks are accumulated (ZeRO-2's buffer: 1/DP of the fp32 gradient; a 70b rank at TP 8 x DP 16 keeps
-        # 2 GiB instead of 32), so ``apply`` hands them on already reduced.
-        sharded_acc = getattr(opt, "distributed", False)
+        # fp32 buffers whatever the parameters' dtype: 16-bit sums of many micro-batches lose the small ones. By
+        # default each rank adds its micro-batches' gradients locally and ``apply`` reduces them once, in fp32
+        # (under the distributed optimizer: one reduce-scatter of the fp32 sums per step, Megatron's). With
+        # ``grad_reduce: micro_batch`` the distributed optimizer instead reduce-scatters each micro-batch's
+        # gradients at once and accumulates only this rank's fp32 blocks (ZeRO-2's buffer: 1/DP of the fp32
+        # gradient; a 70b rank at TP 8 x DP 16 keeps 2 GiB instead of 33), so ``apply`` hands them on reduced.
+        distributed = getattr(opt, "distributed", False)
+        sharded_acc = distributed and grad_reduce == "micro_batch"
         shapes = opt.state_shapes() if sharded_acc else [tuple(p.shape) for p in params]
         acc = ParameterTuple([Parameter(Tensor(np.zeros(shape, np.float32)), name=f"accum.{p.name}",
                                         requires_grad=False) for p, shape in zip(params, shapes, strict=True)])
-        dtypes = tuple(ms.float32 if sharded_acc else p.dtype for p in params)
+        # what apply hands to the reduction: fp32 under the distributed optimizer (its reducer works in fp32 and
+        # its 16-bit weights would round the sums), else the parameters' dtype
+        dtypes = tuple(ms.float32 if distributed else p.dtype for p in params)
         add = ops.HyperMap()
         inv = 1.0 / grad_accum
         n_params = len(dtypes)
