@@ -34,6 +34,10 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 FILE_SECONDS = REPO / "tests" / "fixtures" / "file_seconds.json"
 _CONFIG: dict = {}      # the session's config, for pytest_runtest_logreport (which is not given it)
 SHARED_CORPORA = REPO.parent / "shared" / "corpora"
+#: Environment for an msrun launch that is meant to crash.  When one rank fails, msrun SIGKILLs the others; a killed
+#: rank never unregisters, so msrun's scheduler (and msrun with it) only exits once that rank's heartbeats have been
+#: missing for ``MS_NODE_TIMEOUT`` seconds (default 30): 30 s of idle wait per crash test, 10 s with this.
+MSRUN_CRASH_ENV = {"MS_NODE_TIMEOUT": "10"}
 _HOME = pathlib.Path(os.environ.get("AF_TEST_HOME") or tempfile.mkdtemp(prefix="mindloom_af_test_"))
 os.environ.update(
     AIRFLOW_HOME=str(_HOME),

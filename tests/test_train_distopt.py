@@ -22,6 +22,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import MSRUN_CRASH_ENV
 
 from pipeline.configkit import ConfigError
 from pipeline.train.config import TrainConfig
@@ -142,14 +143,15 @@ def test_bytes_per_rank_16bit_weights_and_sharded_master(runs):
             s["param_bytes_per_rank"], s["gradient_bytes_per_rank"], s["optimizer_bytes_per_rank"])
 
 
-def _msrun(job_path, log_dir, cwd):
+def _msrun(job_path, log_dir, cwd, env: dict | None = None):
     from pipeline.train.jobs.launch import env_with_venv, train_command
 
     with socket.socket() as s_:
         s_.bind(("127.0.0.1", 0))
         port = s_.getsockname()[1]
     cmd = train_command(str(job_path), workers=2, log_dir=str(log_dir), master_port=port, cluster_timeout_s=180)
-    return subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=cwd, timeout=600).returncode
+    return subprocess.run(cmd, capture_output=True, text=True, env={**env_with_venv(), **(env or {})}, cwd=cwd,
+                          timeout=600).returncode
 
 
 @pytest.mark.slow
@@ -161,7 +163,8 @@ def test_sharded_resume_after_crash_is_exact(runs, tmp_path):
     codes = []
     for attempt in ("crash", "resume"):
         TrainJob.from_dict(base).to_json(tmp_path / "resumed.json")
-        codes.append(_msrun(tmp_path / "resumed.json", tmp_path / f"{attempt}_log", tmp_path))
+        codes.append(_msrun(tmp_path / "resumed.json", tmp_path / f"{attempt}_log", tmp_path,
+                            MSRUN_CRASH_ENV if attempt == "crash" else None))
         base["fail_at_step"] = None
     assert codes[0] != 0 and codes[1] == 0
     with open(tmp_path / "resumed" / "summary.json") as f:
