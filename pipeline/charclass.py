@@ -22,8 +22,8 @@ CLS_SPACE = 4     # whitespace: \s
 def char_classes() -> np.ndarray:
     """uint8[0x110000]: CLS_* bits per code point, computed with the ``re`` classes themselves.
 
-    Building it scans all 1.1M code points with ``re`` (~0.3 s), so the result is cached in this package's __pycache__,
-    keyed by the Unicode database version ``re`` uses (a different Python rebuilds it).
+    Building it scans all 1.1M code points with ``re`` (too slow for every process), so the result is cached in this
+    package's __pycache__, keyed by the Unicode database version ``re`` uses (a different Python rebuilds it).
     """
     import sys
     import unicodedata

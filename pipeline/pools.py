@@ -18,17 +18,17 @@ starting an interpreter and importing numpy, pyarrow and the pipeline again.
 
 A process that runs task after task (``airflow dags test``, ``mindloom corpus``) also keeps the idle pools of
 one task for the next task of the same step (:func:`task_pools` with ``step``): at the shipped ``parallelism`` a
-step has 64 tasks, and each started and stopped its own workers (about 0.3 CPU-s a pool; the tokenizer's workers
-also loaded the SentencePiece model again).  The pools are shut down as soon as a task of another step starts, so
-the next step's memory does not carry them; so are the step caches (:func:`step_cache`: the sink scatter's
-mapping of the held-out index, 136 MB of mapped pages at bench-scale's 4 GB, which the writer tasks need not
-hold).  A process made for one task (LocalExecutor, Celery: forked per task and left through ``os._exit``) never
-keeps a pool: only a process that has already run a task does.
+step has 64 tasks, and each started and stopped its own workers (a pool's start-up CPU, spent per task; the
+tokenizer's workers also loaded the SentencePiece model again).  The pools are shut down as soon as a task of
+another step starts, so the next step's memory does not carry them; so are the step caches (:func:`step_cache`:
+the sink scatter's mapping of the held-out index, whose mapped pages grow with the corpus and which the writer
+tasks need not hold).  A process made for one task (LocalExecutor, Celery: forked per task and left through
+``os._exit``) never keeps a pool: only a process that has already run a task does.
 
 ``multiprocessing`` prepares every spawned (and the forkserver) process by importing the parent's main script
 as ``__mp_main__``.  Inside an Airflow task that script is the ``airflow`` CLI: each pool worker imported all of
-Airflow (measured: about 300 MB of RSS and 1-2 CPU-seconds per worker under ``airflow dags test``) before doing any
-work.  Pipeline pools only ever run functions of ``pipeline.*`` modules, which workers import by name, so
+Airflow (its memory and its import CPU, in every worker, under ``airflow dags test``) before doing any work.
+Pipeline pools only ever run functions of ``pipeline.*`` modules, which workers import by name, so
 :func:`main_hidden` hides the main script's path and spec while a task runs and its pools start.
 """
 
@@ -209,7 +209,7 @@ def task_executor(workers: int, preload: str, initializer=None, initargs: tuple 
     ctx = mp.get_context("forkserver")
     # only the server's first start reads this; the chain's task module imports every stage's module, so whichever
     # stage starts the server first, the others' workers find their code already imported, and pipeline.warm loads
-    # the compiled kernels once in the server instead of once in every worker (about 1 CPU-s each)
+    # the compiled kernels once in the server instead of once in every worker (each paid its own load)
     ctx.set_forkserver_preload(list(dict.fromkeys([preload, "pipeline.tasks.corpus", "pipeline.warm"])))
     _forkserver_of_this_process()
     if not _SCOPES:

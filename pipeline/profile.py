@@ -71,9 +71,9 @@ def _same_address_space(a: int, b: int) -> bool:
     """Whether processes ``a`` and ``b`` share one address space: ``kcmp(KCMP_VM)`` on Linux, exact and atomic.
 
     A child that a process starts (``subprocess``, a ``spawn`` pool's worker) runs in its parent's address space
-    (vfork) until it calls exec, and reports the parent's whole resident size meanwhile: a 1.2 GB process starting
-    workers showed a 2.5 GB tree at a 2 ms sampling period, and ``tokenize`` read 2,658 MB at 4 GB against
-    1,531 MB by the bench's own sampler.  Where ``kcmp`` is missing, virtual size, resident pages and stack start
+    (vfork) until it calls exec, and reports the parent's whole resident size meanwhile: a process starting
+    workers showed a tree about twice its size at a fine sampling period, and ``tokenize`` at bench-scale read far
+    more than the bench's own sampler.  Where ``kcmp`` is missing, virtual size, resident pages and stack start
     read from ``/proc`` are compared instead (the same for a shared address space, racing with its other threads).
     """
     if (syscall := _kcmp()) is not None:
@@ -119,8 +119,8 @@ def unexeced_children(pids: list[int]) -> set[int]:
 
 def _descendants(proc) -> list:
     """Live descendants of ``proc``, from Linux's per-thread ``children`` lists: a few small reads instead of
-    psutil's scan of every process on the machine (2.6 ms per sample with 150 processes, 10 samples a second, in
-    every task; now 0.3 ms).  Elsewhere, psutil."""
+    psutil's scan of every process on the machine (which grows with the machine's process count, 10 samples a
+    second, in every task, and cost several times these reads).  Elsewhere, psutil."""
     import psutil
 
     if not os.path.exists(f"/proc/{proc.pid}/task/{proc.pid}/children"):
@@ -173,7 +173,8 @@ def own_peak_rss_mb() -> float:
 
     Not ``ru_maxrss``: Linux folds the pre-exec address space's peak into it at ``execve``, and a child that
     ``subprocess`` starts with vfork runs in its parent's address space until then, so a small child of a 2 GB
-    process reports 2 GB (a 0.4 GB MindRecord reader read as 2.4 GB under a pytest worker that had trained)."""
+    process reports 2 GB (a small MindRecord reader read as its own size plus its parent's under a pytest worker
+    that had trained)."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmHWM:"):
@@ -191,9 +192,9 @@ def release_memory() -> None:
     the next.
 
     Inside :func:`measured` the objects that existed before the task are frozen (``gc.freeze``), so the
-    collection scans only what the task created: a full collection of a process that holds Airflow (about 250,000
-    objects after parsing the DAGs, more during ``airflow dags test``) cost 0.16-0.5 CPU-seconds per task, which
-    was most of the CPU of short tasks under Airflow and none of it under the CLI.
+    collection scans only what the task created: a full collection of a process that holds Airflow (every object
+    of parsing the DAGs, more during ``airflow dags test``) in every task was most of the CPU of short tasks under
+    Airflow and none of it under the CLI.
     """
     import ctypes
     import sys

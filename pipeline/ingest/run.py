@@ -75,7 +75,7 @@ log = logging.getLogger(__name__)
 
 DOC_COLUMNS = ("doc_id", "domain", "source", "text", "n_chars", "text_hash", "meta", "origin", "lang", "lang_score")
 REJECT_COLUMNS = ("source", "path", "where", "reason", "detail", "snippet", "nbytes")
-#: shards with less input than this are processed in the task's own process (a pool costs ~1 s to start)
+#: shards with less input than this are processed in the task's own process (starting a pool costs more)
 PARALLEL_MIN_BYTES = 2 << 20
 BATCH_RECORDS = 64
 BATCH_BYTES = 4 << 20

@@ -37,10 +37,10 @@ shared between the workers of a machine) and looks every n-gram of a document up
 Memory: 12 bytes per distinct evaluation n-gram (about 12 bytes per evaluation word: MMLU's ~1.5 M words ~ 18 MB),
 plus ``items.json``; building holds about 3x that.  Per document, about 40 bytes per word while it is checked.
 Time: linear in the corpus (one byte-translation or regular-expression pass, one dictionary lookup per word, ``n``
-vector passes, one binary search per n-gram in ``log2(N)`` steps).  Measured on the shared 2-core machine against a
-1.9 M-n-gram index: 5-9 MB of text per CPU-second (short documents are the slower end: numpy's per-call cost), and
-7.5 MB/s for Chinese; the quality chain itself does about 11 MB/s (docs/corpus.md), so decontamination roughly
-doubles the quality stage's CPU when it is on.
+vector passes, one binary search per n-gram in ``log2(N)`` steps).  Throughput is the benchmark metric
+``quality_kernels.decontamination_mb_per_cpu_s`` (short documents and Chinese are the slower end: numpy's per-call
+cost); its CPU is about that of the heuristic chains on the same documents
+(``quality_kernels.decontamination_over_heuristics_cpu``), so it roughly doubles the quality stage's CPU when on.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ _MARKS = re.compile("[\u0300-\u036f\u1ab0-\u1aff\u1dc0-\u1dff\u20d0-\u20ff\ufe20
 _NUMBER = re.compile(r"\d+")
 _WORD = re.compile(f"[{CJK_RANGES}]|[^\\W_{CJK_RANGES}]+")
 _CJK = re.compile(f"[{CJK_RANGES}]")
-# ASCII text takes a byte path 3x faster than the regular expressions, with the same words: lowercase letters
+# ASCII text takes a byte path, faster than the regular expressions, with the same words: lowercase letters
 # and digits stay (digits as '0', runs collapsed below), every other byte separates.
 _ASCII_TABLE = bytes(c if 0x61 <= c <= 0x7A else 0x30 if 0x30 <= c <= 0x39 else 0x20 for c in range(256))
 _P = 0x100000001B3                      # FNV-64 prime: odd, so the polynomial mixes every word's bits
@@ -308,7 +308,7 @@ class Decontaminator:
 
         d = Path(directory)
         self.n = n
-        # plain arrays over the mapped files (np.memmap's subclass overhead made every lookup 1.7x slower)
+        # plain arrays over the mapped files (np.memmap's subclass overhead made every lookup slower)
         self.ngrams = np.asarray(np.load(d / "ngrams.npy", mmap_mode="r"))
         self.owner = np.asarray(np.load(d / "items.npy", mmap_mode="r"))
         self.items = read_json(d / "items.json")

@@ -184,8 +184,8 @@ _WORKER: dict = {}
 
 def _init_worker(q: QualityConfig, decont_dir: str | None = None, clf_dir: str | None = None) -> None:
     """A worker's state: the settings, never the shard, so the shards of a batch task share one pool (with the shard
-    in its arguments every shard started a pool of its own that lived until the task ended: 29 shards, 58 idle
-    workers, a 9.9 GB process tree in the 1 GB bench-scale run)."""
+    in its arguments every shard started a pool of its own that lived until the task ended, so a batch task held
+    idle workers for every shard it had done)."""
     masker = PiiMasker(q.pii.emails, q.pii.ips, q.pii.phones, q.pii.only_public_ips) if q.pii.enabled else None
     old = _WORKER.get("clf")
     _WORKER.clear()

@@ -38,12 +38,12 @@ Memory: 14 bytes per held-out run (the n-gram, its rank and that rank's document
 documents or more), plus the bitmap (2-4 bytes per run) and the bucket starts (2-4 bytes), memory-mapped: the pages
 are the machine's page cache, shared by every scatter task that maps them, and read only where a lookup lands;
 per shard, about 40 bytes per token while it is checked.  A scatter task maps them once: the scatter runs in the
-task's process, not a pool.  The plan's build peaks at about 53 bytes per held-out token (the runs' hashes, their
-sort order and the arrays it writes): 403 MB over the 7.7 M tokens of bench-scale's 4 GB run.
+task's process, not a pool.  The plan's build peak grows with the held-out tokens (the runs' hashes, their sort
+order and the arrays it writes), not with the corpus.
 Time: linear in the shard's training tokens, plus a cost per matching run (a bucket lookup and one sort of the
 slice's matches); opening the index costs a few file maps per process at any size (the plan computes it).  The
 matches grow with how much of the corpus repeats held-out text: at most every run, so the cost per token is
-bounded, about 10x that of a shard without matches.
+bounded, a multiple of that of a shard without matches.
 """
 
 from __future__ import annotations

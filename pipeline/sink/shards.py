@@ -241,8 +241,9 @@ def _feed_buckets(rdir: Path, parts: list[str], markers: list[dict], start, span
 def _verify_written(tmp_dir: Path, entry: dict, *, seq_len: int, domain_field: bool, boundaries: bool,
                     mem_limit_mb: int | None = None) -> None:
     """The writer's own full check of the file it wrote: every row read back (count, length, content hash), in a
-    child that starts MindSpore (about 400 MB) limited to ``mem_limit_mb`` (``pack.verify_mem_mb``).  The heap the
-    writing freed goes back to the OS first, so the task's peak is the larger of the two, not their sum."""
+    child that starts MindSpore (its framework's memory too) limited to ``mem_limit_mb`` (``pack.verify_mem_mb``).
+    The heap the writing freed goes back to the OS first, so the task's peak is the larger of the two, not their
+    sum."""
     from pipeline.profile import release_memory
     from pipeline.sink.verify import verify
 

@@ -132,8 +132,8 @@ def _read_in_child(mr_dirs: list[Path], ranks: int, mem_limit_mb: int, timeout_s
     Any failure becomes a ShardError naming the file.
 
     The child sets its own limit before it imports MindSpore: a ``preexec_fn`` would make Python fork the caller
-    (often 1 GB or more of Airflow and libraries) instead of vfork-and-exec, and until the exec the forked child
-    counts the caller's whole resident memory again (the 0.1 s profile sampler saw a 1.1 GB task as 2.16 GB)."""
+    (Airflow and its libraries) instead of vfork-and-exec, and until the exec the forked child counts the caller's
+    whole resident memory again (the profile sampler saw such a task as about twice its size)."""
     import json
     import signal
     import subprocess

@@ -1,7 +1,7 @@
 """The one MindRecord writer and manifest format: corpus and validation sets, long-context re-packs, test data.
 
-``FileWriter(shard_num=N)`` assigns rows to shard files nondeterministically (measured: the same 11 rows split 5/6
-in one run and 6/5 in the next), so every shard file is written by its own single-shard :class:`ShardWriter`,
+``FileWriter(shard_num=N)`` assigns rows to shard files nondeterministically (the same rows split differently
+from one run to the next), so every shard file is written by its own single-shard :class:`ShardWriter`,
 with rows dealt round-robin by the caller.  That keeps reruns byte-identical and the per-shard sample counts known.
 Files are made world-readable (the writer creates them 0600) and described in ``manifest.json`` by
 :func:`set_manifest`: sha256 of every data and index file, row counts and the sha256 of the decoded rows

@@ -27,9 +27,9 @@ class NothingToShip(Exception):  # noqa: N818 - an outcome, not an error
 def load_run_config(rdir: str | Path) -> MindloomConfig:
     """The run's frozen configuration (``config.json``), as a copy the caller may change.
 
-    Every task and every shard of a task reads it: building the typed config from JSON costs about 17 ms (type
-    hints, checks), which at 300 shards times 8 stages was 40 CPU-seconds of a 1 GB run.  A process keeps the
-    built config per file (checked against its mtime and size) and hands out deep copies (under 1 ms).
+    Every task and every shard of a task reads it: building the typed config from JSON (type hints, checks) is
+    not free, and paid once per shard of every stage it added up over a run.  A process keeps the built config per
+    file (checked against its mtime and size) and hands out deep copies, which cost far less.
     """
     import copy
     import os

@@ -143,9 +143,9 @@ def _extends(tok: dict) -> dict | None:
 def write_validation(specs: list[dict]) -> dict:
     """Write the held-out MindRecord sets, one per domain (``mindrecord_val/<domain>/``), verified as written.
 
-    Written in a spawned process and verified from this one: MindSpore's MindRecord writer adds about 0.8 GB to
-    the process that imports it, and a worker that runs task after task (``airflow dags test``, the CLI) kept it
-    for every later task (the scatter tasks beside this one then peaked above 2 GB at parallelism 64); and the
+    Written in a spawned process and verified from this one: MindSpore's MindRecord writer adds MindSpore's memory
+    to the process that imports it, and a worker that runs task after task (``airflow dags test``, the CLI) kept it
+    for every later task (the scatter tasks beside this one then peaked with it on top of their own); and the
     writer's process is gone before the verifying reader starts."""
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context

@@ -17,7 +17,7 @@ Kinds of step (``item`` is what one task receives):
 
 Stages with no barrier between them share a task (``then``): ingest hashes its batch for exact dedup, and exact
 dedup's task computes the survivors' MinHash signatures.  Each mapped task instance costs a fixed amount whatever
-it does (in Airflow's own bookkeeping about 0.2 CPU-s under ``dags test``, a new process per task on Celery), so at
+it does (Airflow's own bookkeeping under ``dags test``, a new process per task on Celery), so at
 the shipped ``parallelism`` of 64 two fewer mapped steps are 128 fewer task instances per run; every stage still
 writes its own profile, markers and stats.
 

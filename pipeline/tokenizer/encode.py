@@ -47,7 +47,7 @@ class Encoder:
 
     The pool comes from :func:`pipeline.pools.task_executor`: forkserver workers that fork from a server which has
     already imported this module, and inside a task one pool for all its shards (each kept its segment cache);
-    a spawned pool per shard cost about 0.4 CPU-seconds per shard to start, more than encoding a 2 MB shard.
+    a spawned pool per shard cost more CPU to start than encoding a small shard did.
 
     Chunks of about ``chunk_chars`` characters are dealt dynamically: each worker keeps two chunks queued and this
     process encodes the next unassigned chunk in between, so the workers' start-up is hidden behind useful work

@@ -17,24 +17,24 @@ for any thread count; one thread for unigram, whose model changes with the threa
 Encoding runs in ``encode_workers`` processes (0: every core; this one and forkserver workers that a task's
 shards share, :class:`Encoder`) over chunks of about 1 MB of text (order preserved), each with a single-threaded
 SentencePiece that sees only the chunk's whitespace segments it has not met before (:mod:`pipeline.tokenizer.segments`:
-the same ids as encoding whole texts, 2.6x less CPU); per-shard stats count tokens, bytes and byte-fallback tokens per
-domain.
+the same ids as encoding whole texts, for a fraction of the CPU); per-shard stats count tokens, bytes and
+byte-fallback tokens per domain.
 
 Memory:
 
 - Training sample: O(``sample_chars``), independent of the corpus: a heap per domain of at most its budget plus
   one document (about 200 bytes per entry: key, doc id, shard name), one shard's three small columns at a time,
-  then the chosen text and its lines.  Measured with ``tracemalloc`` (Python objects; 500 k-character sample,
-  synthetic shards of 2,000 documents): 0.70 MB for 8 k, 32 k and 128 k documents, where the former
-  tuple-per-document selection took 1.9, 6.2 and 24.5 MB (``tests/test_tokenizer.py`` checks 1× against 4×).
+  then the chosen text and its lines.  Measured with ``tracemalloc`` (Python objects; fixed sample size,
+  synthetic shards): the same for 8 k, 32 k and 128 k documents, where the former tuple-per-document selection
+  grew with the document count (``tests/test_tokenizer.py`` checks 1× against 4×).
 - Tokenize (per shard): the shard is read, encoded and written ``BATCH_CHARS`` (16 M) characters at a time, so a
   task holds one batch — its Arrow rows and Python strings, about 13 bytes per token while encoding (SentencePiece's
   id lists, the int32 ids and their copy when chunks are joined) — plus the Parquet row group being read (1,024
-  rows of the quality shard).  Measured as the rise of peak RSS of a fresh process, one encoding process,
-  4,000-piece vocabulary, shards cut from the shared sample corpora: 10 / 40 / 80 MB of text 194 / 356 / 391 MB
-  (the former whole-shard encoding: 192 / 495 / 734 MB, about 8 bytes per byte of text).  Each extra encoding
-  process holds the model and up to two queued 1 MB chunks with their ids (not measured separately).  Every encoding
-  process also keeps its segment cache, at most about 42 MB (:mod:`pipeline.tokenizer.segments`).
+  rows of the quality shard).  Measured as the rise of peak RSS of a fresh process (one encoding process, shards
+  cut from the shared sample corpora), it levels off as the shard grows, where the former whole-shard encoding
+  grew with the shard's text.  Each extra encoding process holds the model and up to two queued 1 MB chunks with
+  their ids (not measured separately).  Every encoding process also keeps its segment cache, at most about 42 MB
+  (:mod:`pipeline.tokenizer.segments`).
 """
 
 from __future__ import annotations

@@ -19,9 +19,9 @@ newlines, a literal ``▁``, empty texts).
 
 Why it is faster.  Most segments are words that recur: the split, the lookup of each chunk's distinct segments
 and the gather of their ids run in Arrow and numpy, and only segments not seen before reach SentencePiece.
-Measured on the 0.25 GB bench-scale corpus after quality (101 M characters, 4,000-piece model, one process):
-15.9 CPU-seconds encoding whole texts (ids flattened to int32), 6.0 by segment; code 5.0 → 1.5, books
-1.3 → 0.43, Chinese (few spaces, so long segments) 0.65 → 0.58.
+Measured on a bench-scale corpus after quality (one process): by segment, encoding takes a fraction of the CPU of
+encoding whole texts (ids flattened to int32), the most saved on code and books, the least on Chinese (few spaces,
+so long segments).  Throughput: ``tokenize.tokens_per_s_1_process`` (``make bench``, topic tokenize).
 
 Memory: the cache keeps segments of at most ``MAX_CACHED_CHARS`` characters, up to ``MAX_ENTRIES`` of them (then
 it starts again empty), each as its text and its ids' bytes: 159 bytes per entry (``sys.getsizeof`` of keys, values

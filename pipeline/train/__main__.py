@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     job = None
     try:
         job = TrainJob.from_json(args.job)
-        from .trainer import run_training  # imports MindSpore (~1-2 s)
+        from .trainer import run_training  # imports MindSpore (slow: only after the job parsed)
 
         summary = run_training(job)
     except (StageBusy, LeaseLost) as e:  # the folder is another job's: its status is not ours to touch

@@ -10,12 +10,12 @@ p bits of the key), each read, sorted and merged on its own; documents of one bu
 With a dedup index (earlier releases, :mod:`pipeline.dedup.minhash.index`), each key is also looked up in the release's
 sorted key file of this band; a hit adds the edge (document, index node) whose node id has the top bit set.
 
-Memory: about 112 bytes per document of the band partition being merged (keys and gids, their concatenation, the
-sort index and sorted copies, run labels) plus about 40 MB of fixed cost, and one shard's key column while reading.
-Measured as the rise of peak RSS (``VmHWM``) of a fresh process running one band over synthetic stage-1 files with
-20 % of documents in buckets: from 65 MB to 157 MB for 0.5 M documents and to 210 MB for 1 M (one partition), i.e.
-111 bytes per document.  Output: 16 bytes per candidate edge (a, b), one run per partition addressed by the slot
-of ``a`` (:mod:`pipeline.dedup.minhash.clusters.runs`), so stage 3's tasks each read the edges of their anchors.
+Memory: about ``_BYTES_PER_DOC`` per document of the band partition being merged (keys and gids, their
+concatenation, the sort index and sorted copies, run labels) plus a fixed cost, and one shard's key column while
+reading.  ``_BYTES_PER_DOC`` is the rise of peak RSS (``VmHWM``) per document of a fresh process running one
+band over synthetic stage-1 files with 20 % of documents in buckets, at two sizes of one partition.  Output:
+16 bytes per candidate edge (a, b), one run per partition addressed by the slot of ``a``
+(:mod:`pipeline.dedup.minhash.clusters.runs`), so stage 3's tasks each read the edges of their anchors.
 
 Passes: every shard's key column of the band is read exactly once.  When 2^p partitions are needed, that single
 read scatters (key, gid) pairs (16 bytes per document) into 2^p spill files on local disk under
@@ -53,10 +53,10 @@ def _read_keys(rdir: Path, entry: dict, band: int) -> tuple[np.ndarray, np.ndarr
     """(keys, gids) of the documents of one shard that have shingles.
 
     Read through ``ParquetFile``, not ``pq.read_table``: a band task reads two columns of every shard's signature
-    file, and the dataset layer that ``read_table`` sets up per file cost 0.7-1.0 ms of the 1.1 ms a read took at
-    bench-scale's 4 GB (887 shards, 14 bands), against 0.32-0.36 ms this way.  Without pre-buffering (which
-    coalesces column-chunk reads, and only pays off for chunks far larger than a shard's 2 KB key column) it is
-    0.25 ms."""
+    file, and the dataset layer that ``read_table`` sets up per file was most of each read's time at bench-scale
+    (shards times bands reads of one small column), several times what a read costs this way.  Pre-buffering
+    (which coalesces column-chunk reads) is off: it only pays off for chunks far larger than a shard's key column,
+    and a read is faster without it."""
     import pyarrow.parquet as pq
 
     path, cols = signature_path(rdir, entry["shard"]), [band_column(band), "shingles"]

@@ -1,10 +1,11 @@
 """HTML pages → main-content text, with title and URL kept in meta; also the extraction used by the WARC reader.
 
-Extractor choice (measured on the 413 pages of ``shared/corpora/web_html`` by ``benchmarks/bench_ingest.py
---extractors``, bag-of-words F1 against the pages' own main-content element): Resiliparse 0.915 F1 (precision
-0.942, recall 0.917) at 4.0 ms per page, Trafilatura 0.910 F1 (precision 0.978, recall 0.873) at 55 ms per page.
-Equal quality at a fourteenth of the CPU makes Resiliparse the default; ``extractor: trafilatura`` stays
-available for sources where precision matters more than cost.
+Extractor choice (``make bench``, topic ingest: the extractor table of BENCHMARKS.md, measured on the 413 pages of
+``shared/corpora/web_html`` by ``benchmarks/bench_ingest.py --extractors``, bag-of-words F1 against the pages' own
+main-content element): Resiliparse and Trafilatura reach about the same F1 (Trafilatura with the higher precision,
+Resiliparse with the higher recall), and Resiliparse takes a small fraction of Trafilatura's time per page.  Equal
+quality at far less CPU makes Resiliparse the default; ``extractor: trafilatura`` stays available for sources where
+precision matters more than cost.
 
 Charset: a BOM, then the HTTP ``Content-Type`` charset (WARC), then ``<meta charset>``, then UTF-8, then detection.
 """

@@ -3,8 +3,9 @@
 Word splitting imitates datatrove's spaCy tokenizer for English closely enough for the published thresholds to
 mean the same thing: a whitespace chunk loses its leading and trailing punctuation (one token per mark), keeps inner
 punctuation (``3.14``, ``x=1``, ``don't``, ``so--well``) but splits at hyphens and slashes, and abbreviations keep
-their period.  Against spaCy on the shared corpora the Gopher alpha-words rule agrees on 95-100 % of documents per
-domain (benchmarks/bench_filters.py); it is one compiled regular expression, with no model to download.
+their period.  Against spaCy on the shared corpora the Gopher alpha-words rule agrees on nearly every document of
+every domain (benchmarks/bench_filters.py; the whole Gopher quality filter's agreement with datatrove:
+``filters.gopher_quality_same_decision``); it is one compiled regular expression, with no model to download.
 
 Chinese and Japanese have no spaces, so every Han or kana character is one word: character-based counting is what
 makes the word-count, stop-word, n-gram and words-per-line rules meaningful for CJK text instead of seeing a whole
@@ -65,7 +66,7 @@ def _load_kernels():
 
 
 _UNLOADED = object()
-#: (kernels module, class table), None without numba, or _UNLOADED before first use (importing numba costs ~0.2 s,
+#: (kernels module, class table), None without numba, or _UNLOADED before first use (importing numba costs time,
 #: which processes that never score a document should not pay); tests set it to None to run the reference path.
 KERNELS: Any = _UNLOADED
 

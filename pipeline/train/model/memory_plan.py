@@ -32,7 +32,8 @@ A fraction ``HEADROOM`` of the device is kept free for the framework workspace a
 ``benchmarks/bench_memory_plan.py``: weights, gradients and optimizer (+ master) bytes equal what the job allocates;
 the peak RSS is well above ``floor + max(total, host_init)`` (MindSpore's CPU GRAPH backend keeps several times the
 activations and logits counted here), so the activation terms describe a memory-reusing device backend (Ascend);
-nor does it realise ``recompute`` (activation memory +13 % with it at seq 2048, ``bench_train.py``).
+nor does it realise ``recompute`` (activation memory with it against without, ``bench_train.py``:
+``train.recompute_activation_saving``).
 """
 
 from __future__ import annotations

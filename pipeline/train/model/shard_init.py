@@ -1,6 +1,7 @@
 """Initial weights drawn one parameter at a time, each rank drawing only what its tensor-parallel shard needs.
 
-Why: a rank that built the whole fp32 model to slice its shard needed 289 GiB of host memory for 70b. Megatron's
+Why: a rank that built the whole fp32 model to slice its shard needed 4 bytes of host memory per parameter of the
+whole model, hundreds of GiB for 70b (a rank's plan now: ``memory_plan.70b_host_build_gib``). Megatron's
 ``_initialize_affine_weight_cpu`` draws one full parameter at a time and splits it; this goes one step further and
 draws a parameter in fixed row chunks, each from its own seed, so that a rank skips the chunks it does not keep.
 

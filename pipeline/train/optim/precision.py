@@ -2,7 +2,7 @@
 
 Why a table instead of "try it and see": an unsupported combination does not always fail at start. On CPU,
 bf16 dies at the first MatMul/Gather kernel lookup, but fp16 in PYNATIVE *runs* and produces inf/NaN gradients from
-step 0 (19 of 21 tensors in the measurement of docs notes §7), so a month-long job would burn its first checkpoint
+step 0 (most gradient tensors in the measurement of docs notes §7), so a month-long job would burn its first checkpoint
 interval before anyone noticed. The job is therefore refused up front, naming ``TrainJob.precision``.
 
 Rows marked ``measured`` were run on this project's CPU machines with mindspore 2.10 (tests/test_train_recipe.py

@@ -34,7 +34,7 @@ from pipeline.dedup.minhash.clusters.pairs import band_edges, pair_counts, read_
 from pipeline.dedup.minhash.layout import split_index_node
 from pipeline.dedup.minhash.verify import intersections, is_index
 
-BYTES_PER_PAIR = 320         # peak per distinct pair, check off (measured 310): stars, similarities, verdicts
+BYTES_PER_PAIR = 320         # peak per distinct pair, check off (measured, plus margin): stars, similarities, verdicts
 #: buckets with at most this many members (anchor excluded) get every member pair checked
 PAIRWISE_MAX = 64
 

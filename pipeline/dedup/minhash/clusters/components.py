@@ -21,8 +21,8 @@ node, and a component's smallest id is never a leaf.  So once the residual of a 
 
 The DAG has a fixed number of rounds, ``ROUNDS`` large-star steps and a small-star step between each two (Airflow
 has no loops).  The first round whose residual fits ``memory_mb`` ends the loop: every later round's tasks
-return at once.  On duplicate graphs the residual after one round is about 1.5 % of the edges and after two
-about 0.005 % (synthetic graphs of 10^6 and 10^7 documents, 2 to 64 tasks); a graph whose residual still does not
+return at once.  On duplicate graphs the residual shrinks by orders of magnitude per round (synthetic graphs of
+10^6 and 10^7 documents, 2 to 64 tasks); a graph whose residual still does not
 fit after ``ROUNDS`` rounds (chains of near copies millions long) stops the run with an error naming its size.
 
 Labels are the components' smallest ids whatever the number of tasks or rounds: deterministic, as union-find in
@@ -39,7 +39,7 @@ import numpy as np
 import pipeline.dedup.minhash.clusters.runs as runs
 
 ROUNDS = 3
-BYTES_PER_EDGE = 160         # peak per edge record of a round (measured 140 in large-star)
+BYTES_PER_EDGE = 160         # peak per edge record of a round (measured in large-star, plus margin)
 BYTES_PER_RESIDUAL = 128
 LARGE, SMALL = "ls", "ss"
 

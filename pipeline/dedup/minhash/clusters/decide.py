@@ -26,8 +26,8 @@ from pipeline.dedup.minhash.layout import MinhashError, split_index_node
 from pipeline.dedup.minhash.survivors import rank_keys
 from pipeline.dedup.minhash.verify import is_index
 
-LABEL_BYTES = 400            # peak per node of labels (measured 360): nodes, fields, similarities, the join
-DECIDE_BYTES = 700           # peak per member of decide (measured 640): members, rank keys, doc-id strings, output
+LABEL_BYTES = 400            # peak per node of labels (measured, plus margin): nodes, fields, similarities, the join
+DECIDE_BYTES = 700           # peak per member of decide (measured, plus margin): members, rank keys, doc ids, output
 
 
 def member_schema():

@@ -23,7 +23,7 @@ import numpy as np
 import pipeline.dedup.minhash.clusters.runs as runs
 from pipeline.dedup.minhash.verify import is_index
 
-BYTES_PER_EDGE = 128         # peak per candidate edge read: the edges, the sort, the requests (measured 112)
+BYTES_PER_EDGE = 128         # peak per candidate edge read: the edges, the sort, the requests (measured, plus margin)
 NEED_SET, NEED_SIGNATURE = 1, 2
 
 

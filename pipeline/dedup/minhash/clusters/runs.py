@@ -95,7 +95,7 @@ def read_range(runs: list[Path], lo: int, hi: int, schema):
     """The rows of slots ``[lo, hi)`` of every run, in run order, as one table with buffers of its own: each run
     is mapped, sliced, copied and closed before the next is opened, so one file is open at a time whatever the
     number of runs, and only the pages of those rows are read.  (Slicing without the copy and combining the slices
-    once costs 5-10 % more CPU in the steps that read many runs.)"""
+    once costs more CPU in the steps that read many runs.)"""
     import pyarrow as pa
 
     pieces = []
