@@ -302,12 +302,13 @@ BATCH_STAGES = {"exact_hash": exact_hash_batch, "sink_scatter": sink_scatter_bat
                 "release_part": release_part_batch}
 
 #: Stages that handle one shard in one process: their batch tasks run a pool of ``task_workers`` processes when
-#: the batch has at least this much input (plan bytes).  A pool costs about 0.3 CPU-s a task to start and stop
-#: (at the shipped parallelism, 1 GB gives 15 MB batches: the pooled tasks cost twice their in-process CPU in
-#: exact dedup, MinHash removal and the scatter, which do about 0.01-0.02 CPU-s of work per MB); signatures do
-#: about 0.2 CPU-s per MB, so their pool pays from a few tens of MB.  The sink scatter runs in the task's process:
-#: with the held-out overlap check (:mod:`pipeline.sink.heldout_overlap`, whose index the task memory-maps once
-#: for all its shards) it does about 0.013 CPU-s per MB, 0.2 CPU-s a 15 MB batch, less than a pool costs.
+#: the batch has at least this much input (plan bytes).  Starting and stopping a pool costs more CPU than exact
+#: dedup, MinHash removal and the scatter spend on a batch of the shipped size (their work per MB is small), so
+#: those pool only large batches; signatures do much more work per MB, so their pool pays from a few
+#: tens of MB.  The sink scatter runs in the task's process: with the held-out overlap check
+#: (:mod:`pipeline.sink.heldout_overlap`, whose index the task memory-maps once for all its shards) a batch costs
+#: less than a pool.  Per-stage CPU per MB: ``make bench-scale`` (topic ``scale``, the stage table in
+#: BENCHMARKS.md); a task's fixed cost: ``task_cost.*``.
 POOLED = {"exact_dedup": 256 << 20, "minhash_signatures": 32 << 20, "minhash_removal": 256 << 20}
 
 
