@@ -15,6 +15,7 @@ import subprocess
 
 import numpy as np
 import pytest
+from conftest import MSRUN_CRASH_ENV
 
 from pipeline.train.job import TrainJob
 from pipeline.train.model.parallel import merge_tp, rank_layout, split_axis, take_shard
@@ -196,7 +197,8 @@ def test_tp2_resume_after_crash_is_exact(runs, tmp_path):
             port = s_.getsockname()[1]
         cmd = train_command(str(tmp_path / "tp2r.json"), workers=2, log_dir=str(tmp_path / f"{attempt}_log"),
                             master_port=port, cluster_timeout_s=180)
-        r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=tmp_path, timeout=400)
+        env = {**env_with_venv(), **(MSRUN_CRASH_ENV if attempt == "crash" else {})}
+        r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=400)
         codes.append(r.returncode)
         base["fail_at_step"] = None
     assert codes[0] != 0 and codes[1] == 0
