@@ -63,11 +63,14 @@ class Attention(nn.Cell):
     """Causal self-attention with GQA and RoPE; math path or flash attention (see ``attention_impl``).
 
     ``parallelize.parallelize`` makes it a tensor-parallel shard (``tp > 1``: ``n_heads/t`` query heads and their
-    ``n_kv_heads/t`` KV heads, column-parallel q/k/v, row-parallel ``wo`` with its partial sums all-reduced)."""
+    ``n_kv_heads/t`` KV heads, column-parallel q/k/v, row-parallel ``wo`` with its partial sums all-reduced): it
+    swaps the layers and the identity ``copy_in``/``reduce_out`` for Megatron's "f"/"g", so ``construct`` has no
+    parallel branch."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.tp = 1
+        self.copy_in, self.reduce_out = nn.Identity(), nn.Identity()
         self.n_heads, self.n_kv, self.hd = cfg.n_heads, cfg.n_kv_heads, cfg.head_dim
         self.rep = cfg.n_heads // cfg.n_kv_heads
         self.scale = 1.0 / math.sqrt(self.hd)
@@ -90,8 +93,7 @@ class Attention(nn.Cell):
 
     def construct(self, x, cos, sin, mask):
         b, s, _ = x.shape
-        if self.tp > 1:
-            x = self.copy_in(x)
+        x = self.copy_in(x)
         q = self.wq(x).reshape(b, s, self.n_heads, self.hd).transpose(0, 2, 1, 3)  # [B, H, S, hd]
         k = self.wk(x).reshape(b, s, self.n_kv, self.hd).transpose(0, 2, 1, 3)
         v = self.wv(x).reshape(b, s, self.n_kv, self.hd).transpose(0, 2, 1, 3)
@@ -111,9 +113,7 @@ class Attention(nn.Cell):
             probs = ops.softmax(scores, -1).astype(v.dtype)
             out = ops.matmul(probs, v)
         out = out.transpose(0, 2, 1, 3).reshape(b, s, self.n_heads * self.hd)
-        if self.tp > 1:
-            return self.reduce_out(self.wo(out))
-        return self.wo(out)
+        return self.reduce_out(self.wo(out))
 
 
 class FeedForward(nn.Cell):
@@ -124,15 +124,14 @@ class FeedForward(nn.Cell):
         super().__init__()
         std, out_std = cfg.init_std, cfg.init_std / math.sqrt(2 * cfg.n_layers)
         hidden, self.tp = cfg.ffn_hidden, 1
+        self.copy_in, self.reduce_out = nn.Identity(), nn.Identity()  # parallelize: Megatron's "f" and "g"
         self.w1 = nn.Dense(cfg.dim, hidden, has_bias=False, weight_init=Normal(std))
         self.w3 = nn.Dense(cfg.dim, hidden, has_bias=False, weight_init=Normal(std))
         self.w2 = nn.Dense(hidden, cfg.dim, has_bias=False, weight_init=Normal(out_std))
 
     def construct(self, x):
-        if self.tp > 1:
-            x = self.copy_in(x)
-            return self.reduce_out(self.w2(ops.silu(self.w1(x)) * self.w3(x)))
-        return self.w2(ops.silu(self.w1(x)) * self.w3(x))
+        x = self.copy_in(x)
+        return self.reduce_out(self.w2(ops.silu(self.w1(x)) * self.w3(x)))
 
 
 class Block(nn.Cell):
@@ -163,6 +162,7 @@ class Transformer(nn.Cell):
             for blk in self.layers:
                 blk.recompute()  # trade compute for activation memory (not on CPU GRAPH: docs/training.md)
         self.norm = RMSNorm(cfg.dim, cfg.norm_eps)
+        self.copy_to_head = nn.Identity()  # parallelize: "f" before this rank's vocabulary block of the head
         self.tie = cfg.tie_embeddings
         if not self.tie:
             self.output = nn.Dense(cfg.dim, cfg.vocab_size, has_bias=False, weight_init=Normal(cfg.init_std))
@@ -194,14 +194,19 @@ class Transformer(nn.Cell):
         cos, sin, mask = self.cos[:s], self.sin[:s], self._attention_mask(tokens, s)
         for blk in self.layers:
             h = blk(h, cos, sin, mask)
-        h = self.norm(h)
-        if self.tp.size > 1:
-            h = self.copy_to_head(h)
+        h = self.copy_to_head(self.norm(h))
         if self.tie:
             logits = ops.matmul(h, self.tok_embeddings.embedding_table.T)
         else:
             logits = self.output(h)
         return logits.astype(ms.float32)
+
+
+class TokenNLL(nn.Cell):
+    """Per-token cross-entropy of whole-vocabulary logits ``[N, V]`` against labels ``[N]``."""
+
+    def construct(self, logits, labels):
+        return ops.cross_entropy(logits, labels, reduction="none")
 
 
 class CausalLMLoss(nn.Cell):
@@ -224,9 +229,8 @@ class CausalLMLoss(nn.Cell):
         self.model = model
         self.pad_id = model.cfg.pad_id if pad_id is None else pad_id
         self.sum = reduction == "sum"
-        self.vocab_parallel = model.tp.size > 1
-        if self.vocab_parallel:
-            self.nll = VocabParallelNLL(model.cfg.vocab_size, model.tp)
+        # per-token NLL: of this rank's vocabulary block under tensor parallel, else of the whole logits
+        self.nll = VocabParallelNLL(model.cfg.vocab_size, model.tp) if model.tp.size > 1 else TokenNLL()
 
     def construct(self, tokens):
         inputs = tokens[:, :-1]
@@ -237,11 +241,7 @@ class CausalLMLoss(nn.Cell):
         labels = labels.reshape(-1)
         valid = (labels != self.pad_id).astype(ms.float32)
         safe = ops.where(labels == self.pad_id, ops.zeros_like(labels), labels)
-        if self.vocab_parallel:
-            nll = self.nll(logits.reshape(-1, v), safe)
-        else:
-            nll = ops.cross_entropy(logits.reshape(-1, v), safe, reduction="none")
-        total = (nll * valid).sum()
+        total = (self.nll(logits.reshape(-1, v), safe) * valid).sum()
         if self.sum:
             return total, valid.sum()
         return total / ops.maximum(valid.sum(), 1.0)
