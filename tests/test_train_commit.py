@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
+from conftest import MSRUN_CRASH_ENV
 
 from pipeline.train.checkpoint import commit
 
@@ -263,7 +264,7 @@ def test_resume_point_and_previous_checkpoint_use_commit_markers(tmp_path):
 
 # --- msrun: a rank killed between two ranks' saves, a corrupt rank file --------------------------------------
 
-def _msrun(job, tmp_path, name: str) -> int:
+def _msrun(job, tmp_path, name: str, env: dict | None = None) -> int:
     from pipeline.train.jobs.launch import env_with_venv, train_command
 
     job.to_json(tmp_path / f"{name}.json")
@@ -272,7 +273,8 @@ def _msrun(job, tmp_path, name: str) -> int:
         port = s_.getsockname()[1]
     cmd = train_command(str(tmp_path / f"{name}.json"), workers=2, log_dir=str(tmp_path / f"{name}_log"),
                         master_port=port, cluster_timeout_s=120)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=tmp_path, timeout=500)
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**env_with_venv(), **(env or {})}, cwd=tmp_path,
+                       timeout=500)
     return r.returncode
 
 
@@ -304,7 +306,7 @@ def tp2_runs(tmp_path_factory):
                    log_every=2, seed=7, metrics_every=2, tensor_parallel=2, world_size=2)
     assert _msrun(job, root, "ref") == 0
     crashed = replace(job, out_dir=str(root / "crashed"), fail_at_step=6, fail_mode="kill_between_saves")
-    assert _msrun(crashed, root, "crashed") != 0
+    assert _msrun(crashed, root, "crashed", MSRUN_CRASH_ENV) != 0
     return root / "ref", root / "crashed", replace(crashed, fail_at_step=None, fail_mode="raise")
 
 
