@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import MSRUN_CRASH_ENV
 
 pytest.importorskip("mindspore")
 
@@ -55,10 +56,10 @@ def _job(data, out: Path, **kw) -> Path:
     return path
 
 
-def _start(job_path: Path, job_id: str, argv: list[str] | None = None) -> subprocess.Popen:
+def _start(job_path: Path, job_id: str, argv: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
     argv = argv or [sys.executable, "-m", "pipeline.train", "--job", str(job_path)]
-    return subprocess.Popen(argv, cwd=str(job_path.parent), env=launch_env(job_id), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return subprocess.Popen(argv, cwd=str(job_path.parent), env={**launch_env(job_id), **(env or {})},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
 def _read(path: Path) -> dict | None:
@@ -178,7 +179,7 @@ def test_cancel_stops_every_rank_of_a_two_rank_job(data, tmp_path):
     job = _job(data, out, steps=2000, micro_batch=4, world_size=2, checkpoint_every=1000)
     argv = train_command(str(job), workers=2, log_dir=str(tmp_path / "msrun_log"), master_port=port,
                          cluster_timeout_s=180)
-    proc = _start(job, "dp-job", argv)
+    proc = _start(job, "dp-job", argv, MSRUN_CRASH_ENV)     # it ends cancelled, like a crash (conftest)
     try:
         _wait(lambda: (_read(out / "status.json") or {}).get("step", 0) >= 3, proc, timeout=400, what="step 3")
         t0 = time.time()
