@@ -13,6 +13,11 @@ steady steps (after the compile step, which has its own transient peak), minus t
 batch 1, fp32) in GRAPH and in PYNATIVE: MindSpore 2.10's CPU GRAPH backend does not turn ``Cell.recompute()`` into
 a saving (a 16-op chain in 4 recomputed cells: -5 % in GRAPH, -36 % in PYNATIVE), so the figure is per mode.
 
+``document_mask`` (#50) times the throughput model in GRAPH mode on packed rows of documents that end in an EOD id,
+causal only against document-aware attention (the block-diagonal causal mask the model builds from the EOD ids,
+the math path), interleaved in one process like the throughput variants; it needs no PyTorch, so
+``--skip throughput,separate`` runs in the project venv.
+
 Run (PyTorch lives in its own venv, never the project's; a .pth file there adds the project venv's packages)::
 
     python3.11 -m venv .cache/bench-venvs/torch && .cache/bench-venvs/torch/bin/pip install torch==2.13.0 numpy==1.26.4
@@ -178,6 +183,9 @@ def _rss_mb() -> float:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
 
 
+_THREADS_SET: list[int] = []
+
+
 def _step_at(model: dict, mode: str, threads: int, steps: int, micro_batch: int):
     """A training step of the ``debug`` preset with ``model`` overrides on the CPU in ``mode`` (graph or pynative),
     and one fixed random batch for it: what the memory and activation children measure."""
@@ -190,7 +198,9 @@ def _step_at(model: dict, mode: str, threads: int, steps: int, micro_batch: int)
 
     ms.set_context(mode=ms.GRAPH_MODE if mode == "graph" else ms.PYNATIVE_MODE)
     ms.set_device("CPU")
-    threads_num(threads)
+    if not _THREADS_SET:          # MindSpore takes the thread count once per process
+        threads_num(threads)
+        _THREADS_SET.append(threads)
     job = TrainJob(stage="m", data_dir="-", out_dir="-", model={"preset": "debug", **model},
                    steps=steps + 1, micro_batch=micro_batch, warmup_steps=1)
     cfg = job.model_config()
@@ -240,7 +250,7 @@ def _peak_rss(start: float):
         th.join()
 
 
-PARTS = ("throughput", "separate", "memory", "activation", "skip")
+PARTS = ("throughput", "separate", "memory", "activation", "skip", "docmask")
 ACT_MODEL = dict(vocab_size=8000, dim=256, n_layers=4, n_heads=4, n_kv_heads=4, multiple_of=32, max_seq_len=2048)
 
 
@@ -290,6 +300,44 @@ def memory(threads: int, steps: int) -> dict:
 
 # ---- data resume cost -------------------------------------------------------------------------------------------
 
+EOD = 2  # the end-of-document id of the document-mask batches
+
+
+def _documents(rng, vocab: int, mean_len: int) -> np.ndarray:
+    """A batch of packed rows whose documents (geometric lengths, mean ``mean_len``) each end with ``EOD``."""
+    rows = rng.randint(3, vocab, (BATCH, SEQ + 1)).astype(np.int32)
+    for row in rows:
+        pos = -1
+        while (pos := pos + 1 + rng.geometric(1.0 / mean_len)) < SEQ + 1:
+            row[pos] = EOD
+    return rows
+
+
+def docmask(threads: int, rounds: int, block: int, mean_len: int = 64) -> dict:
+    """Document-aware attention's cost (#50): the throughput model in GRAPH mode, causal only against the
+    block-diagonal causal mask built from the ``EOD`` ids of the same packed batches (the math path, as on CPU),
+    interleaved blocks in this one process."""
+    import mindspore as ms
+
+    rng = np.random.RandomState(0)
+    batches = [_documents(rng, MODEL["vocab_size"], mean_len) for _ in range(8)]
+    variants, first = {}, {}
+    for name, eod in (("causal", -1), ("document_mask", EOD)):
+        step, _ = _step_at({**MODEL, "eod_id": eod}, "graph", threads, 10 * rounds * block + 10, micro_batch=BATCH)
+        t0 = time.time()
+        first[name] = {"loss": step([batches[0]])["loss"], "first_step_s": time.time() - t0}
+        variants[name] = ("graph", step)
+    ms.set_context(mode=ms.GRAPH_MODE)
+    out = _summarise(_time_blocks(variants, batches, rounds, block), first)
+    v = out["variants"]
+    docs = [int((b[:, :SEQ] == EOD).sum()) + BATCH for b in batches]
+    out.update(step_cost=v["document_mask"]["step_s_median"] / v["causal"]["step_s_median"],
+               step_cost_best=v["document_mask"]["step_s_min"] / v["causal"]["step_s_min"],
+               mean_doc_tokens=round(BATCH * SEQ * len(docs) / sum(docs), 1), threads=threads, rounds=rounds,
+               block=block, model=MODEL | {"batch": BATCH, "seq_len": SEQ})
+    return out
+
+
 def skip_speed(tmp: str, rows: int = 20000) -> dict:
     from pipeline.train.data import DataPosition, TokenBatches
     from pipeline.train.repack import write_rows
@@ -309,7 +357,7 @@ def main() -> int:
     ap.add_argument("--block", type=int, default=5, help="steps per variant per round")
     ap.add_argument("--mem-steps", type=int, default=4)
     ap.add_argument("--skip", default="", help="comma list of parts to skip: throughput,separate,memory,"
-                    "activation,skip")
+                    "activation,skip,docmask")
     ap.add_argument("--out", default=os.path.join(REPO, "benchmarks", "results", "train.json"))
     ap.add_argument("--separate-rounds", type=int, default=3, help="rounds of one process per variant")
     ap.add_argument("--memory-child", type=int, default=None, help=argparse.SUPPRESS)
@@ -330,10 +378,15 @@ def main() -> int:
     import tempfile
 
     import mindspore
-    import torch
 
+    if {"throughput", "separate"} - skip:
+        import torch  # the PyTorch venv's (the other parts run in the project venv too)
+
+        torch_version = torch.__version__
+    else:
+        torch_version = None
     res = {"machine": {"python": platform.python_version(), "cpu_count": os.cpu_count(),
-                       "platform": platform.platform(), "mindspore": mindspore.__version__, "torch": torch.__version__,
+                       "platform": platform.platform(), "mindspore": mindspore.__version__, "torch": torch_version,
                        "loadavg_start": os.getloadavg()},
            "command": " ".join([os.path.relpath(sys.executable, REPO), "benchmarks/bench_train.py", *sys.argv[1:]]),
            "model": MODEL | {"batch": BATCH, "seq_len": SEQ}}
@@ -359,6 +412,9 @@ def main() -> int:
         res["activation_bound"] = activation_bound(args.threads, args.mem_steps)
         print(json.dumps({k: v.get("activation_saving") for k, v in res["activation_bound"].items() if k != "model"}),
               file=sys.stderr)
+    if "docmask" not in skip:
+        res["document_mask"] = docmask(args.threads, args.rounds, args.block)
+        print(json.dumps({k: v for k, v in res["document_mask"].items() if k != "variants"}), file=sys.stderr)
     if "skip" not in skip:
         with tempfile.TemporaryDirectory() as tmp:
             res["resume_skip"] = skip_speed(tmp)

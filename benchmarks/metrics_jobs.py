@@ -38,6 +38,18 @@ def train_metrics(runs: list[dict]) -> list[dict]:
         if key in mem:
             out.append(metric("train", f"recompute_{key}", "share", [mem[key]], target=0.30 if key ==
                               "peak_rss_saving" else None, compared=f"{label} without recompute (GRAPH mode)"))
+    dm = res.get("document_mask", {})
+    if "step_cost" in dm:                    # #50: document-aware attention's price on the CPU math path
+        v = dm["variants"]
+        m = metric("train", "document_mask_step_cost", "×", [dm["step_cost"]], issue=50,
+                   compared="causal mask only, same model, weights and packed batches (GRAPH, CPU, interleaved)",
+                   note=f"median step time with document-aware attention (the block-diagonal causal mask built "
+                   f"from EOD ids, math path) over the causal-only one; documents of {dm['mean_doc_tokens']} tokens "
+                   f"on average in rows of {dm['model']['seq_len']}; fastest steps' ratio "
+                   f"{dm['step_cost_best']:.3f}; min/max: ratio of the p10 and p90 steps")
+        quant = sorted(v["document_mask"][k] / v["causal"][k] for k in ("step_s_p10", "step_s_p90"))
+        m.update(min=round(min(quant[0], dm["step_cost"]), 4), max=round(max(quant[-1], dm["step_cost"]), 4))
+        out.append(m)
     act = res.get("activation_bound", {})
     shape = act.get("model", {})
     for mode in ("graph", "pynative"):  # per mode: MindSpore 2.10's CPU GRAPH backend does not honour recompute
