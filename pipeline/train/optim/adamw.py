@@ -124,7 +124,8 @@ class AdamW(nn.Optimizer):
         return self._blocks
 
     def grad_reduce_scatter(self):
-        """The cell that turns this optimizer's 16-bit gradients into its fp32 blocks of their DP mean."""
+        """The cell that turns this optimizer's gradients (16-bit, or fp32 sums) into its fp32 blocks of their DP
+        mean."""
         return GradReduceScatter(self._blocks, self.zero)
 
     def _adam(self, i: int, p_s, g, lr, step_size, bc2_sqrt):
@@ -177,8 +178,8 @@ class AdamW(nn.Optimizer):
 
 
 class GradReduceScatter(nn.Cell):
-    """16-bit gradients -> this rank's row block of their mean over the DP ranks, in fp32 (full tensor where the
-    rows do not divide).
+    """Gradients (16-bit, or under ``grad_reduce: step`` the fp32 sums of the step's micro-batches) -> this rank's
+    row block of their mean over the DP ranks, in fp32 (full tensor where the rows do not divide).
 
     Each gradient is cast to fp32 and divided by DP *before* the reduction: a 16-bit sum of DP partial gradients
     loses bf16's low bits and overflows fp16 about DP times sooner than one process would, so the loss scale would
