@@ -164,9 +164,9 @@ def stop(root: Path, drain_s: float = 120) -> None:
     the next start recovers it so, with no process behind it, and it holds both nodes for ever."""
     deadline = time.time() + drain_s
     cancelled = False
-    while _jobs(root) and time.time() < deadline + 30:
+    while (jobs := _jobs(root)) and time.time() < deadline + 30:
         if time.time() >= deadline and not cancelled:
-            _run(["scancel", *_jobs(root)], root)
+            _run(["scancel", *jobs], root)
             cancelled = True
         time.sleep(0.5)
     for pid_file in sorted(root.glob("slurmd.*.pid")) + [root / "slurmctld.pid"]:

@@ -142,7 +142,7 @@ def _train(job: TrainJob, rank: int, world: int, status: StatusFile, logger, lea
         last_ckpt = ckpt.ckpt_path(job.out_dir, step)
     if b.lay.tp * b.lay.dp > 1:
         _fence(lease)
-        _write_rank_digest(job, b.net, rank, step, b.opt, b.resumed_from)
+        _write_rank_digest(job, b, rank, step)
     ev = None
     if b.lay.tp > 1:      # the TP forward is collective: every rank scores the same rows, rank 0 keeps the result
         ev = _evaluation(job, b.net, b.cfg, b.seq_len, last_ckpt, lease, keep=rank == 0, collective=True)
@@ -179,6 +179,7 @@ class _Built:
     resumed_from: int | None
     params: int                 # the whole model's, for MFU
     g: int                      # global batch (sequences per step)
+    accum_bytes: int = 0        # the training step's fp32 accumulation buffers (set when it is built)
 
 
 def _build(job: TrainJob, rank: int, world: int, logger) -> _Built:
@@ -228,6 +229,7 @@ def _run_steps(job: TrainJob, b: _Built, rank: int, status: StatusFile, logger,
     step_fn = TrainStep(b.loss_net, b.opt, grad_clip=job.grad_clip, world=b.world, grad_accum=job.grad_accum,
                         scaler=scaler, jit=job.mode == "graph", group=lay.dp_group, norm_fn=b.norm_fn,
                         devices=lay.tp * lay.dp, grad_reduce=job.grad_reduce)
+    b.accum_bytes = step_fn.accum_bytes
     batches = TokenBatches(b.data_dir, job.micro_batch, job.seed, rank=lay.dp_rank, world=b.world,
                            grad_accum=job.grad_accum, start=b.position, extra_files=job.replay_files)
     if job.replay_files:
@@ -297,7 +299,7 @@ def _summary(job: TrainJob, b: _Built, metrics_path: str, *, step: int, last_ckp
         "seq_len": seq_len, "data": b.data_info, "recompute": cfg.recompute, "model": cfg.to_dict(), "eval": ev,
         "tensor_parallel": lay.tp, "zero": job.zero, "memory_plan": b.mplan.to_dict(),
         "param_bytes_per_rank": param_bytes(net), "optimizer_bytes_per_rank": opt.state_bytes(),
-        "gradient_bytes_per_rank": grad_bytes(net, job.grad_accum, opt, job.grad_reduce),
+        "gradient_bytes_per_rank": grad_bytes(net, b.accum_bytes),
         "peak_rss_bytes": _peak_rss(), "grad_reduce": job.grad_reduce,
         "distributed_optimizer": job.distributed_optimizer,
     }
@@ -369,7 +371,8 @@ def _digest(micro: list[np.ndarray]) -> str:
     return h.hexdigest()[:16]
 
 
-def _write_rank_digest(job: TrainJob, net, rank: int, step: int, opt, resumed_from: int | None) -> None:
+def _write_rank_digest(job: TrainJob, b: _Built, rank: int, step: int) -> None:
+    net, opt, resumed_from = b.net, b.opt, b.resumed_from
     h = hashlib.sha256()
     for p in sorted(net.trainable_params(), key=lambda p: p.name):
         h.update(p.name.encode())
@@ -377,7 +380,7 @@ def _write_rank_digest(job: TrainJob, net, rank: int, step: int, opt, resumed_fr
     write_json(os.path.join(job.out_dir, "ranks", f"rank_{rank:05d}.json"),
                {"rank": rank, "step": step, "params_sha256": h.hexdigest(), "pid": os.getpid(),
                 "param_bytes": param_bytes(net), "optimizer_bytes": opt.state_bytes(), "resumed_from": resumed_from,
-                "gradient_bytes": grad_bytes(net, job.grad_accum, opt, job.grad_reduce),
+                "gradient_bytes": grad_bytes(net, b.accum_bytes),
                 "peak_rss_bytes": _peak_rss()})
 
 

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..config import ModelConfig, check_layout  # noqa: F401 - check_layout is part of this module's API
+from ..config import ModelConfig, TrainConfig, check_layout  # noqa: F401 - check_layout is part of this API
 from .layout import ParallelLayout
 
 GiB = 1 << 30
@@ -59,7 +59,7 @@ class Layout(ParallelLayout):
     seq_len: int = 2048
     micro_batch: int = 1
     grad_accum: int = 1
-    grad_reduce: str = "step"  # distributed optimizer + accumulation: whole fp32 buffer, or blocks per micro-batch
+    grad_reduce: str = TrainConfig.grad_reduce  # train.grad_reduce: whole fp32 buffer, or blocks per micro-batch
     device: str = "Ascend"  # Ascend: flash attention (no [s, s] scores kept); CPU: mccl emulations (adamw.py)
 
 

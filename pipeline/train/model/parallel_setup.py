@@ -99,14 +99,8 @@ def param_bytes(net) -> int:
     return int(sum(int(np.prod(p.shape)) * p.itemsize for p in net.trainable_params()))
 
 
-def grad_bytes(net, grad_accum: int, opt=None, grad_reduce: str = "step") -> int:
+def grad_bytes(net, accum_bytes: int) -> int:
     """Bytes of the gradients one step holds (one tensor per parameter, in its dtype) plus the fp32 accumulation
-    buffers ``TrainStep`` allocates when ``grad_accum > 1`` (whole tensors, or this rank's blocks when the
-    distributed optimizer reduces each micro-batch)."""
-    if grad_accum <= 1:
-        return param_bytes(net)
-    if opt is not None and opt.distributed and grad_reduce == "micro_batch":
-        acc = sum(int(np.prod(s)) for s in opt.state_shapes())
-    else:
-        acc = sum(int(np.prod(p.shape)) for p in net.trainable_params())
-    return param_bytes(net) + 4 * acc
+    buffers the step allocated (``TrainStep.accum_bytes``: whole tensors, or this rank's blocks when the distributed
+    optimizer reduces each micro-batch; 0 without accumulation)."""
+    return param_bytes(net) + accum_bytes

@@ -26,6 +26,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, ParameterTuple, Tensor, nn, ops
 
+from ..config import TrainConfig
 from .adamw import AdamW
 from .precision import uses_loss_scaling
 
@@ -100,13 +101,14 @@ class TrainStep:
 
     def __init__(self, loss_net: nn.Cell, opt: nn.Optimizer, *, grad_clip: float, world: int = 1,
                  grad_accum: int = 1, scaler=None, jit: bool = True, group: str | None = None, norm_fn=None,
-                 devices: int = 0, grad_reduce: str = "step"):
+                 devices: int = 0, grad_reduce: str = TrainConfig.grad_reduce):
         # Long on purpose: the step, micro-step and apply-step are closures that ms.jit compiles, over the same
         # reducer, scaler, grad_fn and finish; split into methods they would pass all of those around.
         # world/group: the data-parallel ranks (a sub-group under tensor parallel); norm_fn: TP-aware norm;
         # devices: every rank of the job (TP x DP; 0 = world), over which the fp16 finite flag is all-reduced;
         # grad_reduce: with accumulation under the distributed optimizer, reduce once per step or per micro-batch
         self.accum, self.world, self.scaler = grad_accum, world, scaler
+        self.accum_bytes = 0  # bytes of the fp32 accumulation buffers this step allocated (grad_accum > 1)
         devices = devices or world
         params = opt.parameters
         kw = {"group": group} if group else {}
@@ -197,6 +199,7 @@ class TrainStep:
         self._micro = ms.jit(micro) if jit else micro
         self._apply = ms.jit(apply) if jit else apply
         self._acc = acc  # keep the buffers alive with the step
+        self.accum_bytes = sum(4 * int(np.prod(shape)) for shape in shapes)
 
     def launch(self, micro_batches: list[np.ndarray]) -> tuple:
         """Run one step and return its outputs as device tensors, without waiting for them (no host sync)."""
