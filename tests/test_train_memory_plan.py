@@ -59,7 +59,7 @@ def test_70b_fits_with_the_distributed_optimizer_and_not_without():
     with pytest.raises(ValueError) as e:
         require_fit(cfg, replace(layout, distributed_optimizer=False), 64)
     msg = str(e.value)
-    assert msg.startswith("TrainJob.device_memory_gb=64: plan needs 138.36 GiB per device of 57.60 usable")
+    assert msg.startswith("TrainJob.device_memory_gb=64: plan needs 138.37 GiB per device of 57.60 usable")
     assert msg.endswith("set TrainJob.zero=true and TrainJob.distributed_optimizer=true (16-bit weights and "
                         "gradients, fp32 master weights sharded over the data-parallel ranks)")
 
@@ -153,17 +153,18 @@ def test_training_job_refuses_a_plan_over_the_declared_memory_before_building_an
 
 
 def test_the_plan_counts_the_attention_mask():
-    """#50: flash attention needs no [S, S] mask unless attention is masked by document (uint8 [B, S, S], 1 GiB
-    per row at 32k); the math path keeps its fp32 causal constant, plus the fp32 document mask."""
+    """#50: flash attention takes no [S, S] mask: its compressed 2048 x 2048 causal mask, and by document the int64
+    cumulative ends of its variable-length form (B x max_documents_per_row); the math path keeps its fp32 causal
+    constant, plus the fp32 [B, S, S] document mask (4 GiB per row at 32k)."""
+    from pipeline.train.model.memory_plan import FLASH_MASK, mask_bytes
+
     layout = replace(PRESET_LAYOUTS["7b"], seq_len=32768)
     causal, by_doc = ModelConfig.from_preset("7b", max_seq_len=32768), ModelConfig.from_preset("7b", max_seq_len=32768,
                                                                                                   eod_id=2)
-    s = 32768
-    assert plan(by_doc, layout).activations - plan(causal, layout).activations == s * s == GiB
+    s, b = 32768, layout.micro_batch
+    assert plan(by_doc, layout).activations - plan(causal, layout).activations == 8 * b * 128
+    assert mask_bytes(causal, layout) == FLASH_MASK == 4 * 2**20
     cpu = replace(layout, device="CPU")
-    assert plan(by_doc, cpu).activations - plan(causal, cpu).activations == 4 * s * s
-    from pipeline.train.model.memory_plan import mask_bytes
-
+    assert plan(by_doc, cpu).activations - plan(causal, cpu).activations == 4 * s * s == 4 * GiB
     debug = ModelConfig.from_preset("debug")
     assert mask_bytes(debug, replace(PRESET_LAYOUTS["debug"], device="CPU")) == 4 * debug.max_seq_len ** 2
-    assert mask_bytes(debug, PRESET_LAYOUTS["debug"]) == 0  # flash, causal: its compressed 2048 x 2048 mask only

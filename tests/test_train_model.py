@@ -117,7 +117,7 @@ def test_a_document_packed_after_another_gets_its_logits_alone(mode):
     import mindspore as ms
     from mindspore import Tensor
 
-    from pipeline.train.config import document_segments
+    from pipeline.train.documents import document_segments
     from pipeline.train.model.model import Transformer
 
     eod = 49

@@ -103,6 +103,12 @@ def build_job(cfg: MindloomConfig, corpus: dict, out_dir: str | Path, stage: str
     eos = corpus_eos_id(corpus)
     if st["document_attention"] and eos is not None:
         model.setdefault("eod_id", eos)
+    if st["reset_positions"]:
+        if model.get("eod_id", -1) < 0:
+            raise ValueError(f"train.reset_positions (stage {stage}): needs document boundaries, but "
+                             + ("train.document_attention is false" if not st["document_attention"]
+                                else "the corpus manifest names no eos_id"))
+        model["reset_positions"] = True
     if st["workers"] % st["tensor_parallel"]:
         raise ValueError(f"train.tensor_parallel: {st['tensor_parallel']} (stage {stage}) does not divide "
                          f"train.workers = {st['workers']}")

@@ -55,6 +55,8 @@ class ModelConfig:
     init_std: float = 0.02
     pad_id: int = -100  # label id excluded from the loss; -100 (never a real token) disables padding
     eod_id: int = -1  # >= 0: a token attends only within its document, which ends at this id; -1: causal only
+    reset_positions: bool = False  # RoPE positions count from each document's start (needs eod_id >= 0)
+    max_documents_per_row: int = 128  # flash attention's variable-length form: boundaries kept per row (Ascend)
 
     def __post_init__(self) -> None:
         def bad(name: str, why: str) -> ValueError:
@@ -93,6 +95,14 @@ class ModelConfig:
         if (not isinstance(self.eod_id, int) or isinstance(self.eod_id, bool)
                 or not -1 <= self.eod_id < self.vocab_size):
             raise bad("eod_id", f"must be -1 (causal mask only) or a token id < vocab_size={self.vocab_size}")
+        if not isinstance(self.reset_positions, bool):
+            raise bad("reset_positions", "must be true or false")
+        if self.reset_positions and self.eod_id < 0:
+            raise bad("reset_positions", "needs document boundaries: eod_id >= 0 (train.document_attention on a "
+                      "corpus whose manifest names its eos_id)")
+        if (not isinstance(self.max_documents_per_row, int) or isinstance(self.max_documents_per_row, bool)
+                or self.max_documents_per_row < 1):
+            raise bad("max_documents_per_row", "must be a positive integer")
 
     @property
     def head_dim(self) -> int:
@@ -170,16 +180,6 @@ def causal_mask(n: int) -> np.ndarray:
     return np.triu(np.full((n, n), -1e9, dtype=np.float32), k=1)
 
 
-def document_segments(tokens: np.ndarray, eod_id: int) -> np.ndarray:
-    """Document index of every position of ``[B, S]`` rows: the number of ``eod_id`` tokens strictly before it (an
-    end-of-document token belongs to the document it ends). The numpy twin of ``Transformer``'s mask, for tests and
-    the memory plan's reasoning."""
-    import numpy as np
-
-    eod = (np.asarray(tokens) == eod_id).astype(np.int32)
-    return np.cumsum(eod, axis=1) - eod
-
-
 # --------------------------------------------------------------------------------------------------------------
 # The training recipe of the composite config (``train:`` in the YAML); pipeline/tasks/pretrain.py derives each
 # stage's TrainJob from it.
@@ -223,6 +223,8 @@ class TrainConfig:
     document_attention: bool = _f(True, desc="A token attends only within its own document of a packed row (the "
                                   "corpus' end-of-document token ends it; it survives re-packing). false: causal "
                                   "attention across the whole row.")
+    reset_positions: bool = _f(False, desc="RoPE positions restart at 0 in each document of a packed row "
+                               "(Megatron's reset_position_ids); needs document_attention.")
     mode: str = _f("graph", desc="MindSpore execution mode.", choices=("graph", "pynative"))
     threads: int = _f(2, desc="CPU threads per worker.", ge=1)
     workers: int = _f(1, desc="Ranks launched in all, over every node (msrun or srun tasks when > 1): "

@@ -44,6 +44,7 @@ from .checkpoint import checkpoint as ckpt
 from .checkpoint import commit, resume
 from .config import ModelConfig
 from .data import DataPosition, TokenBatches
+from .documents import rows_over_document_cap
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
 from .jobs import fenced
@@ -235,12 +236,17 @@ def _run_steps(job: TrainJob, b: _Built, rank: int, status: StatusFile, logger,
     if job.replay_files:
         b.data_info["replay"] = batches.replay_info()
     window, last_sync = PendingSteps(), start_step
+    # flash attention's variable-length form keeps max_documents_per_row - 1 document ends per row: count the rest
+    capped, over_cap = b.cfg.eod_id >= 0 and attention_impl() == "flash", 0
     t_data = time.time()
     if lease is not None:
         lease.compiling()  # the stall timer starts here: the host build and resume do not count
     for micro, pos in batches.steps(job.steps - start_step):
         if step == start_step:
             _check_batch(micro[0], b.cfg, seq_len)
+        if capped:
+            over_cap += sum(rows_over_document_cap(m[:, :-1], b.cfg.eod_id, b.cfg.max_documents_per_row)
+                            for m in micro)
         data_s = time.time() - t_data
         step += 1
         t0 = time.time()
@@ -272,6 +278,11 @@ def _run_steps(job: TrainJob, b: _Built, rank: int, status: StatusFile, logger,
         testing_hooks.after_step(job, step)  # fail_at_step: tests of the resume path
         if lease is not None:
             lease.step_done(step)  # heartbeat progress; raises JobCancelled on a cancel request
+    if capped:
+        b.data_info["rows_over_document_cap"] = over_cap
+        if over_cap:
+            log.warning("%d rows held more than model.max_documents_per_row=%d documents: their last documents "
+                        "attended to each other", over_cap, b.cfg.max_documents_per_row)
     if step < job.steps:
         raise RuntimeError(f"data ended after step {step} of {job.steps}")
     return step, last_ckpt, times

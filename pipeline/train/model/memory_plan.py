@@ -19,8 +19,9 @@ per-rank parameter shapes (``param_shapes`` mirrors ``model.py``'s TP split; a t
 * ``activations``: per layer, the tensors this model keeps for its backward (no dropout; RMSNorm keeps an fp32 copy;
   softmax in fp32; GQA K/V repeated to all heads), with ``recompute`` only each block's input plus one layer's
   tensors, plus one layer's transient attention scores and their gradient (fp32); plus the attention mask: the
-  math path's fp32 causal ``[S, S]`` constant, and with document masking (``eod_id``) the per-row mask every layer
-  reads (fp32 ``[B, S, S]`` on the math path, uint8 for flash attention, which otherwise needs no ``[S, S]`` mask);
+  math path's fp32 causal ``[S, S]`` constant, and with document masking (``eod_id``) the per-row fp32
+  ``[B, S, S]`` mask every layer reads; flash attention keeps its compressed uint8 2048 x 2048 causal mask and,
+  by document, the int64 cumulative ends of its variable-length form (no ``[S, S]`` mask);
 * ``logits``: fp32 logits, their log-softmax and gradient (and the 16-bit copy under mixed precision) of this rank's
   vocabulary block;
 * ``host_init`` (host memory, reported apart from the device total): each rank builds its model without weights
@@ -139,11 +140,14 @@ def activation_bytes(cfg: ModelConfig, layout: Layout) -> tuple[int, int]:
     return act, logits
 
 
+FLASH_MASK = 2048 * 2048  # flash attention's compressed causal mask (uint8), whatever the sequence length
+
+
 def mask_bytes(cfg: ModelConfig, layout: Layout) -> int:
     """The attention mask of one micro-batch (``model.Transformer._attention_mask``)."""
     s, b = layout.seq_len, layout.micro_batch
     if layout.device == "Ascend":
-        return b * s * s if cfg.eod_id >= 0 else 0
+        return FLASH_MASK + (8 * b * min(cfg.max_documents_per_row, s) if cfg.eod_id >= 0 else 0)
     return 4 * cfg.max_seq_len ** 2 + (4 * b * s * s if cfg.eod_id >= 0 else 0)
 
 

@@ -12,7 +12,9 @@ So every block here uses classic ``ops``/``nn`` that work on CPU in both GRAPH a
 * the mask is causal, or with ``eod_id >= 0`` also block-diagonal by document: a document ends at its ``eod_id``
   token, so the mask follows the tokens through any re-pack (Megatron's ``reset_attention_mask``, mindformers'
   ``use_eod_attn_mask_compression``). RoPE scores depend on the distance only, so a document packed after another
-  gets its logits alone;
+  gets its logits alone. The math path adds an fp32 ``[B, 1, S, S]`` mask; flash attention takes its
+  variable-length form instead (TND layout, ``actual_seq_qlen`` = the documents' cumulative ends, no ``[S, S]``
+  mask). ``reset_positions`` restarts RoPE's positions in each document (Megatron's ``reset_position_ids``);
 * SwiGLU is ``w2(silu(w1 x) * w3 x)``.
 
 The model takes ``[B, S]`` int32 token ids and returns fp32 logits ``[B, S, vocab]``. ``CausalLMLoss`` takes rows of
@@ -29,6 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal
 
 from ..config import PRESETS, ModelConfig, causal_mask, llama_ffn_hidden, rope_tables
+from .attention_masks import document_ends, document_positions
 from .tp_layers import NO_TP, VocabParallelNLL
 
 __all__ = ["PRESETS", "ModelConfig", "Transformer", "CausalLMLoss", "attention_impl", "count_cell_params",
@@ -81,7 +84,7 @@ class Attention(nn.Cell):
         self.wo = nn.Dense(self.n_heads * self.hd, cfg.dim, has_bias=False, weight_init=Normal(out_std))
         self.use_flash = attention_impl() == "flash"
         self.by_document = cfg.eod_id >= 0
-        if self.use_flash and not self.by_document:
+        if self.use_flash:  # the kernel's fixed compressed causal mask (sparse_mode 2 and 3), 1 = masked
             self.fa_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
 
     def _repeat_kv(self, x):
@@ -100,10 +103,16 @@ class Attention(nn.Cell):
         q = q * cos + rotate_half(q) * sin
         k = k * cos + rotate_half(k) * sin
         if self.use_flash and self.by_document:
-            # Ascend only: the whole uint8 [B, 1, S, S] mask (1 = masked), sparse_mode=0; K/V keep their n_kv heads.
-            out = ops.flash_attention_score(q, k, v, self.n_heads, attn_mask=mask, scalar_value=self.scale,
-                                            input_layout="BNSD", sparse_mode=0)
-        elif self.use_flash:
+            # Ascend only: the variable-length form. Every row's tokens on one axis (TND), ``mask`` holds the
+            # documents' cumulative ends (actual_seq_qlen), sparse_mode=3 is causal within each; K/V keep n_kv heads.
+            tq = q.transpose(0, 2, 1, 3).reshape(b * s, self.n_heads, self.hd)
+            tk = k.transpose(0, 2, 1, 3).reshape(b * s, self.n_kv, self.hd)
+            tv = v.transpose(0, 2, 1, 3).reshape(b * s, self.n_kv, self.hd)
+            out = ops.flash_attention_score(tq, tk, tv, self.n_heads, attn_mask=self.fa_mask, actual_seq_qlen=mask,
+                                            actual_seq_kvlen=mask, scalar_value=self.scale, next_tokens=0,
+                                            input_layout="TND", sparse_mode=3)
+            return self.reduce_out(self.wo(out.reshape(b, s, self.n_heads * self.hd)))
+        if self.use_flash:
             # Ascend only: sparse_mode=2 (leftUpCausal) takes the fixed compressed 2048x2048 mask, 1 = masked.
             out = ops.flash_attention_score(q, k, v, self.n_heads, attn_mask=self.fa_mask, scalar_value=self.scale,
                                             input_layout="BNSD", sparse_mode=2)
@@ -170,28 +179,34 @@ class Transformer(nn.Cell):
         # Constants, not Parameters: they never enter checkpoints or the optimizer.
         self.cos, self.sin = Tensor(cos), Tensor(sin)
         self.flash, self.eod_id = attention_impl() == "flash", cfg.eod_id
+        self.reset_positions, self.max_docs = cfg.reset_positions, cfg.max_documents_per_row
         # the math path's additive causal mask (flash attention takes its own, Attention.fa_mask)
         self.mask = None if self.flash else Tensor(causal_mask(cfg.max_seq_len))
 
     def _attention_mask(self, tokens, s):
         """Causal mask ``[S, S]`` (math path; None for flash), or with ``eod_id`` the per-row document mask:
-        additive fp32 ``[B, 1, S, S]`` (math) or uint8 ``[B, 1, S, S]``, 1 = masked (flash)."""
+        additive fp32 ``[B, 1, S, S]`` (math) or the documents' cumulative ends ``[B * k]`` (flash, TND)."""
         if self.eod_id < 0:
             return None if self.flash else self.mask[:s, :s]
+        if self.flash:
+            return document_ends(tokens, self.eod_id, self.max_docs)
         eod = (tokens == self.eod_id).astype(ms.float32)
-        # documents begun before each position (pipeline.train.config.document_segments)
+        # documents begun before each position (pipeline.train.documents.document_segments)
         seg = ops.cumsum(eod, 1) - eod
         other = ops.expand_dims(seg, 2) != ops.expand_dims(seg, 1)  # [B, S, S]: key in another document
-        if self.flash:
-            pos = ops.arange(s)
-            later = ops.expand_dims(pos, 1) < ops.expand_dims(pos, 0)  # [S, S]: key after the query
-            return ops.expand_dims(ops.logical_or(other, later), 1).astype(ms.uint8)
         return ops.expand_dims(other.astype(ms.float32) * -1e9 + self.mask[:s, :s], 1)
+
+    def _rope(self, tokens, s):
+        """cos/sin ``[S, hd]`` by position in the row, or ``[B, 1, S, hd]`` by position in the document."""
+        if not self.reset_positions:
+            return self.cos[:s], self.sin[:s]
+        pos = document_positions(tokens, self.eod_id)
+        return ops.expand_dims(ops.gather(self.cos, pos, 0), 1), ops.expand_dims(ops.gather(self.sin, pos, 0), 1)
 
     def construct(self, tokens):
         s = tokens.shape[1]
         h = self.tok_embeddings(tokens)
-        cos, sin, mask = self.cos[:s], self.sin[:s], self._attention_mask(tokens, s)
+        (cos, sin), mask = self._rope(tokens, s), self._attention_mask(tokens, s)
         for blk in self.layers:
             h = blk(h, cos, sin, mask)
         h = self.copy_to_head(self.norm(h))
