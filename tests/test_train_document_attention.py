@@ -185,3 +185,18 @@ def test_reset_positions_trains_in_graph_mode():
     assert a == pytest.approx(b, abs=1e-5) and np.isfinite(a)
     for x, y in zip(ga, gb, strict=True):
         np.testing.assert_allclose(x, y, atol=1e-5)
+
+
+def test_an_ascend_job_stays_within_the_kernels_segments():
+    """Flash attention's TND call takes at most 2,048 segments: micro-batch rows x max_documents_per_row."""
+    from pipeline.train.job import TrainJob
+
+    def job(micro_batch, **model):
+        return TrainJob(stage="main", data_dir="d", out_dir="o", device="Ascend", precision="bf16",
+                        micro_batch=micro_batch, model={"preset": "debug", "eod_id": 2, **model})
+
+    job(micro_batch=16)  # 16 x 128
+    with pytest.raises(ValueError, match=r"TrainJob\.micro_batch=17: .* = 2176 segments per flash-attention call"):
+        job(micro_batch=17)
+    job(micro_batch=17, max_documents_per_row=64)
+    TrainJob(stage="main", data_dir="d", out_dir="o", micro_batch=17, model={"preset": "debug", "eod_id": 2})  # CPU

@@ -27,6 +27,9 @@ def _recipe(name: str):
     return _RECIPE_DEFAULTS[name]
 
 
+FLASH_MAX_SEGMENTS = 2048  # flash_attention_score's batch range (MindSpore 2.10 docs: "B: 1 to 2k"), TND segments
+
+
 @dataclass
 class TrainJob:
     """One training stage. Paths may be relative (to the current directory of the trainer process)."""
@@ -163,6 +166,10 @@ class TrainJob:
         check_layout(cfg, self.tensor_parallel)
         if self.seq_len > cfg.max_seq_len:
             raise bad("seq_len", f"exceeds the model's max_seq_len={cfg.max_seq_len}")
+        segments = self.micro_batch * min(cfg.max_documents_per_row, self.seq_len or cfg.max_seq_len)
+        if self.device == "Ascend" and cfg.eod_id >= 0 and segments > FLASH_MAX_SEGMENTS:
+            raise bad("micro_batch", f"x model.max_documents_per_row = {segments} segments per flash-attention call, "
+                      f"over the kernel's {FLASH_MAX_SEGMENTS}: lower either")
 
     def layout(self, world: int | None = None):
         """This job's parallel layout over ``world`` ranks (default: the ``world_size`` it was planned for)."""
