@@ -99,26 +99,32 @@ def test_arm_configs_share_everything_but_the_chain(tmp_path):
 def test_the_positive_control_plants_a_known_share_of_junk(tmp_path):
     from collections import Counter
 
-    from pipeline.ablation.plan import JUNK_KINDS, plant_junk
+    from pipeline.ablation.plan import CONTROL_KINDS, plant_junk
 
     root = tmp_path / "abl"
     (root / "sources").mkdir(parents=True)
     docs = [{"id": f"d{i:03d}", "source": "s", "text": f"line one of {i}\nthe second line here {i}", "meta": {}}
             for i in range(400)]
     (root / "sources" / "web.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    control = plant_junk(root, 7, 0.25)
+    templates = [(["Navigation", "• index", "• modules |"], ["© Copyright 2003-2023, LLVM Project."]),
+                 (["Modules | Directives | FAQ"], ["Copyright 2026 The Apache Software Foundation.", "Sitemap"])]
+    control = plant_junk(root, 7, 0.25, templates=templates)
     c = control["domains"]["web"]
-    planted = sum(c[k] for k in JUNK_KINDS)
-    assert c["documents"] == 400 and 80 <= planted <= 120 and all(c[k] > 15 for k in JUNK_KINDS)
+    planted = sum(c[k] for k in CONTROL_KINDS)
+    assert c["documents"] == 400 and 80 <= planted <= 120 and all(c[k] > 12 for k in CONTROL_KINDS)
+    assert control["page_templates"] == 2
     out = [json.loads(line) for line in (root / "sources_control" / "web.jsonl").read_text().splitlines()]
     assert len(out) == 400 + c["exact_copy"]                    # an exact copy is added beside its document
     by_id = {d["id"]: d["text"] for d in docs}
     kinds = Counter()
     for rec in out:
         base = rec["id"].split("#")[0]
+        wrapped = {"\n".join([*before, by_id[base], *after]) for before, after in templates}
         if "#copy" in rec["id"]:
             assert rec["text"] == by_id[base]
             kinds["exact_copy"] += 1
+        elif rec["text"] in wrapped:                                 # inside one real page's template
+            kinds["navigation"] += 1
         elif rec["text"].count("\n") == 7:
             assert rec["text"].split("\n")[:4] == [by_id[base].split("\n")[0]] * 4
             kinds["repeated_lines"] += 1
@@ -126,8 +132,9 @@ def test_the_positive_control_plants_a_known_share_of_junk(tmp_path):
             assert sorted(rec["text"].split()) == sorted(by_id[base].split())
             kinds["scrambled_words"] += 1
     assert kinds["exact_copy"] == c["exact_copy"] and kinds["repeated_lines"] == c["repeated_lines"]
+    assert kinds["navigation"] == c["navigation"]
     assert kinds["scrambled_words"] <= c["scrambled_words"]      # a shuffle can leave a short line as it was
-    assert plant_junk(root, 7, 0.25) == control                     # by key: the same documents every time
+    assert plant_junk(root, 7, 0.25, templates=templates) == control  # by key: the same documents every time
 
 
 def test_planted_junk_is_cut_into_pieces_again(tmp_path):
@@ -140,9 +147,10 @@ def test_planted_junk_is_cut_into_pieces_again(tmp_path):
     text = "".join(f"line {j} of a page that is long enough\n" for j in range(12))        # 456 bytes
     docs = [{"id": f"d{i:03d}", "source": "s", "text": text, "meta": {}} for i in range(200)]
     (root / "sources" / "web.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    c = plant_junk(root, 7, 0.25, piece_bytes=500)["domains"]["web"]
+    template = (["Navigation | Home | Modules | Index | Search this site"], ["Copyright 2026, All rights reserved."])
+    c = plant_junk(root, 7, 0.25, piece_bytes=500, templates=[template])["domains"]["web"]  # 550 bytes: 2 pieces
     out = [json.loads(line) for line in (root / "sources_control" / "web.jsonl").read_text().splitlines()]
     assert max(len(r["text"].encode()) for r in out) <= 500 and len({r["id"] for r in out}) == len(out)
     repeated = [r for r in out if r["text"].startswith("line 0 of a page that is long enough\nline 0")]
     assert len(repeated) == c["repeated_lines"]             # the first piece of each; 1,824 bytes make 4 pieces
-    assert len(out) == 200 + c["exact_copy"] + 3 * c["repeated_lines"]
+    assert len(out) == 200 + c["exact_copy"] + 3 * c["repeated_lines"] + c["navigation"]

@@ -246,6 +246,41 @@ def test_warc_http_charset_and_encodings(tmp_path):
     assert [r["reason"] for r in out["rejects"]] == ["unsupported_content_type", "http_status"]
 
 
+PAGE = ("<html><head><title>T</title></head><body><header><nav><ul><li><a href='/'>Home</a></li>"
+        "<li><a href='/docs'>Docs</a></li><li><a href='/blog'>Blog</a></li></ul></nav></header><main><article>"
+        "<h1>Rivers of the world</h1>" + "".join(f"<p>The river number {i} runs a long way through the valley and "
+                                                 "feeds the towns along its banks with water for the fields.</p>"
+                                                 for i in range(6))
+        + "</article></main><footer><p>Copyright 2026 Example Org.</p><p><a href='/privacy'>Privacy</a> | "
+          "<a href='/terms'>Terms</a></p></footer></body></html>")
+
+
+def test_page_templates_are_the_lines_extraction_drops_around_the_main_content(tmp_path):
+    """#51: the positive control's navigation junk comes from the sources' own pages: per page, the lines of its
+    whole text that main-content extraction drops, before and after the content; pages without any, and records
+    that are no pages (a request, an image, a JSONL source), give none."""
+    from pipeline.ingest.readers.html import page_template
+    from pipeline.ingest.templates import page_templates
+
+    assert page_template(PAGE.encode()) == (["• Home", "• Docs", "• Blog"], ["Copyright 2026 Example Org.",
+                                                                            "Privacy | Terms"])
+    bare = "<html><body><p>" + "A page that is all content and nothing else, said at length. " * 8 + "</p></body>"
+    assert page_template(bare.encode()) == ([], [])
+    data = (warc_record("http://x/a", b"HTTP/1.1 200 OK\r\nContent-Type: text/html; charset=utf-8", PAGE.encode())
+            + warc_record("http://x/req", b"GET /a HTTP/1.1\r\nHost: x", b"", rtype="request")
+            + warc_record("http://x/bare", b"HTTP/1.1 200 OK\r\nContent-Type: text/html", bare.encode())
+            + warc_record("http://x/png", b"HTTP/1.1 200 OK\r\nContent-Type: image/png", b"\x89PNG\r\n")
+            + warc_record("http://x/b", b"HTTP/1.1 200 OK\r\nContent-Type: text/html", PAGE.encode()))
+    (tmp_path / "c.warc.gz").write_bytes(data)
+    (tmp_path / "d.jsonl").write_text(json.dumps({"id": "1", "text": "no page"}) + "\n")
+    cfg = config_from_dict({"data_root": str(tmp_path / "data"),
+                            "sources": [{"domain": "books", "reader": "jsonl", "paths": [str(tmp_path / "d.jsonl")]},
+                                        {"domain": "web", "reader": "warc", "paths": [str(tmp_path / "c.warc.gz")]}]})
+    expected = page_template(PAGE.encode())
+    assert page_templates(cfg) == [expected, expected]
+    assert page_templates(cfg, limit=1) == [expected]
+
+
 # ------------------------------------------------------------------------------------------------------- code
 
 def test_code_tree(tmp_path):

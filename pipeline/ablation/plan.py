@@ -24,7 +24,7 @@ from pathlib import Path
 
 from pipeline.config import MindloomConfig, config_from_dict
 from pipeline.io import safe_run_id, write_json
-from pipeline.quality.corruptions import JUNK_KINDS, corrupt
+from pipeline.quality.corruptions import CONTROL_KINDS, corrupt, navigation
 
 REFERENCE_KEY = "ablation-reference"
 NGRAM = 13            # words per n-gram of the reference overlap check (GPT-3, DCLM)
@@ -130,8 +130,12 @@ def split_references(cfg: MindloomConfig, root: Path) -> dict:
                                         "source": d["source"], "text": piece, "meta": meta})
             counts[d["domain"]]["sources"] += 1
             counts[d["domain"]]["pieces"] += len(pieces)
-    control = (plant_junk(root, cfg.seed, cfg.ablation.control_share, cfg.ablation.piece_bytes)
-               if cfg.ablation.control_share > 0 else None)
+    control = None
+    if cfg.ablation.control_share > 0:
+        from pipeline.ingest.templates import page_templates
+
+        control = plant_junk(root, cfg.seed, cfg.ablation.control_share, cfg.ablation.piece_bytes,
+                             page_templates(cfg))
     split = {"control": control,
              "domains": {d: {**{k: v for k, v in c.items() if k != "reference_sources"},
                              "reference_sources": len(c["reference_sources"])} for d, c in sorted(counts.items())},
@@ -178,10 +182,11 @@ def _drop_boilerplate(rdir: Path, specs: list[dict], chosen: set[str], ref_grams
     return boilerplate
 
 
-def plant_junk(root: Path, seed: int, share: float, piece_bytes: int = 0) -> dict:
+def plant_junk(root: Path, seed: int, share: float, piece_bytes: int = 0, templates: list | None = None) -> dict:
     """``sources_control/``: the split's training documents with ``share`` of them planted with junk, the kind
-    chosen per document by its key (``JUNK_KINDS`` in turn), cut again into pieces of ``piece_bytes`` (a piece
-    with every line four times is four pieces); returns the counts per domain and kind."""
+    chosen per document by its key (``CONTROL_KINDS`` in turn: a copy, lines repeated, words shuffled, or inside
+    one of ``templates``, the navigation and footers of the sources' own HTML pages), cut again into pieces of
+    ``piece_bytes`` (a piece with every line four times is four pieces); returns the counts per domain and kind."""
     import random
 
     from pipeline.sink.validation import unit_key
@@ -190,7 +195,7 @@ def plant_junk(root: Path, seed: int, share: float, piece_bytes: int = 0) -> dic
     with _Writers(root, "sources_control") as out:
         for path in sorted((root / "sources").glob("*.jsonl")):
             domain = path.stem
-            c = counts[domain] = {"documents": 0, **{k: 0 for k in JUNK_KINDS}}
+            c = counts[domain] = {"documents": 0, **{k: 0 for k in CONTROL_KINDS}}
             with open(path, encoding="utf-8") as fh:
                 for line in fh:
                     rec = json.loads(line)
@@ -199,15 +204,17 @@ def plant_junk(root: Path, seed: int, share: float, piece_bytes: int = 0) -> dic
                     if key >= share:
                         out.write(domain, rec)
                         continue
-                    kind = JUNK_KINDS[min(int(key / share * len(JUNK_KINDS)), len(JUNK_KINDS) - 1)]
+                    kind = CONTROL_KINDS[min(int(key / share * len(CONTROL_KINDS)), len(CONTROL_KINDS) - 1)]
                     c[kind] += 1
                     rng = random.Random(f"{seed}/{rec['id']}")
-                    texts = [p for t in corrupt(rec["text"], kind, rng) for p in pieces_of(t, piece_bytes)]
+                    planted = ([navigation(rec["text"], templates or [], rng)] if kind == "navigation"
+                               else corrupt(rec["text"], kind, rng))
+                    texts = [p for t in planted for p in pieces_of(t, piece_bytes)]
                     for k, text in enumerate(texts):
                         out.write(domain, {**rec, "id": rec["id"] if k == 0 else f"{rec['id']}#copy{k}", "text": text})
             if not c["documents"]:
                 out.write(domain, None)
-    return {"share": share, "domains": counts}
+    return {"share": share, "page_templates": len(templates or []), "domains": counts}
 
 
 def _grams(text: str):

@@ -207,7 +207,8 @@ def plan_ingest(cfg: MindloomConfig, empty: list[dict] | None = None) -> list[di
 # Records out of a shard's units (main process)
 
 
-def _records(reader: Reader, storage: Storage, spec: dict) -> Iterator[RawRecord | Rejection]:
+def shard_records(reader: Reader, storage: Storage, spec: dict) -> Iterator[RawRecord | Rejection]:
+    """The records (and rejections) of one ingest shard's units, framed in this process."""
     for unit in spec["units"]:
         ref = FileRef(unit["path"], unit["rel"], unit.get("size", 0))
         if "problem" in unit:
@@ -373,7 +374,7 @@ def run_ingest_shard(cfg: MindloomConfig, rdir: Path, spec: dict) -> dict:
     part = _Part(rdir, spec, 0)
     closed: list[dict] = []
     try:
-        for res, nbytes in _results(_records(reader, storage, spec), workers, init_args):
+        for res, nbytes in _results(shard_records(reader, storage, spec), workers, init_args):
             if isinstance(res, Rejection):
                 nbytes = res.nbytes
             if part.stats["in_bytes"] >= limit:     # this output shard is full: the record starts the next one

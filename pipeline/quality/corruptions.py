@@ -12,6 +12,8 @@ from __future__ import annotations
 import random
 
 JUNK_KINDS = ("exact_copy", "repeated_lines", "scrambled_words")
+#: the ablation's positive control: the text corruptions, and a real page's template around the text
+CONTROL_KINDS = (*JUNK_KINDS, "navigation")
 
 #: lines of web navigation and boilerplate that :func:`boilerplate` puts around a text
 BOILERPLATE = (
@@ -48,3 +50,13 @@ def boilerplate(text: str, rng: random.Random) -> str:
     head = rng.sample(BOILERPLATE, rng.randint(3, 7))
     tail = rng.sample(BOILERPLATE, rng.randint(2, 5))
     return "\n".join([*head, text, *tail])
+
+
+def navigation(text: str, templates: list, rng: random.Random) -> str:
+    """The text inside one real page's template: the lines its extraction dropped before and after the main
+    content (``pipeline.ingest.templates``), the page chosen by ``rng``; with no templates (a corpus without HTML
+    sources), :func:`boilerplate`'s lines."""
+    if not templates:
+        return boilerplate(text, rng)
+    before, after = templates[rng.randrange(len(templates))]
+    return "\n".join([*before, text, *after])

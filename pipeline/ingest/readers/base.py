@@ -126,6 +126,11 @@ class Reader:
         """A language every document of this reader has (``code``), or "" to detect it."""
         return ""
 
+    def template(self, raw: RawRecord) -> tuple[list[str], list[str]] | None:
+        """The template lines a page's extraction drops, before and after its main content (HTML readers,
+        ``html.page_template``); None where a reader's records are no pages."""
+        return None
+
 
 def options_from_dict(cls: type, data: dict, where: str) -> Any:
     """Strictly build a reader's Options dataclass (unknown keys and wrong types raise ConfigError)."""

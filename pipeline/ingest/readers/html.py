@@ -53,6 +53,29 @@ def extract(data: bytes, extractor: str = "resiliparse", declared: str | None = 
     return text, meta
 
 
+def page_template(data: bytes, declared: str | None = None, max_lines: int = 40) -> tuple[list[str], list[str]]:
+    """The page's template as main-content extraction sees it: the lines of the whole page's text that the main
+    content does not hold, split into those before it and those after it (navigation, breadcrumbs, cookie notes,
+    footers), at most ``max_lines`` each. The ablation's positive control plants them around other documents: junk
+    taken from real pages, not a made-up list. ([], []) for a page with no main content or no template."""
+    from resiliparse.extract.html2text import extract_plain_text
+    from resiliparse.parse.html import HTMLTree
+
+    page, _ = decode_bytes(data, declared or meta_charset(data))
+    tree = HTMLTree.parse(page)
+
+    def lines(main: bool) -> list[str]:
+        text = extract_plain_text(tree, main_content=main, alt_texts=False, preserve_formatting=True)
+        return [ln.strip() for ln in text.split("\n") if ln.strip()]
+
+    whole, main = lines(False), set(lines(True))
+    at = [i for i, ln in enumerate(whole) if ln in main]
+    if not at:
+        return [], []
+    return ([ln for ln in whole[:at[0]] if ln not in main][:max_lines],
+            [ln for ln in whole[at[-1] + 1:] if ln not in main][:max_lines])
+
+
 @dataclass
 class HtmlOptions:
     extractor: str = _f("resiliparse", desc="Main-content extractor.", choices=EXTRACTORS)
@@ -76,6 +99,9 @@ class HtmlReader(Reader):
         if self.opts.url_prefix:
             meta["url"] = self.opts.url_prefix + ref.rel
         yield RawRecord(ref.rel, "", 0, len(data), data, meta)
+
+    def template(self, raw: RawRecord) -> tuple[list[str], list[str]]:
+        return page_template(raw.payload)
 
     def parse(self, raw: RawRecord) -> ParsedDoc | Rejection:
         try:

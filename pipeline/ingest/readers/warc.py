@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from pipeline.configkit import _f
 from pipeline.ingest.normalize import DecodeError
 from pipeline.ingest.readers.base import FileRef, ParsedDoc, RawRecord, Reader, ReadError, Rejection, snippet_of
-from pipeline.ingest.readers.html import EXTRACTORS, extract
+from pipeline.ingest.readers.html import EXTRACTORS, extract, page_template
 
 _STATUS = re.compile(r"HTTP/\d(?:\.\d)? +([1-5]\d\d)(?: .*)?")
 _TOKEN = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]+")
@@ -176,6 +176,11 @@ class WarcReader(Reader):
             meta = {"url": uri, "warc_record_id": rec.rec_headers.get_header("WARC-Record-ID") or "",
                     "warc_date": rec.rec_headers.get_header("WARC-Date") or ""}
             yield RawRecord(ref.rel, where, offset, len(body), (headers, body), meta)
+
+    def template(self, raw: RawRecord) -> tuple[list[str], list[str]]:
+        headers, body = raw.payload
+        m = _CHARSET.search(headers.get("content-type", ""))
+        return page_template(_decode_body(body, headers), m.group(1) if m else None)
 
     def parse(self, raw: RawRecord) -> ParsedDoc | Rejection:
         headers, body = raw.payload
