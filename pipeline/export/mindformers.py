@@ -116,15 +116,17 @@ def megatron_pretrain_config(src: StageSource, model: dict, folder: Path, blend:
     true (the dataset gives ``input_ids``/``labels`` already shifted); ``create_attention_mask: false`` leaves the
     causal mask to the model and gives mindformers' four default columns for this loader (so a continued run in
     mindformers attends across documents, where mindloom's ``train.document_attention`` masks by document; that
-    loader's ``reset_attention_mask`` is not tried here); ``eod``/``pad`` are the corpus' EOS and pad, so ``loss_mask``
-    drops positions whose *label* is pad, as mindloom does. ``sizes[0]`` is the stage's sample count (steps x batch).
+    loader's ``reset_attention_mask`` is not tried here; ``reset_position_ids`` follows ``train.reset_positions``);
+    ``eod``/``pad`` are the corpus' EOS and pad, so ``loss_mask`` drops positions whose *label* is pad, as mindloom
+    does. ``sizes[0]`` is the stage's sample count (steps x batch).
     """
     cfg = dict(model["model_config"], input_sliced_sig=True)
     columns = ["input_ids", "labels", "loss_mask", "position_ids"]
     loader = {"type": "BlendedMegatronDatasetDataLoader", "datasets_type": "GPTDataset",
               "sizes": [int(src.step * batch_size), 0, 0],
               "config": {"seed": seed, "split": "1, 0, 0", "seq_length": cfg["seq_length"], "eod_mask_loss": False,
-                         "reset_position_ids": False, "reset_attention_mask": False, "create_attention_mask": False,
+                         "reset_position_ids": src.model.reset_positions, "reset_attention_mask": False,
+                         "create_attention_mask": False,
                          "create_compressed_eod_mask": False, "eod": cfg["eos_token_id"], "pad": cfg["pad_token_id"],
                          "data_path": blend}}
     dataset = {"data_loader": loader, "input_columns": columns, "construct_args_key": columns,
