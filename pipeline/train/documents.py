@@ -6,6 +6,11 @@ from __future__ import annotations
 
 import numpy as np
 
+#: flash attention's limits (MindSpore 2.10's ``flash_attention_score``): the side of its compressed causal mask
+#: (``sparse_mode`` 2 and 3, whatever the sequence length), and its batch range (TND: segments)
+FLASH_MASK_SIDE = 2048
+FLASH_MAX_SEGMENTS = 2048
+
 
 def document_segments(tokens: np.ndarray, eod_id: int) -> np.ndarray:
     """Document index of every position of ``[B, S]`` rows: the number of ``eod_id`` tokens strictly before it (an

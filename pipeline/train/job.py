@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pipeline.io import write_json
 
 from .config import ModelConfig, TrainConfig
+from .documents import FLASH_MAX_SEGMENTS
 from .optim.precision import check_precision
 
 MODES = ("graph", "pynative")
@@ -25,9 +26,6 @@ _RECIPE_DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
 def _recipe(name: str):
     """The default of ``train.<name>`` (``TrainConfig``): one default per field, whichever side builds the job."""
     return _RECIPE_DEFAULTS[name]
-
-
-FLASH_MAX_SEGMENTS = 2048  # flash_attention_score's batch range (MindSpore 2.10 docs: "B: 1 to 2k"), TND segments
 
 
 @dataclass

@@ -42,6 +42,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from ..config import ModelConfig, TrainConfig, check_layout  # noqa: F401 - check_layout is part of this API
+from ..documents import FLASH_MASK_SIDE
 from .layout import ParallelLayout
 
 GiB = 1 << 30
@@ -140,7 +141,7 @@ def activation_bytes(cfg: ModelConfig, layout: Layout) -> tuple[int, int]:
     return act, logits
 
 
-FLASH_MASK = 2048 * 2048  # flash attention's compressed causal mask (uint8), whatever the sequence length
+FLASH_MASK = FLASH_MASK_SIDE ** 2  # flash attention's compressed causal mask (uint8), whatever the sequence length
 
 
 def mask_bytes(cfg: ModelConfig, layout: Layout) -> int:

@@ -31,6 +31,7 @@ from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal
 
 from ..config import PRESETS, ModelConfig, causal_mask, llama_ffn_hidden, rope_tables
+from ..documents import FLASH_MASK_SIDE
 from .attention_masks import document_ends, document_positions
 from .tp_layers import NO_TP, VocabParallelNLL
 
@@ -85,7 +86,7 @@ class Attention(nn.Cell):
         self.use_flash = attention_impl() == "flash"
         self.by_document = cfg.eod_id >= 0
         if self.use_flash:  # the kernel's fixed compressed causal mask (sparse_mode 2 and 3), 1 = masked
-            self.fa_mask = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
+            self.fa_mask = Tensor(np.triu(np.ones((FLASH_MASK_SIDE, FLASH_MASK_SIDE), np.uint8), k=1))
 
     def _repeat_kv(self, x):
         if self.rep == 1:
