@@ -109,7 +109,7 @@ def compare(runs: list[dict]) -> list[dict]:
 
 def replan(r: dict) -> dict:
     """The plan of a stored run, from its settings (what ``run_layout`` built the job from)."""
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.memory_plan import Layout, plan
 
     spec = next(x for x in LAYOUTS if x[0] == r["layout"])
@@ -128,7 +128,7 @@ _HOST_CHILD = """
 import json, sys
 import mindspore as ms
 ms.set_context(mode=ms.GRAPH_MODE, device_target="CPU")
-from pipeline.train.config import ModelConfig
+from pipeline.train.model.config import ModelConfig
 from pipeline.train.model.model import Transformer
 from pipeline.train.model.parallelize import parallelize
 from pipeline.train.model.shard_init import init_rank_weights
@@ -162,8 +162,8 @@ def host_build() -> list[dict]:
     slice it cost before (``shard + whole model``)."""
     import subprocess
 
-    from pipeline.train.config import ModelConfig
     from pipeline.train.jobs.launch import env_with_venv
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.memory_plan import Layout, plan
 
     out = []

@@ -133,7 +133,7 @@ def memory_plan_metrics(runs: list[dict]) -> list[dict]:
 
 def _preset_70b() -> list[dict]:
     """The shipped 70b layout (memory_plan.PRESET_LAYOUTS) on 64 GB devices: tokens per step, device and host plan."""
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.memory_plan import PRESET_LAYOUTS, GiB, plan
 
     lay = PRESET_LAYOUTS["70b"]

@@ -14,7 +14,7 @@ def torch_model(cfg):
     import torch
     from torch import nn
 
-    from pipeline.train.config import causal_mask, rope_tables
+    from pipeline.train.model.config import causal_mask, rope_tables
 
     class RMSNorm(nn.Module):
         def __init__(self):

@@ -79,6 +79,12 @@ def submit_trigger_form(page, dialog, dag_id: str) -> str:
     return urllib.parse.unquote(page.url.split("/runs/", 1)[1].split("?")[0].split("/")[0])
 
 
+def park(page) -> None:
+    """Leave the tab on a blank page while the test waits on REST: a live run page re-renders its grid every few
+    seconds, which cost about a third of a core for the whole walkthrough while nothing in it was read."""
+    page.goto("about:blank")
+
+
 def trigger_from_form(base: str, dag_id: str, fields: dict, shots: Path | None = None) -> str:
     """Log in, open the DAG's trigger form, fill ``fields`` (param name → value), trigger; return the run id."""
     from playwright.sync_api import sync_playwright

@@ -63,7 +63,7 @@ def mindloom_logits(stage_dir: Path, rows: np.ndarray) -> np.ndarray:
 
     from pipeline.io import read_json
     from pipeline.train.checkpoint.checkpoint import load_weights
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.model import Transformer
 
     summary = read_json(stage_dir / "summary.json")
@@ -78,7 +78,7 @@ def mindloom_loss(stage_dir: Path, rows: np.ndarray) -> float:
 
     from pipeline.io import read_json
     from pipeline.train.checkpoint.checkpoint import load_weights
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.model import CausalLMLoss, Transformer
 
     summary = read_json(stage_dir / "summary.json")

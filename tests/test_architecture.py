@@ -137,7 +137,7 @@ def test_circle_check_sees_relative_and_flat_imports():
     graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
     assert _circles(graph) == [["a", "b", "c"]]
     edges = _import_edges(_modules())
-    assert "pipeline.train.config" in edges["pipeline.train.job"]  # from .config import ModelConfig
+    assert "pipeline.train.config" in edges["pipeline.train.job"]  # from .config import TrainConfig
     assert "benchmarks.common" in edges["benchmarks.run_all"]  # import common (benchmarks/ on sys.path)
 
 

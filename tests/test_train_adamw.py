@@ -33,7 +33,7 @@ def _job(**kw):
 def _cfg():
     from bytes_data import BYTE_VOCAB
 
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
 
     return ModelConfig.from_preset("debug", vocab_size=BYTE_VOCAB, dim=64, n_layers=2, n_heads=4, n_kv_heads=2,
                                    max_seq_len=SEQ)

@@ -61,7 +61,7 @@ def test_distributed_optimizer_keeps_the_cpu_emulation_off_native_devices():
 
 @pytest.mark.parametrize("device, native", [("Ascend", True), ("CPU", False)])
 def test_build_parallel_chooses_once_from_the_job_device_and_logs_it(device, native, caplog):
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.layout import RankLayout
     from pipeline.train.model.parallel_setup import build_parallel
 

@@ -228,7 +228,7 @@ def test_accumulation_keeps_fp32_sums_and_matches_one_process(runs, name, grad_r
     micro-batch's gradients are reduced in fp32 (cast and divided by DP first) and only this rank's fp32 blocks
     accumulate (half the fp32 gradient per rank here). Either way: the losses, skipped steps and loss scales of the
     one-process run of the same global batch, and the bytes the plan counts."""
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.memory_plan import Layout, plan
 
     one, acc = _metrics(runs["unsharded"][1]), _metrics(runs[name][1])

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.train.config import ModelConfig
 from pipeline.train.documents import document_ends, document_positions, rows_over_document_cap
+from pipeline.train.model.config import ModelConfig
 
 EOD = 49
 ROWS = np.array([[5, EOD, 7, 8, EOD, 1, 2, EOD],     # a final EOD ends the row, not a segment of its own
@@ -71,7 +71,7 @@ def _net(monkeypatch=None, **kw):
 def test_reset_positions_reads_rope_at_each_documents_own_positions():
     from mindspore import Tensor
 
-    from pipeline.train.config import rope_tables
+    from pipeline.train.model.config import rope_tables
 
     net = _net(reset_positions=True)
     cos, sin = (t.asnumpy() for t in net._rope(Tensor(ROWS), 8))

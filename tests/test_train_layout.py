@@ -44,7 +44,7 @@ def test_parallelize_turns_a_plain_model_into_this_ranks_shard():
     pytest.importorskip("mindspore")
     from mindspore.nn.utils import no_init_parameters
 
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.model import Transformer
     from pipeline.train.model.parallel import split_axis, take_shard
     from pipeline.train.model.parallelize import parallelize

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from pipeline.train.config import PRESETS, ModelConfig
+from pipeline.train.model.config import PRESETS, ModelConfig
 from pipeline.train.model.memory_plan import (
     PRESET_LAYOUTS,
     GiB,

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.train.config import PRESETS, ModelConfig, rope_tables
 from pipeline.train.job import TrainJob
+from pipeline.train.model.config import PRESETS, ModelConfig, rope_tables
 
 # Published parameter counts (LLaMA-1/2 papers, TinyLlama model card); they pin the closed form to real models.
 KNOWN = {"1b": 1_100_048_384, "7b": 6_738_415_616, "13b": 13_015_864_320, "70b": 68_976_648_192}

@@ -163,7 +163,7 @@ def test_tp2_checkpoint_merges_into_tp1_and_reproduces_the_loss(runs, tmp_path):
 
     from pipeline.train.checkpoint.checkpoint import load_weights
     from pipeline.train.checkpoint.tp_merge import merge_checkpoints
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.model import CausalLMLoss, Transformer
 
     info = merge_checkpoints(str(runs["tp2"][1]), str(tmp_path / "merged.ckpt"))

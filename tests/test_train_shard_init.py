@@ -45,7 +45,7 @@ def test_a_rank_holds_its_shard_and_one_chunk_while_drawing():
 
 def test_spreads_follow_the_model_and_norm_gains_are_ones():
     pytest.importorskip("mindspore")
-    from pipeline.train.config import ModelConfig
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.model import Transformer
 
     cfg = ModelConfig.from_preset("debug", n_layers=2)

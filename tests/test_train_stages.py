@@ -139,8 +139,8 @@ def test_evaluate_pools_exact_token_sums(monkeypatch):
     ms = pytest.importorskip("mindspore")
     from mindspore import Tensor
 
-    from pipeline.train.config import ModelConfig
     from pipeline.train.evaluate import evaluate, make_scorer
+    from pipeline.train.model.config import ModelConfig
     from pipeline.train.model.model import CausalLMLoss, Transformer
 
     ms.set_context(mode=ms.PYNATIVE_MODE)

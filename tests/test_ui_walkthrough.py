@@ -161,7 +161,7 @@ def _report_frame(page):
 
 
 def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots):
-    from browser_flow import _login, fill_form, open_browser, open_trigger_form, submit_trigger_form
+    from browser_flow import _login, fill_form, open_browser, open_trigger_form, park, submit_trigger_form
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -179,6 +179,7 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
         fill_form(dialog, page, "corpus_build", {"run_name": "walkthrough", "seq_len": 32})
         dialog.screenshot(path=str(shots / "corpus_build_trigger_form.png"))
         corpus_run = submit_trigger_form(page, dialog, "corpus_build")
+        park(page)
         assert made.wait_run("corpus_build", corpus_run)["state"] == "success", made.logs_tail()
 
         # 2. The Asset starts pretrain on its first publish (pretrain was never unpaused by hand).
@@ -202,6 +203,7 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
         fill_form(dialog, page, "pretrain", {"run_name": "fail-demo", "fail_at_step": 10, "fail_for_good": True})
         dialog.screenshot(path=str(shots / "pretrain_trigger_form.png"))
         run = submit_trigger_form(page, dialog, "pretrain")
+        park(page)
         assert made.wait_run("pretrain", run, expect_failure=True)["state"] == "failed", made.logs_tail()
         tries = made.api("GET", f"/dags/pretrain/dagRuns/{q(run)}/taskInstances/train_main/tries").json()
         assert [t["state"] for t in tries["task_instances"]] == ["failed", "failed"]   # retries=1: both tries
@@ -229,6 +231,7 @@ def test_walkthrough_trigger_asset_fail_for_good_clear_resume_report(made, shots
         while (time.time() < deadline
                and made.api("GET", f"/dags/pretrain/dagRuns/{q(run)}").json()["state"] == "failed"):
             time.sleep(1)
+        park(page)
         assert made.wait_run("pretrain", run)["state"] == "success", made.logs_tail()
         resumed = made.xcom("pretrain", run, "train_main")
         assert resumed["resumed_from"] == 10 and resumed["steps"] == 12

@@ -23,7 +23,7 @@ from .source import StageSource
 
 
 def effective_theta(model) -> float:
-    """The RoPE base mindloom actually uses (``pipeline.train.config.rope_tables``)."""
+    """The RoPE base mindloom actually uses (``pipeline.train.model.config.rope_tables``)."""
     if model.rope_scaling_type == "ntk":
         d = model.head_dim
         return float(model.rope_theta * model.rope_scaling_factor ** (d / (d - 2)))

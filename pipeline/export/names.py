@@ -12,7 +12,7 @@ permuted or transposed: every export is a rename.
 
 from __future__ import annotations
 
-from pipeline.train.config import ModelConfig
+from pipeline.train.model.config import ModelConfig
 
 #: mindloom name -> mindformers 1.9.0 name, where they differ.
 MINDFORMERS_RENAMES = {"model.tok_embeddings.embedding_table": "model.tok_embeddings.embedding_weight",

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.io import read_json
-from pipeline.train.config import ModelConfig
+from pipeline.train.model.config import ModelConfig
 
 from .names import model_params
 

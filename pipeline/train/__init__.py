@@ -15,8 +15,8 @@ model, the optimizer, data, repack, evaluate, checkpoint, metrics and trainer mo
 (mindspore 2.10, numpy 1.26).
 """
 
-from .config import PRESETS, ModelConfig
 from .job import TrainJob
+from .model.config import PRESETS, ModelConfig
 
 __all__ = ["PRESETS", "ModelConfig", "TrainJob", "run_training"]
 

@@ -14,8 +14,9 @@ from dataclasses import asdict, dataclass, field, fields
 
 from pipeline.io import write_json
 
-from .config import ModelConfig, TrainConfig
+from .config import TrainConfig
 from .documents import FLASH_MAX_SEGMENTS
+from .model.config import ModelConfig, check_layout
 from .optim.precision import check_precision
 
 MODES = ("graph", "pynative")
@@ -159,8 +160,6 @@ class TrainJob:
         if self.init_mode == "continue" and not self.init_from:
             raise bad("init_mode", "'continue' needs init_from (the previous stage's checkpoint)")
         cfg = self.model_config()  # validates the model dict; its error names the ModelConfig field
-        from .model.memory_plan import check_layout
-
         check_layout(cfg, self.tensor_parallel)
         if self.seq_len > cfg.max_seq_len:
             raise bad("seq_len", f"exceeds the model's max_seq_len={cfg.max_seq_len}")

@@ -42,7 +42,6 @@ from pipeline.io import write_json
 from . import testing_hooks
 from .checkpoint import checkpoint as ckpt
 from .checkpoint import commit, resume
-from .config import ModelConfig
 from .data import DataPosition, TokenBatches
 from .documents import rows_over_document_cap
 from .evaluate import evaluate, make_scorer
@@ -50,6 +49,7 @@ from .job import TrainJob
 from .jobs import fenced
 from .jobs.lease import Lease, LeaseLost, env_job_id, new_job_id
 from .jobs.metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
+from .model.config import ModelConfig
 from .model.layout import RankLayout
 from .model.memory_plan import MemoryPlan, job_layout, require_fit
 from .model.model import CausalLMLoss, attention_impl, count_cell_params

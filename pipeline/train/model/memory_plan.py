@@ -41,8 +41,9 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-from ..config import ModelConfig, TrainConfig, check_layout  # noqa: F401 - check_layout is part of this API
+from ..config import TrainConfig
 from ..documents import FLASH_MASK_SIDE
+from .config import ModelConfig, check_layout
 from .layout import ParallelLayout
 
 GiB = 1 << 30

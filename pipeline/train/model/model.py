@@ -30,9 +30,9 @@ import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 from mindspore.common.initializer import Normal
 
-from ..config import PRESETS, ModelConfig, causal_mask, llama_ffn_hidden, rope_tables
 from ..documents import FLASH_MASK_SIDE
 from .attention_masks import document_ends, document_positions
+from .config import PRESETS, ModelConfig, causal_mask, llama_ffn_hidden, rope_tables
 from .tp_layers import NO_TP, VocabParallelNLL
 
 __all__ = ["PRESETS", "ModelConfig", "Transformer", "CausalLMLoss", "attention_impl", "count_cell_params",
