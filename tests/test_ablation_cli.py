@@ -8,9 +8,9 @@ import json
 
 import pytest
 import yaml
-from conftest import tiny_config
+from conftest import LONG_FIXTURE, tiny_config
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, LONG_FIXTURE]
 
 
 def test_mindloom_ablation_reports_and_a_rerun_is_byte_identical(tmp_path, capsys):

@@ -18,9 +18,9 @@ import pytest
 import yaml
 from airflow_services import q
 from celery_services import WORKERS, CeleryStack, missing_services
-from conftest import require, tiny_config
+from conftest import LONG_FIXTURE, require, tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.celery]
+pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.celery, LONG_FIXTURE]
 
 DATA_NODE, TRAIN_NODE = WORKERS["worker-data"][1], WORKERS["worker-train"][1]
 

@@ -22,11 +22,13 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import MSRUN_CRASH_ENV
+from conftest import LONG_FIXTURE, MSRUN_CRASH_ENV
 
 from pipeline.configkit import ConfigError
 from pipeline.train.config import TrainConfig
 from pipeline.train.job import TrainJob
+
+pytestmark = LONG_FIXTURE
 
 SEQ, STEPS = 32, 20
 TINY = {"preset": "debug", "vocab_size": 260, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2,

@@ -15,10 +15,12 @@ import subprocess
 
 import numpy as np
 import pytest
-from conftest import MSRUN_CRASH_ENV
+from conftest import LONG_FIXTURE, MSRUN_CRASH_ENV
 
 from pipeline.train.job import TrainJob
 from pipeline.train.model.parallel import merge_tp, rank_layout, split_axis, take_shard
+
+pytestmark = LONG_FIXTURE
 
 SEQ, STEPS = 32, 10
 TINY = {"preset": "debug", "vocab_size": 260, "dim": 64, "n_layers": 2, "n_heads": 4, "n_kv_heads": 2, "eod_id": 257,

@@ -26,9 +26,9 @@ from pathlib import Path
 import httpx
 import pytest
 from airflow_services import REPO, AirflowRest, free_port, q
-from conftest import require, tiny_config
+from conftest import LONG_FIXTURE, require, tiny_config
 
-pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.browser]
+pytestmark = [pytest.mark.slow, pytest.mark.live, pytest.mark.browser, LONG_FIXTURE]
 
 BANNER = re.compile(r"mindloom: Airflow is ready at (http://127\.0\.0\.1:\d+)\s+\(login admin / admin\)")
 
