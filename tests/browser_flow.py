@@ -81,7 +81,7 @@ def submit_trigger_form(page, dialog, dag_id: str) -> str:
 
 def park(page) -> None:
     """Leave the tab on a blank page while the test waits on REST: a live run page re-renders its grid every few
-    seconds, which cost about a third of a core for the whole walkthrough while nothing in it was read."""
+    seconds, CPU spent on nothing the test reads (docs/testing.md, Duration)."""
     page.goto("about:blank")
 
 

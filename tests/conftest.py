@@ -38,9 +38,9 @@ SHARED_CORPORA = REPO.parent / "shared" / "corpora"
 #: rank never unregisters, so msrun's scheduler (and msrun with it) only exits once that rank's heartbeats have been
 #: missing for ``MS_NODE_TIMEOUT`` seconds (default 30): 30 s of idle wait per crash test, 10 s with this.
 MSRUN_CRASH_ENV = {"MS_NODE_TIMEOUT": "10"}
-# pytest's timeout (900 s, pyproject.toml) counts a module fixture's setup into the first test that uses it.  The
-# files whose fixture runs several trainings or a whole deployment took 530-900 s for that one test on a slow day of
-# this machine (its speed moves by up to 1.5x), so they get twice the guard: it catches a hang, not slowness.
+# pytest's timeout (pyproject.toml) counts a module fixture's setup and teardown into the test that runs them.  The
+# files whose fixture runs several trainings or a whole deployment get twice that guard: it catches a hang, not a
+# slow day of this machine (docs/testing.md, Duration).
 LONG_FIXTURE = pytest.mark.timeout(1800)
 _HOME = pathlib.Path(os.environ.get("AF_TEST_HOME") or tempfile.mkdtemp(prefix="mindloom_af_test_"))
 os.environ.update(
