@@ -1,4 +1,4 @@
-"""Training layouts on CPU: host-sync period (metrics every step vs every 10) and TP=1 vs TP=2, tokens/s and bytes.
+"""Training layouts on CPU: host-sync period, TP=1 vs TP=2, and the CPU dispatch: tokens/s and bytes.
 
 Why these two: issue 15 asks for the effect of fetching loss/metrics every N steps instead of every step, and for
 tokens/s and per-rank memory at TP=1 and TP=2. Every variant trains the ``debug`` preset (fp32, GRAPH, batch 8 x 256
@@ -6,6 +6,10 @@ tokens of real text) through ``run_training`` / ``msrun`` exactly as the pipelin
 steady figure (the first step, which includes the compile, is excluded). The variants alternate ``--repeats`` times
 so a loaded machine affects them alike. On 2 shared cores TP=2 is expected to be slower: two ranks split the same
 cores and add all-reduces; the point on CPU is correctness and memory per rank, not speed.
+
+The ``*_threaded_dispatch`` variants run the same jobs with ``MS_DEV_HOST_BLOCKING_RUN=0``: MindSpore's own
+default, a dispatch thread per process whose waiter spins (``pipeline.train.jobs.launch.CPU_DISPATCH_ENV``; CPU
+jobs now dispatch on the calling thread). The figure is what that choice gains or costs at TP=1 and at TP=2.
 
     .venv/bin/python benchmarks/bench_parallel.py [--steps 40] [--repeats 2]
 """
@@ -25,7 +29,7 @@ sys.path.insert(0, REPO)
 SEQ = 256
 
 
-def run_variant(name: str, root: str, data: str, steps: int, **kw) -> dict:
+def run_variant(name: str, root: str, data: str, steps: int, env: dict | None = None, **kw) -> dict:
     from common import launch_train_job
 
     from pipeline.train.job import TrainJob
@@ -36,7 +40,7 @@ def run_variant(name: str, root: str, data: str, steps: int, **kw) -> dict:
                    eval_tokens=0, **kw)
     workers = job.world_size or 1
     t0 = time.time()
-    launch_train_job(job, out, workers, timeout=1800)
+    launch_train_job(job, out, workers, timeout=1800, env=env)
     with open(os.path.join(out, "summary.json")) as f:
         s = json.load(f)
     ranks = []
@@ -59,8 +63,11 @@ def main() -> int:
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from bytes_data import pack_bytes, stdlib_text, write_mindrecord
 
+    tp2 = {"metrics_every": 10, "tensor_parallel": 2, "world_size": 2}
+    threaded = {"env": {"MS_DEV_HOST_BLOCKING_RUN": "0"}}
     variants = [("metrics_every_1", {"metrics_every": 1}), ("metrics_every_10", {"metrics_every": 10}),
-                ("tp2", {"metrics_every": 10, "tensor_parallel": 2, "world_size": 2})]
+                ("tp2", tp2), ("threaded_dispatch", {"metrics_every": 10, **threaded}),
+                ("tp2_threaded_dispatch", {**tp2, **threaded})]
     runs = []
     with tempfile.TemporaryDirectory(prefix="bench_parallel_") as root:
         data = os.path.join(root, "data")

@@ -226,9 +226,10 @@ def run_measured(argv: list[str], *, cwd: Path, log: Path, timeout: float, env: 
             "peak_rss_mb": peak.peak_mb}
 
 
-def launch_train_job(job, out: str, workers: int, timeout: float) -> float:
+def launch_train_job(job, out: str, workers: int, timeout: float, env: dict | None = None) -> float:
     """Write ``job`` (a ``TrainJob``) to ``<out>.json`` and run it through the training launcher (logs in
-    ``<out>_log``, a free master port); its wall seconds.  A failed run raises with the tail of its stderr."""
+    ``<out>_log``, a free master port, ``env`` over this process's environment); its wall seconds.  A failed run
+    raises with the tail of its stderr."""
     import socket
 
     from pipeline.train.jobs.launch import env_with_venv, train_command
@@ -240,7 +241,8 @@ def launch_train_job(job, out: str, workers: int, timeout: float) -> float:
         port = s.getsockname()[1]
     cmd = train_command(path, workers=workers, log_dir=out + "_log", master_port=port, cluster_timeout_s=300)
     t0 = time.time()
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=REPO, timeout=timeout)
+    r = subprocess.run(cmd, capture_output=True, text=True, env={**env_with_venv(), **(env or {})}, cwd=REPO,
+                       timeout=timeout)
     if r.returncode != 0:
         raise RuntimeError(f"{job.stage}: rc {r.returncode}: {r.stderr[-1500:]}")
     return time.time() - t0

@@ -83,6 +83,14 @@ def parallel_metrics(res: dict) -> list[dict]:
            metric("parallel", "tp2_vs_tp1", "×", ratios(tp2, every10), headline=True,
                   compared="TP=1 one process, metrics every 10 steps",
                   note="2 ranks share the 2 cores and add all-reduces: slower on CPU is expected")]
+    threaded, tp2_threaded = tok("threaded_dispatch"), tok("tp2_threaded_dispatch")
+    if threaded and tp2_threaded:  # results before the dispatch variants existed have neither
+        out += [metric("parallel", "inline_vs_threaded_dispatch", "×", ratios(every10, threaded), headline=True,
+                       compared="TP=1, MindSpore's dispatch thread (MS_DEV_HOST_BLOCKING_RUN=0)",
+                       note="CPU jobs dispatch on the calling thread: no waiter spinning on a core the kernels need"),
+                metric("parallel", "tp2_inline_vs_threaded_dispatch", "×", ratios(tp2, tp2_threaded),
+                       headline=True,
+                       compared="TP=2, 2 ranks, MindSpore's dispatch thread (MS_DEV_HOST_BLOCKING_RUN=0)")]
     p1, p2 = first("metrics_every_10", "param_bytes_per_rank")[0], first("tp2", "param_bytes_per_rank")[0]
     o1, o2 = first("metrics_every_10", "optimizer_bytes_per_rank")[0], first("tp2", "optimizer_bytes_per_rank")[0]
     out += [metric("parallel", "tp2_param_bytes_per_rank", "bytes", [p2], compared=f"TP=1: {p1} bytes",

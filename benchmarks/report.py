@@ -32,7 +32,9 @@ NOTES = {
         "the job summary's steady figure (first step, with the compile, excluded). `metrics_every` is the host-sync "
         "period (issue 15): 1 fetches loss and metrics after every step as the trainer did before. TP=2 runs two "
         "msrun ranks with hand-written tensor parallel on the same 2 cores, so it is slower here; on CPU it "
-        "demonstrates correctness (tests: within 1e-5 of one process) and memory per rank, not speed."),
+        "demonstrates correctness (tests: within 1e-5 of one process) and memory per rank, not speed. The "
+        "`threaded_dispatch` variants run the same jobs with MindSpore's own dispatch thread "
+        "(`MS_DEV_HOST_BLOCKING_RUN=0`), whose waiter spins on a core; CPU jobs dispatch on the calling thread."),
     "ingest": (
         "mindloom `ingest` does more than a datatrove reader: normalization, language ID, hashing, zstd Parquet, "
         "rejects and stats; mindloom `reader only` for WARC includes HTML extraction (Resiliparse), datatrove's does "

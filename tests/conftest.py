@@ -20,6 +20,8 @@ import tempfile
 
 import pytest
 
+from pipeline.train.jobs.launch import cpu_dispatch_inline
+
 STRICT = os.environ.get("MINDLOOM_STRICT", "").strip().lower() in ("1", "true", "yes")
 #: Skip reasons that stay skips under the strict switch: absent data, not absent machinery (see module docstring).
 DATA_SKIPS = ("shared/corpora", "data/demo-corpus not built", "wheel not cached (make corpus)", "PyPI unreachable")
@@ -52,6 +54,9 @@ os.environ.update(
     MINDLOOM_TRAIN_EXECUTOR="",
     MINDLOOM_TESTING_SWITCHES="1",          # the DAGs offer fail_at_step only when the deployment enables it
 )
+# the in-process trainings' dispatch as a CPU job's own process gets it (trainer._setup_context), whatever MindSpore
+# ran in this worker before its first training
+cpu_dispatch_inline()
 
 
 def require(condition: object, why: str) -> None:

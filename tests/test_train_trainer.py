@@ -278,9 +278,12 @@ def test_msrun_data_parallel_equals_single_process(data, tmp_path):
     dp.to_json(tmp_path / "dp.json")
     cmd = train_command(str(tmp_path / "dp.json"), workers=2, log_dir=str(tmp_path / "msrun_log"), master_port=port,
                         cluster_timeout_s=180)
-    r = subprocess.run(cmd, capture_output=True, text=True, env=env_with_venv(), cwd=tmp_path, timeout=300)
+    env = env_with_venv()
+    env.pop("MS_DEV_HOST_BLOCKING_RUN", None)  # the trainer sets it for a CPU job itself (not this test's conftest)
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-2000:])
     s = _read(tmp_path / "dp" / "summary.json")
+    assert s["host_dispatch"] == "inline"
     assert s["world_size"] == 2 and s["steps"] == 6 and s["tokens"] == 6 * 2 * 4 * SEQ
     ranks = [_read(tmp_path / "dp" / "ranks" / f"rank_{r:05d}.json") for r in (0, 1)]
     assert ranks[0]["step"] == ranks[1]["step"] == 6
