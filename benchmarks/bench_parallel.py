@@ -35,7 +35,7 @@ def run_variant(name: str, root: str, data: str, steps: int, env: dict | None = 
     from pipeline.train.job import TrainJob
 
     out = os.path.join(root, f"{name}_{time.time_ns()}")
-    job = TrainJob(stage=name, data_dir=data, out_dir=out, model={"preset": "debug"}, steps=steps, batch_size=8,
+    job = TrainJob(stage=name, data_dir=data, out_dir=out, model={"preset": "debug"}, steps=steps, micro_batch=8,
                    lr=3e-3, min_lr=3e-4, warmup_steps=5, checkpoint_every=steps, log_every=steps, seed=7,
                    eval_tokens=0, **kw)
     workers = job.world_size or 1

@@ -351,6 +351,9 @@ def skip_speed(tmp: str, rows: int = 20000) -> dict:
 
 
 def main() -> int:
+    from pipeline.train.jobs.launch import cpu_dispatch_inline
+
+    cpu_dispatch_inline()  # as a CPU training job runs (its subprocesses inherit it); before any MindSpore launch
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=6)
