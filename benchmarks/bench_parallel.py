@@ -8,7 +8,7 @@ so a loaded machine affects them alike. On 2 shared cores TP=2 is expected to be
 cores and add all-reduces; the point on CPU is correctness and memory per rank, not speed.
 
 The ``*_threaded_dispatch`` variants run the same jobs with ``MS_DEV_HOST_BLOCKING_RUN=0``: MindSpore's own
-default, a dispatch thread per process whose waiter spins (``pipeline.train.jobs.launch.CPU_DISPATCH_ENV``; CPU
+default, a dispatch thread per process whose waiter spins (``pipeline.train.jobs.cpu_dispatch.CPU_DISPATCH_ENV``; CPU
 jobs now dispatch on the calling thread). The figure is what that choice gains or costs at TP=1 and at TP=2.
 
     .venv/bin/python benchmarks/bench_parallel.py [--steps 40] [--repeats 2]

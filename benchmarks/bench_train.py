@@ -351,7 +351,7 @@ def skip_speed(tmp: str, rows: int = 20000) -> dict:
 
 
 def main() -> int:
-    from pipeline.train.jobs.launch import cpu_dispatch_inline
+    from pipeline.train.jobs.cpu_dispatch import cpu_dispatch_inline
 
     cpu_dispatch_inline()  # as a CPU training job runs (its subprocesses inherit it); before any MindSpore launch
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

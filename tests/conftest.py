@@ -20,7 +20,7 @@ import tempfile
 
 import pytest
 
-from pipeline.train.jobs.launch import cpu_dispatch_inline
+from pipeline.train.jobs.cpu_dispatch import cpu_dispatch_inline
 
 STRICT = os.environ.get("MINDLOOM_STRICT", "").strip().lower() in ("1", "true", "yes")
 #: Skip reasons that stay skips under the strict switch: absent data, not absent machinery (see module docstring).

@@ -10,7 +10,7 @@ import os
 import pytest
 
 from pipeline.train.job import TrainJob
-from pipeline.train.jobs.launch import CPU_DISPATCH_ENV, cpu_dispatch_inline
+from pipeline.train.jobs.cpu_dispatch import CPU_DISPATCH_ENV, cpu_dispatch_inline
 
 KEY = "MS_DEV_HOST_BLOCKING_RUN"
 

@@ -47,7 +47,7 @@ from .documents import rows_over_document_cap
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
 from .jobs import fenced
-from .jobs.launch import cpu_dispatch_inline
+from .jobs.cpu_dispatch import cpu_dispatch_inline
 from .jobs.lease import Lease, LeaseLost, env_job_id, new_job_id
 from .jobs.metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
 from .model.config import ModelConfig

@@ -9,9 +9,6 @@ Multi-node layouts (master address, node rank, devices per node, auto-parallel s
 ``pipeline/train/jobs/launcher.py`` (``msrun_argv(layout, program)``); ``train_command(..., argv=...)`` takes such an
 argv, checks that it is an argument list that runs this very job, and returns it unchanged, so the callers
 (``pipeline.tasks.pretrain.launch_argv``, the Airflow operator) have one entry point for both cases.
-
-``cpu_dispatch_inline`` is the process environment a CPU job trains in (MindSpore's launches on the calling thread);
-the trainer applies it, and the tests' conftest applies it to the in-process trainings.
 """
 
 from __future__ import annotations
@@ -59,20 +56,6 @@ def checked_argv(argv, job_path: str) -> list[str]:
     if not jobs or not any(j in want or os.path.realpath(j) in want for j in jobs):
         raise ValueError(f"launch argv: does not run this job (no '--job {job_path}' in {argv})")
     return list(argv)
-
-
-# MindSpore's runtime hands every graph launch to a dispatch thread, and the Python thread that waits for it (each
-# fetch of a step's loss) spins in a loop without sleeping. On an accelerator that overlaps host work with the
-# device; on CPU host and device share the cores, so one core per rank burns in the loop while the kernels wait
-# for CPU. ``MS_DEV_HOST_BLOCKING_RUN=1`` runs the launch on the calling thread instead (same kernels, same
-# results). Read once, at a process's first launch; a value the user exported wins.
-CPU_DISPATCH_ENV = {"MS_DEV_HOST_BLOCKING_RUN": "1"}
-
-
-def cpu_dispatch_inline() -> None:
-    """Dispatch MindSpore's launches on the calling thread (CPU jobs): before this process's first launch."""
-    for key, value in CPU_DISPATCH_ENV.items():
-        os.environ.setdefault(key, value)
 
 
 def env_with_venv(python: str = sys.executable, env: dict | None = None) -> dict:
