@@ -8,8 +8,8 @@ so a loaded machine affects them alike. On 2 shared cores TP=2 is expected to be
 cores and add all-reduces; the point on CPU is correctness and memory per rank, not speed.
 
 The ``*_threaded_dispatch`` variants run the same jobs with ``MS_DEV_HOST_BLOCKING_RUN=0``: MindSpore's own
-default, a dispatch thread per process whose waiter spins (``pipeline.train.jobs.cpu_dispatch.CPU_DISPATCH_ENV``; CPU
-jobs now dispatch on the calling thread). The figure is what that choice gains or costs at TP=1 and at TP=2.
+default, a dispatch thread per process whose waiter spins (``pipeline.train.jobs.cpu_dispatch.THREADED_DISPATCH_ENV``;
+CPU jobs now dispatch on the calling thread). The figure is what that choice gains or costs at TP=1 and at TP=2.
 
     .venv/bin/python benchmarks/bench_parallel.py [--steps 40] [--repeats 2]
 """
@@ -63,8 +63,10 @@ def main() -> int:
     sys.path.insert(0, os.path.join(REPO, "tests"))
     from bytes_data import pack_bytes, stdlib_text, write_mindrecord
 
+    from pipeline.train.jobs.cpu_dispatch import THREADED_DISPATCH_ENV
+
     tp2 = {"metrics_every": 10, "tensor_parallel": 2, "world_size": 2}
-    threaded = {"env": {"MS_DEV_HOST_BLOCKING_RUN": "0"}}
+    threaded = {"env": THREADED_DISPATCH_ENV}
     variants = [("metrics_every_1", {"metrics_every": 1}), ("metrics_every_10", {"metrics_every": 10}),
                 ("tp2", tp2), ("threaded_dispatch", {"metrics_every": 10, **threaded}),
                 ("tp2_threaded_dispatch", {**tp2, **threaded})]

@@ -47,7 +47,7 @@ from .documents import rows_over_document_cap
 from .evaluate import evaluate, make_scorer
 from .job import TrainJob
 from .jobs import fenced
-from .jobs.cpu_dispatch import cpu_dispatch_inline
+from .jobs.cpu_dispatch import cpu_dispatch_inline, host_dispatch
 from .jobs.lease import Lease, LeaseLost, env_job_id, new_job_id
 from .jobs.metrics import JsonlLogger, NullLogger, StatusFile, mfu, read_jsonl
 from .model.config import ModelConfig
@@ -316,7 +316,7 @@ def _summary(job: TrainJob, b: _Built, metrics_path: str, *, step: int, last_ckp
         "gradient_bytes_per_rank": grad_bytes(net, b.accum_bytes),
         "peak_rss_bytes": _peak_rss(), "grad_reduce": job.grad_reduce,
         "distributed_optimizer": job.distributed_optimizer,
-        "host_dispatch": "inline" if os.environ.get("MS_DEV_HOST_BLOCKING_RUN") == "1" else "threaded",
+        "host_dispatch": host_dispatch(),
     }
 
 

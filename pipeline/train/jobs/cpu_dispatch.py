@@ -15,9 +15,15 @@ from __future__ import annotations
 import os
 
 CPU_DISPATCH_ENV = {"MS_DEV_HOST_BLOCKING_RUN": "1"}
+THREADED_DISPATCH_ENV = {key: "0" for key in CPU_DISPATCH_ENV}  # MindSpore's own default: to compare against
 
 
 def cpu_dispatch_inline() -> None:
     """Dispatch MindSpore's launches on the calling thread (CPU jobs): before this process's first launch."""
     for key, value in CPU_DISPATCH_ENV.items():
         os.environ.setdefault(key, value)
+
+
+def host_dispatch() -> str:
+    """``inline`` or ``threaded``: how this process's launches are dispatched (for the job summary)."""
+    return "inline" if all(os.environ.get(k) == v for k, v in CPU_DISPATCH_ENV.items()) else "threaded"
