@@ -93,8 +93,26 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=lambda it: -weights.get(it.nodeid.split("::", 1)[0].rsplit("/", 1)[-1], 0.0))
 
 
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and of every descendant it (or they) waited for: msrun ranks, CLI runs, live
+    deployments' components once stopped.  Not a Slurm job's ranks (slurmd's children) nor docker containers."""
+    import resource
+
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                  resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    item._mindloom_cpu0 = _cpu_seconds()
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item, call):
+    if call.when == "teardown" and hasattr(item, "_mindloom_cpu0"):
+        # a ``cpu_s`` property per test case in the JUnit report (module fixtures count in the test that runs
+        # them): where the suite's CPU goes, beside pytest's wall-clock ``time`` (scripts/file_seconds.py --cpu)
+        item.user_properties.append(("cpu_s", round(_cpu_seconds() - item._mindloom_cpu0, 1)))
     rep = (yield).get_result()
     if STRICT and rep.skipped and not hasattr(rep, "wasxfail"):
         reason = _skip_reason(rep)
