@@ -54,9 +54,12 @@ def ensure() -> tuple[Path | None, str]:
         with open(log, "ab") as fh:
             fh.write(f"\n== build {time.strftime('%Y-%m-%dT%H:%M:%S')} ({_stamp()})\n".encode())
             fh.flush()
-            steps = [[sys.executable, "-m", "venv", "--clear", str(VENV)],
-                     [str(python()), "-m", "pip", "install", "-q", "--no-deps", "-r", str(PINS)],
-                     [str(python()), "-m", "pip", "install", "-q", "--no-deps", MINDFORMERS]]
+            # --no-compile: the client imports a small part of what it installs, and Python compiles that part on
+            # first import; byte-compiling every installed file (mindspore alone has thousands) is CPU the suite
+            # spends inside a test
+            pip = [str(python()), "-m", "pip", "install", "-q", "--no-deps", "--no-compile"]
+            steps = [[sys.executable, "-m", "venv", "--clear", str(VENV)], [*pip, "-r", str(PINS)],
+                     [*pip, MINDFORMERS]]
             for argv in steps:
                 rc = subprocess.run(argv, stdout=fh, stderr=fh).returncode
                 if rc:

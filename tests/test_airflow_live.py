@@ -67,30 +67,47 @@ def test_a_wait_fails_at_once_with_the_failed_tasks_own_error(deployment):
     assert time.time() - t0 < 600
 
 
-def test_backfill_of_corpus_refresh_over_past_dates(deployment):
-    """`airflow backfill create` over REST: the dry run lists the cron dates, a one-date backfill runs to success."""
-    dep = deployment
-    body = {"dag_id": "corpus_refresh", "from_date": "2026-11-01T00:00:00Z", "to_date": "2026-11-16T00:00:00Z",
+BACKFILL = {"dag_id": "corpus_refresh", "from_date": "2026-11-01T00:00:00Z", "to_date": "2026-11-16T00:00:00Z",
             "max_active_runs": 1, "run_backwards": False, "dag_run_conf": {"run_name": "backfill"},
             "reprocess_behavior": "none"}
-    dry = dep.api("POST", "/backfills/dry_run", json=body)
+
+
+@pytest.fixture(scope="module")
+def backfilled(deployment) -> dict:
+    """One past week of ``corpus_refresh`` backfilled over REST and approved by a person (a refresh waits, #53):
+    the run id, the question it asked and the Asset events before the answer. Both the backfill test and the
+    approval test read this run, so the module builds two refresh corpora (this one and the rejected one)."""
+    dep = deployment
+    dry = dep.api("POST", "/backfills/dry_run", json=BACKFILL)
     assert dry.status_code == 200, dry.text
-    dates = [b["logical_date"][:10] for b in dry.json()["backfills"]]
-    assert dates == ["2026-11-01", "2026-11-08", "2026-11-15"]          # Sundays 03:00 UTC (the default cron)
     # Quiet the scheduler first: Airflow refuses to create a backfill on SQLite while other writers hold the DB
     # ("Database is locked ... not supported on SQLite under concurrent access"; PostgreSQL has no such limit).
     dep.api("PATCH", "/dags/pretrain", json={"is_paused": True})
     _unpause(dep, "corpus_refresh")                                      # backfill runs wait while a DAG is paused
     for _ in range(20):
-        r = dep.api("POST", "/backfills", json={**body, "to_date": "2026-11-02T00:00:00Z"})
+        r = dep.api("POST", "/backfills", json={**BACKFILL, "to_date": "2026-11-02T00:00:00Z"})
         if r.status_code != 503:
             break
         time.sleep(3)
     assert r.status_code == 200, r.text
     run_id = "backfill__2026-11-01T03:00:00+00:00"
-    _respond(dep, "corpus_refresh", run_id, "Approve", "backfilled week looks right")  # a refresh waits (#53)
+    events = _events(dep)
+    question = _respond(dep, "corpus_refresh", run_id, "Approve", "backfilled week looks right")
     assert dep.wait_run("corpus_refresh", run_id)["state"] == "success", dep.logs_tail()
-    run = dep.api("GET", f"/dags/corpus_refresh/dagRuns/{q(run_id)}").json()
+    return {"run_id": run_id, "question": question, "events_before": events,
+            "dry_run": [b["logical_date"][:10] for b in dry.json()["backfills"]]}
+
+
+def test_backfill_of_corpus_refresh_over_past_dates(deployment, backfilled):
+    """`airflow backfill create` over REST: the dry run lists the cron dates, a one-date backfill runs to success,
+    and a dry run after it leaves out the week already backfilled (``reprocess_behavior: none``)."""
+    dep = deployment
+    assert backfilled["dry_run"] == ["2026-11-01", "2026-11-08", "2026-11-15"]  # Sundays 03:00 UTC (default cron)
+    dry = dep.api("POST", "/backfills/dry_run", json=BACKFILL)
+    assert dry.status_code == 200, dry.text
+    assert [b["logical_date"][:10] for b in dry.json()["backfills"]] == ["2026-11-08", "2026-11-15"]
+    run = dep.api("GET", f"/dags/corpus_refresh/dagRuns/{q(backfilled['run_id'])}").json()
+    assert run["state"] == "success"
     assert run["run_type"] == "backfill" and run["conf"]["run_name"] == "backfill"
 
 
@@ -129,11 +146,11 @@ def _events(dep) -> int:
     return dep.api("GET", "/assets/events", params={"limit": 1}).json()["total_entries"]
 
 
-def test_a_refresh_waits_for_approval_and_a_rejection_publishes_nothing(deployment):
+def test_a_refresh_waits_for_approval_and_a_rejection_publishes_nothing(deployment, backfilled):
     """#53: a corpus_refresh run stops before ``publish`` until a person answers over REST. The question shows
     the run's headline and report link. *Reject* skips publish (no Asset event, so no pretrain run) with the
     reason in the task log; *Approve* publishes. The run the scheduler made when the DAG was unpaused is the one
-    rejected; a manual run is approved (runs of one DAG go one at a time)."""
+    rejected; the backfilled run (module fixture) is the one approved."""
     dep = deployment
     dep.api("PATCH", "/dags/pretrain", json={"is_paused": True})
     _unpause(dep, "corpus_refresh")
@@ -145,24 +162,19 @@ def test_a_refresh_waits_for_approval_and_a_rejection_publishes_nothing(deployme
         time.sleep(2)
     assert scheduled, "unpausing corpus_refresh made no scheduled run"
     events = _events(dep)
-    manual = "refresh_approved"
-    for run_id, option, reason in ((scheduled[0], "Reject", "too few new encyclopedia pages"),
-                                   (manual, "Approve", "delta checked")):
-        if run_id == manual:
-            r = dep.api("POST", "/dags/corpus_refresh/dagRuns",
-                        json={"dag_run_id": manual, "logical_date": None, "conf": {"run_name": manual}})
-            assert r.status_code == 200, r.text
-        detail = _respond(dep, "corpus_refresh", run_id, option, reason)
-        assert detail["subject"] == f"Publish corpus run {run_id} for training?", detail
-        assert "| domain | documents in | kept |" in detail["body"], detail["body"]
-        assert "/mindloom/reports/corpus_refresh/" in detail["body"], detail["body"]
-        assert dep.wait_run("corpus_refresh", run_id)["state"] == "success", dep.logs_tail()
-        log = dep.task_log("corpus_refresh", run_id, "approve", 1, lines=300)
-        if option == "Reject":
-            assert _states(dep, "corpus_refresh", run_id)["publish"] == "skipped"
-            assert f"rejected by admin: {reason}; publish and pretrain are skipped" in log, log
-            assert _events(dep) == events  # nothing published: pretrain has nothing to start on
-        else:
-            assert _states(dep, "corpus_refresh", run_id)["publish"] == "success"
-            assert f"approved by admin: {reason}" in log, log
-            assert _events(dep) == events + 1
+    rejected, reason = scheduled[0], "too few new encyclopedia pages"
+    detail = _respond(dep, "corpus_refresh", rejected, "Reject", reason)
+    assert dep.wait_run("corpus_refresh", rejected)["state"] == "success", dep.logs_tail()
+    approved = backfilled["run_id"]
+    for run_id, question in ((rejected, detail), (approved, backfilled["question"])):
+        assert question["subject"] == f"Publish corpus run {run_id} for training?", question
+        assert "| domain | documents in | kept |" in question["body"], question["body"]
+        assert "/mindloom/reports/corpus_refresh/" in question["body"], question["body"]
+    log = dep.task_log("corpus_refresh", rejected, "approve", 1, lines=300)
+    assert _states(dep, "corpus_refresh", rejected)["publish"] == "skipped"
+    assert f"rejected by admin: {reason}; publish and pretrain are skipped" in log, log
+    assert _events(dep) == events  # nothing published: pretrain has nothing to start on
+    log = dep.task_log("corpus_refresh", approved, "approve", 1, lines=300)
+    assert _states(dep, "corpus_refresh", approved)["publish"] == "success"
+    assert "approved by admin: backfilled week looks right" in log, log
+    assert events == backfilled["events_before"] + 1      # the approved run published, once
