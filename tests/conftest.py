@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import pathlib
+import resource
 import sysconfig
 import tempfile
 
@@ -59,6 +60,16 @@ os.environ.update(
 cpu_dispatch_inline()
 
 
+def load_file_module(path: pathlib.Path):
+    """The module in ``path`` (a script under scripts/ or docker/, not a package), imported under its file stem."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def require(condition: object, why: str) -> None:
     """Skip with ``why`` when ``condition`` is false, or fail under the strict switch: for machinery a proof needs."""
     if not condition:
@@ -96,8 +107,6 @@ def pytest_collection_modifyitems(session, config, items):
 def _cpu_seconds() -> float:
     """CPU seconds of this process and of every descendant it (or they) waited for: msrun ranks, CLI runs, live
     deployments' components once stopped.  Not a Slurm job's ranks (slurmd's children) nor docker containers."""
-    import resource
-
     return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
                                                   resource.getrusage(resource.RUSAGE_CHILDREN)))
 

@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-
-from conftest import REPO
+from conftest import REPO, load_file_module
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("clear_asset_queue", REPO / "scripts" / "clear_asset_queue.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file_module(REPO / "scripts" / "clear_asset_queue.py")
 
 
 def test_the_queued_corpus_event_for_pretrain_is_cleared_and_others_kept(airflow_db, capsys):

@@ -10,7 +10,6 @@ see ``conftest.require``).
 from __future__ import annotations
 
 import base64
-import importlib.util
 import json
 import os
 import re
@@ -23,7 +22,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import require
+from conftest import load_file_module, require
 
 REPO = Path(__file__).resolve().parents[1]
 DOCKER = REPO / "docker"
@@ -39,10 +38,7 @@ SECRET_TEXT = [re.compile(p) for p in (r"AKIA[0-9A-Z]{16}", r"-----BEGIN [A-Z ]*
 
 
 def _load(name: str):
-    spec = importlib.util.spec_from_file_location(name, DOCKER / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_file_module(DOCKER / f"{name}.py")
 
 
 def read_env_file(path: Path) -> dict[str, str]:

@@ -3,11 +3,10 @@ uses) or CPU (each case's ``cpu_s`` property, which ``tests/conftest.py`` record
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, load_file_module
+
 JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest">
 <testcase classname="tests.test_a" name="one" time="10.5">
@@ -21,10 +20,7 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?>
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("file_seconds", REPO / "scripts" / "file_seconds.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_file_module(REPO / "scripts" / "file_seconds.py")
 
 
 def test_wall_and_cpu_seconds_per_file(tmp_path, capsys):
